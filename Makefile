@@ -1,0 +1,53 @@
+# FiloPy's entry points. `make test` is the README's test command and what CI runs.
+SHELL := /bin/bash
+VENV ?= .venv
+PYTHON ?= python3
+BIN := $(VENV)/bin
+
+.PHONY: help venv services-up services-down services-status lint format test unit bench clean
+
+help:
+	@echo "make test            lint, start Kafka + Cassandra, run the whole test suite"
+	@echo "make unit            only the tests that need no service"
+	@echo "make services-up     start local Kafka (KRaft) and Cassandra (scripts/services.sh)"
+	@echo "make services-down   stop them"
+	@echo "make bench           run the benchmarks in bench/ (results in bench/results/)"
+	@echo "make lint | format   ruff check / ruff format"
+
+venv: $(VENV)/.installed
+
+# Reinstall when the dependencies change; the project itself is installed editable.
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+services-up: venv
+	scripts/services.sh up
+
+services-down:
+	scripts/services.sh down
+
+services-status:
+	scripts/services.sh status
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: venv
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+test: lint services-up
+	$(BIN)/pytest --durations=15
+
+unit: venv
+	$(BIN)/pytest tests/unit tests/test_config.py
+
+bench: venv
+	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+clean: services-down
+	rm -rf .services/data .services/logs .services/run .pytest_cache .hypothesis

@@ -1,0 +1,87 @@
+"""FiloPy settings: one typed object built from the default file, a user file and the environment.
+
+Precedence, highest first: values passed in code, `FILOPY_<SECTION>__<KEY>` environment variables,
+the user file named by `FILOPY_CONFIG`, then `config/filopy.toml` shipped with the project. Every
+setting is documented in that default file, which is the single place defaults are written.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+DEFAULT_CONFIG_FILE = Path(__file__).resolve().parent.parent / "config" / "filopy.toml"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class KafkaSettings(_Section):
+    bootstrap_servers: str
+
+
+class StoreSettings(_Section):
+    backend: Literal["sqlite", "cassandra"]
+    sqlite_path: Path
+
+
+class CassandraSettings(_Section):
+    contact_points: tuple[str, ...]
+    port: int = Field(gt=0, lt=65536)
+    keyspace: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_]{0,47}$")
+    replication: dict[str, str]
+    consistency: Literal["ONE", "LOCAL_ONE", "QUORUM", "LOCAL_QUORUM", "ALL"]
+    connect_timeout_s: float = Field(gt=0)
+    request_timeout_s: float = Field(gt=0)
+
+
+class RaySettings(_Section):
+    address: str
+    namespace: str
+
+
+class Settings(BaseSettings):
+    """All of FiloPy's settings. Build with `load_settings()`."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="FILOPY_", env_nested_delimiter="__", extra="forbid", frozen=True
+    )
+
+    kafka: KafkaSettings
+    store: StoreSettings
+    cassandra: CassandraSettings
+    ray: RaySettings
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        files = [DEFAULT_CONFIG_FILE]
+        user = os.environ.get("FILOPY_CONFIG")
+        if user:
+            if not Path(user).is_file():
+                raise FileNotFoundError(f"FILOPY_CONFIG names {user!r}, which is not a file")
+            files.append(Path(user))
+        # TomlConfigSettingsSource merges its files in order, later files winning.
+        toml = TomlConfigSettingsSource(settings_cls, toml_file=files, deep_merge=True)
+        return (init_settings, env_settings, toml)
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Settings from code overrides, the environment, the user file and the defaults."""
+    return Settings(**overrides)

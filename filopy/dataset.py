@@ -1,0 +1,161 @@
+"""Dataset definitions: what `SetupDataset` registers and every node must agree on.
+
+A dataset fixes its shard count, how many nodes it is spread over, which labels form the shard
+key, how widely each shard key is spread, and where its samples come from. The definition is
+immutable once created: changing the shard count would re-route every series.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Annotated, Self
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+DEFAULT_SHARD_KEY_COLUMNS: tuple[str, ...] = ("_ws_", "_ns_", "_metric_")
+METRIC_COLUMN = "_metric_"
+_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_\-]{0,127}$")
+
+
+def _check_name(name: str) -> str:
+    if not _NAME_RE.match(name):
+        raise ValueError(
+            f"invalid dataset name {name!r}: use 1-128 characters, a letter first, then letters, "
+            "digits, '_' or '-'"
+        )
+    return name
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class DatasetRef(_Frozen):
+    """A dataset's identity: the key for its shard map, subscriptions and stored state."""
+
+    name: str
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, v: str) -> str:
+        return _check_name(v)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class RecordFormat(StrEnum):
+    """How samples are encoded in the dataset's Kafka messages."""
+
+    BINARY = "filopy-binary"  # FiloPy's compact batch format, written by the gateway
+    INFLUX = "influx-line"  # Influx line protocol text, for Telegraf, kcat and friends
+
+
+class SourceSettings(_Frozen):
+    """The Kafka topic a dataset ingests from: one partition per shard."""
+
+    topic: str | None = Field(
+        default=None, description="Kafka topic; defaults to 'filopy-<dataset name>'."
+    )
+    bootstrap_servers: str = "127.0.0.1:9092"
+    record_format: RecordFormat = RecordFormat.BINARY
+
+
+class SpreadOverride(_Frozen):
+    """A spread for one exact shard key: every non-metric shard key column must be given."""
+
+    shard_key: dict[str, str]
+    spread: Annotated[int, Field(ge=0)]
+
+
+class SpreadSettings(_Frozen):
+    """How many shards (2**spread) each shard key's series are spread over."""
+
+    default: Annotated[int, Field(ge=0)] = 1
+    overrides: tuple[SpreadOverride, ...] = ()
+
+
+class Dataset(_Frozen):
+    """A dataset definition, validated so that a bad one never reaches the shard manager."""
+
+    name: str
+    num_shards: Annotated[int, Field(ge=1, le=1 << 16)]
+    min_num_nodes: Annotated[int, Field(ge=1)] = 1
+    shard_key_columns: tuple[str, ...] = DEFAULT_SHARD_KEY_COLUMNS
+    metric_column: str = METRIC_COLUMN
+    spread: SpreadSettings = SpreadSettings()
+    source: SourceSettings = SourceSettings()
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, v: str) -> str:
+        return _check_name(v)
+
+    @field_validator("num_shards")
+    @classmethod
+    def _power_of_two(cls, v: int) -> int:
+        if v & (v - 1):
+            raise ValueError(f"num_shards must be a power of two, got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        cols = self.shard_key_columns
+        if len(set(cols)) != len(cols) or not all(cols):
+            raise ValueError(f"shard_key_columns must be distinct, non-empty names: {list(cols)}")
+        if self.metric_column not in cols:
+            raise ValueError(
+                f"shard_key_columns {list(cols)} must include the metric column "
+                f"{self.metric_column!r}"
+            )
+        max_spread = self.num_shards.bit_length() - 1
+        spreads = [("spread.default", self.spread.default)] + [
+            (f"spread.overrides[{i}]", o.spread) for i, o in enumerate(self.spread.overrides)
+        ]
+        for where, s in spreads:
+            if s > max_spread:
+                raise ValueError(
+                    f"{where} is {s}, but with {self.num_shards} shards spread must be "
+                    f"between 0 and {max_spread}"
+                )
+        wanted = set(self.non_metric_shard_columns)
+        seen: set[tuple[tuple[str, str], ...]] = set()
+        for i, o in enumerate(self.spread.overrides):
+            if set(o.shard_key) != wanted:
+                raise ValueError(
+                    f"spread.overrides[{i}].shard_key must name exactly the non-metric shard key "
+                    f"columns {sorted(wanted)}, got {sorted(o.shard_key)}"
+                )
+            key = tuple(sorted(o.shard_key.items()))
+            if key in seen:
+                raise ValueError(f"spread.overrides[{i}] repeats shard key {dict(key)}")
+            seen.add(key)
+        return self
+
+    @property
+    def ref(self) -> DatasetRef:
+        return DatasetRef(name=self.name)
+
+    @property
+    def topic(self) -> str:
+        return self.source.topic or f"filopy-{self.name}"
+
+    @property
+    def non_metric_shard_columns(self) -> tuple[str, ...]:
+        """Non-metric shard key columns in the order their values are hashed (by name)."""
+        return tuple(sorted(c for c in self.shard_key_columns if c != self.metric_column))
+
+    def spread_for(self, labels: dict[str, str]) -> int:
+        """The spread for a series or query: an exact-match override, else the default."""
+        for o in self.spread.overrides:
+            if all(labels.get(c) == v for c, v in o.shard_key.items()):
+                return o.spread
+        return self.spread.default
+
+    def to_json(self) -> str:
+        return self.model_dump_json()
+
+    @classmethod
+    def from_json(cls, text: str) -> Dataset:
+        return cls.model_validate_json(text)

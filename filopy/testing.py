@@ -1,0 +1,88 @@
+"""A real multi-node Ray cluster on one machine, for tests and local experiments.
+
+Every Ray node is a separate set of processes (raylet, workers, object store) started by
+`ray.cluster_utils.Cluster`, so removing a node really kills its processes, as losing a machine
+would. Everything binds to 127.0.0.1: left alone, Ray picks the host's network address.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+# Ray rewrites a loopback address given to ray.init() into the host's "reachable" address
+# (ray._private.services.resolve_ip_for_localhost), so a driver of a cluster bound to 127.0.0.1
+# would dial the host IP and hang. With this switch off, Ray resolves its own address to loopback.
+# It is read when Ray is imported, hence before the import below.
+_LOOPBACK_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+if "ray" not in sys.modules:
+    os.environ.setdefault(_LOOPBACK_SWITCH, "0")
+
+import ray  # noqa: E402
+from ray._private import ray_constants  # noqa: E402
+from ray.cluster_utils import Cluster  # noqa: E402
+
+LOOPBACK = "127.0.0.1"
+
+# Ray's defaults declare a silent node dead after ~30 s; tests that remove nodes want seconds.
+FAST_FAILURE_DETECTION: dict[str, Any] = {
+    "health_check_initial_delay_ms": 0,
+    "health_check_period_ms": 1000,
+    "health_check_timeout_ms": 1000,
+    "health_check_failure_threshold": 3,
+}
+
+
+class LocalRayCluster:
+    """A head node plus worker nodes added on demand; this process connects as the driver."""
+
+    def __init__(
+        self,
+        *,
+        head_cpus: int = 1,
+        head_resources: dict[str, float] | None = None,
+        namespace: str | None = None,
+        system_config: dict[str, Any] | None = None,
+    ) -> None:
+        if ray_constants.ENABLE_RAY_CLUSTER:
+            raise RuntimeError(
+                f"Ray was imported before filopy.testing without {_LOOPBACK_SWITCH}=0 in the "
+                "environment, so it would dial the host's address instead of 127.0.0.1; import "
+                "filopy.testing first or set the variable"
+            )
+        self._cluster = Cluster(
+            initialize_head=True,
+            head_node_args={
+                "node_ip_address": LOOPBACK,
+                "num_cpus": head_cpus,
+                "resources": head_resources or {},
+                "include_dashboard": False,
+                "_system_config": {**FAST_FAILURE_DETECTION, **(system_config or {})},
+            },
+        )
+        self.head = self._cluster.head_node
+        ray.init(
+            address=self._cluster.address,
+            _node_ip_address=LOOPBACK,
+            namespace=namespace,
+            logging_level="WARNING",
+        )
+
+    @property
+    def address(self) -> str:
+        return self._cluster.address
+
+    def add_node(self, *, num_cpus: int = 1, resources: dict[str, float] | None = None) -> Any:
+        """Start another Ray node and wait until the cluster sees it. Returns Ray's node handle."""
+        return self._cluster.add_node(
+            node_ip_address=LOOPBACK, num_cpus=num_cpus, resources=resources or {}
+        )
+
+    def remove_node(self, node: Any, *, graceful: bool = False) -> None:
+        """Kill a node's processes; `graceful=False` is a crash, not a drain."""
+        self._cluster.remove_node(node, allow_graceful=graceful)
+
+    def shutdown(self) -> None:
+        ray.shutdown()
+        self._cluster.shutdown()

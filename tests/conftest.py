@@ -1,0 +1,64 @@
+"""Fixtures that give tests the real services FiloPy runs on.
+
+Kafka and Cassandra are started through scripts/services.sh (the same script developers and CI
+use) once per test session and left running for the next session. A test that needs a service
+never skips: if the service cannot be started, the test fails with the script's message.
+Ray clusters are real multi-node local clusters, bound to 127.0.0.1, torn down after each test.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import filopy.testing  # binds Ray to loopback; must precede any `import ray`
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVICES = ROOT / "scripts" / "services.sh"
+KAFKA_PORT = int(os.environ.get("FILOPY_KAFKA_PORT", "9092"))
+CASSANDRA_PORT = int(os.environ.get("FILOPY_CASSANDRA_PORT", "9042"))
+
+_started: dict[str, str] = {}
+
+
+def _ensure_service(name: str) -> None:
+    """Start a service through the project's script (a no-op when it already runs)."""
+    if name in _started:
+        return
+    proc = subprocess.run(
+        [str(SERVICES), "up", name], capture_output=True, text=True, timeout=900, check=False
+    )
+    if proc.returncode != 0:
+        pytest.fail(
+            f"could not start {name} with {SERVICES} up {name}:\n{proc.stdout}\n{proc.stderr}",
+            pytrace=False,
+        )
+    _started[name] = proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> str:
+    """The bootstrap address of the real local Kafka broker."""
+    _ensure_service("kafka")
+    return f"127.0.0.1:{KAFKA_PORT}"
+
+
+@pytest.fixture(scope="session")
+def cassandra_address() -> tuple[str, int]:
+    """Host and CQL port of the real local Cassandra node."""
+    _ensure_service("cassandra")
+    return ("127.0.0.1", CASSANDRA_PORT)
+
+
+@pytest.fixture
+def ray_cluster() -> Iterator[object]:
+    """A real local Ray cluster (head only; tests add nodes), with this process as its driver."""
+    cluster = filopy.testing.LocalRayCluster()
+    try:
+        yield cluster
+    finally:
+        cluster.shutdown()
