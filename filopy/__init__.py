@@ -1,5 +1,61 @@
 """FiloPy: a FiloDB-style time-series ingestion cluster on Kafka, Ray and Cassandra."""
 
 from filopy.dataset import Dataset, DatasetRef
+from filopy.hashing import (
+    ingestion_shard,
+    partition_key_hash,
+    query_shards,
+    shard_for_series,
+    shard_key_hash,
+    shards_for_query,
+)
+from filopy.mapper import ShardEventError, ShardMapper
+from filopy.shard_status import (
+    Active,
+    Assigned,
+    CurrentShardSnapshot,
+    Down,
+    Error,
+    IngestionError,
+    IngestionStarted,
+    IngestionStopped,
+    Recovery,
+    RecoveryInProgress,
+    ShardAssignmentStarted,
+    ShardDown,
+    ShardEvent,
+    ShardMapState,
+    ShardStatus,
+    Stopped,
+    Unassigned,
+)
 
-__all__ = ["Dataset", "DatasetRef"]
+__all__ = [
+    "Active",
+    "Assigned",
+    "CurrentShardSnapshot",
+    "Dataset",
+    "DatasetRef",
+    "Down",
+    "Error",
+    "IngestionError",
+    "IngestionStarted",
+    "IngestionStopped",
+    "Recovery",
+    "RecoveryInProgress",
+    "ShardAssignmentStarted",
+    "ShardDown",
+    "ShardEvent",
+    "ShardEventError",
+    "ShardMapState",
+    "ShardMapper",
+    "ShardStatus",
+    "Stopped",
+    "Unassigned",
+    "ingestion_shard",
+    "partition_key_hash",
+    "query_shards",
+    "shard_for_series",
+    "shard_key_hash",
+    "shards_for_query",
+]

@@ -1,0 +1,781 @@
+"""The shard manager: the cluster singleton's decisions about shards, as a functional core.
+
+Every public method updates the manager's state and returns a ``Result``: an optional ``reply``
+for the caller and the ``messages`` to deliver, as plain frozen data. The Ray actor that wraps
+the manager only delivers them, so every rule here is testable without a cluster.
+
+Nodes always receive the *full* shard map of a dataset (``NodeShardMap``, versioned), never
+"start shard 3" / "stop shard 5" commands: incremental commands drift as soon as one is lost,
+while a full map lets a node converge by diffing what it runs against what it should run.
+Subscribers get a ``CurrentShardSnapshot`` when they subscribe and then every ``ShardEvent``.
+Guardians (``subscribe_all``) also get ``SubscriptionsChanged`` so a restarted singleton can
+rebuild its subscriber lists from them (``recover_subscriptions``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from enum import StrEnum
+
+from coordinator.strategy import DefaultShardAssignmentStrategy, ShardAssignmentStrategy
+from filopy.dataset import Dataset, DatasetRef
+from filopy.mapper import ShardMapper
+from filopy.shard_status import (
+    CurrentShardSnapshot,
+    IngestionError,
+    IngestionStarted,
+    RecoveryInProgress,
+    ShardAssignmentStarted,
+    ShardDown,
+    ShardEvent,
+    ShardMapState,
+)
+
+__all__ = [
+    "DEFAULT_REASSIGNMENT_MIN_INTERVAL",
+    "DatasetExists",
+    "DatasetRemoved",
+    "DatasetUnknown",
+    "DatasetVerified",
+    "ErrorReassignmentStats",
+    "EventApplied",
+    "EventIgnored",
+    "MemberAdded",
+    "MemberRemoved",
+    "Message",
+    "NodeShardMap",
+    "RejectReason",
+    "Reply",
+    "Result",
+    "ShardManager",
+    "ShardRequestRejected",
+    "ShardsRecovered",
+    "ShardsStarted",
+    "ShardsStopped",
+    "StaleNodesRemoved",
+    "Subscribed",
+    "SubscriberMessage",
+    "SubscriberPayload",
+    "SubscriptionsChanged",
+    "Unsubscribed",
+]
+
+Clock = Callable[[], float]
+DEFAULT_REASSIGNMENT_MIN_INTERVAL = 2 * 60 * 60.0  # seconds
+
+
+# ----- replies ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetVerified:
+    """The dataset was added and its shards assigned to the current members."""
+
+    ref: DatasetRef
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetExists:
+    ref: DatasetRef
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetUnknown:
+    ref: DatasetRef
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetRemoved:
+    """Reply to ``remove_dataset``, and the last message its subscribers get."""
+
+    ref: DatasetRef
+
+
+@dataclass(frozen=True, slots=True)
+class Subscribed:
+    ref: DatasetRef | None  # None: subscribed to everything (``subscribe_all``)
+
+
+@dataclass(frozen=True, slots=True)
+class Unsubscribed:
+    subscriber: str
+
+
+@dataclass(frozen=True, slots=True)
+class MemberAdded:
+    node: str
+    assignments: tuple[tuple[DatasetRef, tuple[int, ...]], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class MemberRemoved:
+    node: str
+    freed: tuple[tuple[DatasetRef, tuple[int, ...]], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StaleNodesRemoved:
+    nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ShardsStarted:
+    ref: DatasetRef
+    node: str
+    shards: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ShardsStopped:
+    ref: DatasetRef
+    shards: tuple[int, ...]
+
+
+class RejectReason(StrEnum):
+    UNKNOWN_NODE = "unknown_node"
+    INVALID_SHARDS = "invalid_shards"
+    SAME_NODE = "same_node"
+    OWNED_BY_OTHER = "owned_by_other"
+    CAPACITY_EXCEEDED = "capacity_exceeded"
+    NOT_ASSIGNED = "not_assigned"
+
+
+@dataclass(frozen=True, slots=True)
+class ShardRequestRejected:
+    """A start/stop request failed validation; nothing changed."""
+
+    ref: DatasetRef
+    reason: RejectReason
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class EventApplied:
+    event: ShardEvent
+
+
+@dataclass(frozen=True, slots=True)
+class EventIgnored:
+    event: ShardEvent
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ShardsRecovered:
+    ref: DatasetRef
+    installed: bool  # False: the manager already had a newer map
+    version: int
+
+
+Reply = (
+    DatasetVerified
+    | DatasetExists
+    | DatasetUnknown
+    | DatasetRemoved
+    | Subscribed
+    | Unsubscribed
+    | MemberAdded
+    | MemberRemoved
+    | StaleNodesRemoved
+    | ShardsStarted
+    | ShardsStopped
+    | ShardRequestRejected
+    | EventApplied
+    | EventIgnored
+    | ShardsRecovered
+)
+
+
+# ----- messages ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionsChanged:
+    """All subscriptions, for guardians to keep so a new singleton can recover them."""
+
+    by_dataset: tuple[tuple[DatasetRef, tuple[str, ...]], ...]
+    watchers: tuple[str, ...]
+
+    def subscribers(self, ref: DatasetRef) -> tuple[str, ...]:
+        for r, subs in self.by_dataset:
+            if r == ref:
+                return subs
+        return ()
+
+
+SubscriberPayload = (
+    CurrentShardSnapshot | ShardEvent | DatasetUnknown | DatasetRemoved | SubscriptionsChanged
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriberMessage:
+    """``payload`` for ``subscriber``; ``version`` is the dataset's map version after it."""
+
+    subscriber: str
+    payload: SubscriberPayload
+    version: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeShardMap:
+    """The full shard map of one dataset for one node: run exactly your ingesting shards.
+
+    ``removed`` means the dataset is gone: stop everything for it and forget its version.
+    """
+
+    node: str
+    ref: DatasetRef
+    dataset: Dataset
+    state: ShardMapState
+    removed: bool = False
+
+    @property
+    def version(self) -> int:
+        return self.state.version
+
+    def shards(self) -> list[int]:
+        return [] if self.removed else self.state.shards_for_node(self.node)
+
+    def ingesting_shards(self) -> list[int]:
+        return [] if self.removed else self.state.ingesting_shards(self.node)
+
+
+Message = NodeShardMap | SubscriberMessage
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """What a manager call produced: messages to deliver, and a reply for the caller."""
+
+    messages: tuple[Message, ...] = ()
+    reply: Reply | None = None
+
+    def node_maps(self, node: str | None = None) -> list[NodeShardMap]:
+        return [
+            m
+            for m in self.messages
+            if isinstance(m, NodeShardMap) and (node is None or m.node == node)
+        ]
+
+    def payloads_for(self, subscriber: str) -> list[SubscriberPayload]:
+        return [
+            m.payload
+            for m in self.messages
+            if isinstance(m, SubscriberMessage) and m.subscriber == subscriber
+        ]
+
+
+@dataclass(slots=True)
+class ErrorReassignmentStats:
+    done: int = 0
+    skipped: int = 0
+
+
+@dataclass(slots=True)
+class _Pending:
+    """What one call changed in one dataset, published when the call ends."""
+
+    prior_owners: frozenset[str]
+    start_version: int
+    events: list[tuple[ShardEvent, int]] = field(default_factory=list)
+    snapshot_to_subscribers: bool = False
+    nodes_need_map: bool = False
+
+
+_OWNER_SETTING = (ShardAssignmentStarted, IngestionStarted, RecoveryInProgress)
+
+
+class ShardManager:
+    """Owns every dataset's shard map, the member list and the subscriptions.
+
+    Single-threaded and deterministic: time only enters through ``clock`` (seconds).
+    """
+
+    def __init__(
+        self,
+        strategy: ShardAssignmentStrategy | None = None,
+        *,
+        reassignment_min_interval: float | timedelta = DEFAULT_REASSIGNMENT_MIN_INTERVAL,
+        clock: Clock = time.time,
+    ) -> None:
+        self._strategy: ShardAssignmentStrategy = strategy or DefaultShardAssignmentStrategy()
+        if isinstance(reassignment_min_interval, timedelta):
+            reassignment_min_interval = reassignment_min_interval.total_seconds()
+        self._min_interval = float(reassignment_min_interval)
+        self._clock = clock
+        self._members: dict[str, None] = {}  # deployment order, newest last
+        self._datasets: dict[DatasetRef, Dataset] = {}
+        self._mappers: dict[DatasetRef, ShardMapper] = {}
+        self._subscribers: dict[DatasetRef, dict[str, None]] = {}
+        self._watchers: dict[str, None] = {}
+        self._reassigned_at: dict[tuple[DatasetRef, int], float] = {}
+        self._error_stats: dict[DatasetRef, ErrorReassignmentStats] = {}
+        self._retired_versions: dict[DatasetRef, int] = {}
+        self._pending: dict[DatasetRef, _Pending] = {}
+        self._direct: list[Message] = []
+
+    # ----- read-only views ------------------------------------------------------------------
+
+    @property
+    def members(self) -> tuple[str, ...]:
+        """Member nodes, oldest first."""
+        return tuple(self._members)
+
+    @property
+    def datasets(self) -> dict[DatasetRef, Dataset]:
+        return dict(self._datasets)
+
+    def dataset(self, ref: DatasetRef) -> Dataset | None:
+        return self._datasets.get(ref)
+
+    def mapper(self, ref: DatasetRef) -> ShardMapper | None:
+        """A copy of the dataset's shard map (the manager's own is never handed out)."""
+        m = self._mappers.get(ref)
+        return None if m is None else m.copy()
+
+    def snapshot(self, ref: DatasetRef) -> CurrentShardSnapshot | DatasetUnknown:
+        m = self._mappers.get(ref)
+        return DatasetUnknown(ref) if m is None else CurrentShardSnapshot(ref, m.snapshot())
+
+    def subscribers(self, ref: DatasetRef) -> tuple[str, ...]:
+        return tuple(self._subscribers.get(ref, ()))
+
+    @property
+    def watchers(self) -> tuple[str, ...]:
+        return tuple(self._watchers)
+
+    def subscription_state(self) -> SubscriptionsChanged:
+        by_dataset = tuple(
+            (ref, tuple(sorted(subs)))
+            for ref, subs in sorted(self._subscribers.items(), key=lambda kv: kv[0].name)
+            if subs
+        )
+        return SubscriptionsChanged(by_dataset, tuple(sorted(self._watchers)))
+
+    def error_reassignments(self, ref: DatasetRef) -> ErrorReassignmentStats:
+        s = self._error_stats.get(ref, ErrorReassignmentStats())
+        return ErrorReassignmentStats(s.done, s.skipped)
+
+    # ----- membership -----------------------------------------------------------------------
+
+    def add_member(self, node: str) -> Result:
+        """A node joined: remember it (newest last) and give it what the strategy recommends."""
+        self._members.setdefault(node, None)
+        assignments = []
+        for ref, dataset in self._datasets.items():
+            mapper = self._mappers[ref]
+            shards = self._strategy.shard_assignments(node, dataset, mapper)
+            if shards:
+                self._begin(ref)
+                for shard in shards:
+                    self._apply(ref, ShardAssignmentStarted(ref, shard, node))
+                assignments.append((ref, tuple(shards)))
+            else:
+                # Nothing changed for the others, but the newcomer still needs the definition
+                # and the current map of every dataset.
+                self._direct.append(NodeShardMap(node, ref, dataset, mapper.snapshot()))
+        return self._finish(MemberAdded(node, tuple(assignments)))
+
+    def remove_member(self, node: str) -> Result:
+        """A node left: its shards go Down, then move to the others, newest node asked first."""
+        if node not in self._members and not any(
+            m.num_shards_for_node(node) for m in self._mappers.values()
+        ):
+            return Result(reply=MemberRemoved(node, ()))
+        self._members.pop(node, None)
+        freed = self._remove_node(node)
+        return self._finish(MemberRemoved(node, freed))
+
+    def _remove_node(self, node: str) -> tuple[tuple[DatasetRef, tuple[int, ...]], ...]:
+        freed = []
+        for ref in self._datasets:
+            mapper = self._mappers[ref]
+            shards = mapper.shards_for_node(node)
+            if shards:
+                self._begin(ref)
+                for shard in shards:
+                    self._apply(ref, ShardDown(ref, shard, node))
+                freed.append((ref, tuple(shards)))
+            self._assign_unowned(ref)
+        return tuple(freed)
+
+    def remove_stale_coordinators(self, live_nodes: Iterable[str]) -> Result:
+        """After a singleton fail-over: drop members and shard owners that are not alive."""
+        live = set(live_nodes)
+        stale = [m for m in self._members if m not in live]
+        owners: set[str] = set()
+        for mapper in self._mappers.values():
+            owners |= mapper.all_nodes()
+        stale += sorted(owners - live - set(stale))
+        for node in stale:
+            self._members.pop(node, None)
+        for node in stale:
+            self._remove_node(node)
+        return self._finish(StaleNodesRemoved(tuple(stale)))
+
+    # ----- datasets ---------------------------------------------------------------------------
+
+    def add_dataset(self, dataset: Dataset) -> Result:
+        """Register a dataset and spread its shards over the members, newest member first."""
+        ref = dataset.ref
+        if ref in self._datasets:
+            return Result(reply=DatasetExists(ref))
+        self._install(dataset, ShardMapper(dataset.num_shards, self._retired_versions.pop(ref, 0)))
+        pending = self._begin(ref)
+        pending.snapshot_to_subscribers = True
+        pending.nodes_need_map = True
+        self._assign_unowned(ref)
+        return self._finish(DatasetVerified(ref))
+
+    def _install(self, dataset: Dataset, mapper: ShardMapper) -> None:
+        ref = dataset.ref
+        self._datasets[ref] = dataset
+        self._mappers[ref] = mapper
+        self._subscribers.setdefault(ref, {})
+        self._error_stats.setdefault(ref, ErrorReassignmentStats())
+
+    def remove_dataset(self, ref: DatasetRef) -> Result:
+        """Take every shard down, tell nodes the dataset is gone and drop its subscriptions."""
+        mapper = self._mappers.get(ref)
+        if mapper is None:
+            return Result(reply=DatasetUnknown(ref))
+        pending = self._begin(ref)
+        for shard in mapper.assigned_shards():
+            self._apply(ref, ShardDown(ref, shard, mapper.owner(shard)))
+        audience = self._audience(ref)
+        self._pending.pop(ref)
+        pending.nodes_need_map = False  # nodes get the final "removed" map below instead
+        messages = self._publish(ref, pending)
+        state, dataset = mapper.snapshot(), self._datasets[ref]
+        messages += [SubscriberMessage(s, DatasetRemoved(ref), state.version) for s in audience]
+        messages += [
+            NodeShardMap(node, ref, dataset, state, removed=True)
+            for node in self._node_audience(pending, mapper)
+        ]
+        self._retired_versions[ref] = mapper.version + 1
+        del self._datasets[ref], self._mappers[ref]
+        had_subscribers = bool(self._subscribers.pop(ref, None))
+        self._error_stats.pop(ref, None)
+        self._reassigned_at = {k: v for k, v in self._reassigned_at.items() if k[0] != ref}
+        if had_subscribers:
+            messages += self._subscriptions_changed()
+        return Result(tuple(messages), DatasetRemoved(ref))
+
+    # ----- subscriptions ----------------------------------------------------------------------
+
+    def subscribe(self, subscriber: str, ref: DatasetRef) -> Result:
+        """A snapshot now, then every change; ``DatasetUnknown`` if there is no such dataset."""
+        mapper = self._mappers.get(ref)
+        if mapper is None:
+            unknown = DatasetUnknown(ref)
+            return Result((SubscriberMessage(subscriber, unknown),), unknown)
+        subs = self._subscribers[ref]
+        is_new = subscriber not in subs
+        subs[subscriber] = None
+        state = mapper.snapshot()
+        messages: list[Message] = [
+            SubscriberMessage(subscriber, CurrentShardSnapshot(ref, state), state.version)
+        ]
+        if is_new:
+            messages += self._subscriptions_changed()
+        return Result(tuple(messages), Subscribed(ref))
+
+    def subscribe_all(self, subscriber: str) -> Result:
+        """Every dataset's snapshot and events, plus subscription changes (for guardians)."""
+        is_new = subscriber not in self._watchers
+        self._watchers[subscriber] = None
+        messages: list[Message] = []
+        for ref, mapper in self._mappers.items():
+            state = mapper.snapshot()
+            messages.append(
+                SubscriberMessage(subscriber, CurrentShardSnapshot(ref, state), state.version)
+            )
+        if is_new:
+            messages += self._subscriptions_changed()
+        else:
+            messages.append(SubscriberMessage(subscriber, self.subscription_state()))
+        return Result(tuple(messages), Subscribed(None))
+
+    def unsubscribe(self, subscriber: str, ref: DatasetRef | None = None) -> Result:
+        """Drop a subscriber from one dataset, or from everything; fine if it is long gone."""
+        targets = list(self._subscribers.values()) if ref is None else [self._subscribers.get(ref)]
+        if ref is None:
+            targets.append(self._watchers)
+        changed = False
+        for subs in targets:
+            if subs is not None and subscriber in subs:
+                del subs[subscriber]
+                changed = True
+        messages = self._subscriptions_changed() if changed else []
+        return Result(tuple(messages), Unsubscribed(subscriber))
+
+    def recover_subscriptions(self, state: SubscriptionsChanged) -> Result:
+        """Add subscriptions a guardian remembered from the previous singleton."""
+        before = self.subscription_state()
+        for ref, subs in state.by_dataset:
+            bucket = self._subscribers.setdefault(ref, {})
+            for s in subs:
+                bucket[s] = None
+        for w in state.watchers:
+            self._watchers[w] = None
+        changed = self.subscription_state() != before
+        return Result(tuple(self._subscriptions_changed()) if changed else ())
+
+    def _subscriptions_changed(self) -> list[Message]:
+        state = self.subscription_state()
+        return [SubscriberMessage(w, state) for w in self._watchers]
+
+    # ----- recovery ---------------------------------------------------------------------------
+
+    def recover_shards(
+        self,
+        ref: DatasetRef,
+        recovered: ShardMapper | ShardMapState,
+        dataset: Dataset | None = None,
+    ) -> Result:
+        """Install a shard map remembered from the previous singleton; the newest version wins.
+
+        Call it before re-adding members: ``dataset`` registers an unknown dataset without
+        assigning anything, so the recovered owners stay in place.
+        """
+        known = self._datasets.get(ref)
+        if known is None and dataset is None:
+            return Result(reply=DatasetUnknown(ref))
+        definition = known if known is not None else dataset
+        assert definition is not None
+        if isinstance(recovered, ShardMapState):
+            mapper = ShardMapper.from_state(recovered)
+        else:
+            mapper = recovered.copy()
+        if mapper.num_shards != definition.num_shards:
+            raise ValueError(
+                f"recovered map of {ref} has {mapper.num_shards} shards, "
+                f"the dataset has {definition.num_shards}"
+            )
+        current = self._mappers.get(ref)
+        if current is not None and mapper.version <= current.version:
+            return Result(reply=ShardsRecovered(ref, False, current.version))
+        # One step past the recovered version, so nodes that saw it take the republished map.
+        mapper.advance_version(mapper.version + 1)
+        prior = current.all_nodes() if current is not None else frozenset()
+        self._install(definition, mapper)
+        pending = self._begin(ref)
+        pending.prior_owners |= prior
+        pending.snapshot_to_subscribers = True
+        pending.nodes_need_map = True
+        return self._finish(ShardsRecovered(ref, True, mapper.version))
+
+    # ----- events from nodes ------------------------------------------------------------------
+
+    def update_from_external_shard_event(self, sender: str, event: ShardEvent) -> Result:
+        """Apply a status report from a node, if that node still owns the shard.
+
+        On ``IngestionError`` the shard is offered to the other nodes, unless it was already
+        moved because of an error within ``reassignment_min_interval`` (a shard that fails
+        everywhere should not bounce around the cluster).
+        """
+        ref, shard = event.ref, event.shard
+        mapper = self._mappers.get(ref)
+        if mapper is None:
+            return Result(reply=EventIgnored(event, f"unknown dataset {ref}"))
+        if not 0 <= shard < mapper.num_shards:
+            return Result(
+                reply=EventIgnored(
+                    event, f"invalid shard {shard}, valid shards are 0..{mapper.num_shards - 1}"
+                )
+            )
+        owner = mapper.owner(shard)
+        if owner is None:
+            return Result(reply=EventIgnored(event, f"shard {shard} is not assigned to any node"))
+        if owner != sender:
+            return Result(
+                reply=EventIgnored(event, f"shard {shard} is owned by {owner}, not by {sender}")
+            )
+        if isinstance(event, _OWNER_SETTING) and event.node != sender:
+            return Result(
+                reply=EventIgnored(event, f"event names node {event.node} but came from {sender}")
+            )
+        self._begin(ref)
+        self._apply(ref, event)
+        if isinstance(event, IngestionError):
+            self._reassign_after_error(ref, shard, sender)
+        return self._finish(EventApplied(event))
+
+    def _reassign_after_error(self, ref: DatasetRef, shard: int, failed_node: str) -> None:
+        stats = self._error_stats[ref]
+        now = self._clock()
+        last = self._reassigned_at.get((ref, shard))
+        if last is not None and now - last < self._min_interval:
+            stats.skipped += 1
+            return
+        assignments = self._assign_unowned(ref, exclude=failed_node)
+        if any(shard in shards for shards in assignments.values()):
+            self._reassigned_at[(ref, shard)] = now
+            stats.done += 1
+        else:
+            stats.skipped += 1
+
+    # ----- operator requests ------------------------------------------------------------------
+
+    def start_shards(self, ref: DatasetRef, node: str, shards: Sequence[int]) -> Result:
+        """Start unowned shards on ``node`` (FiloDB's StartShards, with its validations)."""
+        mapper = self._mappers.get(ref)
+        if mapper is None:
+            return Result(reply=DatasetUnknown(ref))
+        if node not in self._members:
+            return self._reject(
+                ref,
+                RejectReason.UNKNOWN_NODE,
+                f"node {node!r} is not a member; members are {sorted(self._members)}",
+            )
+        bad = self._check_shards(ref, mapper, shards)
+        if bad is not None:
+            return bad
+        same = [s for s in shards if mapper.owner(s) == node]
+        if same:
+            return self._reject(
+                ref, RejectReason.SAME_NODE, f"shards {same} already run on node {node!r}"
+            )
+        taken = [(s, mapper.owner(s)) for s in shards if mapper.owner(s) is not None]
+        if taken:
+            listing = ", ".join(f"{s} on {o!r}" for s, o in taken)
+            return self._reject(
+                ref,
+                RejectReason.OWNED_BY_OTHER,
+                f"cannot start shards on {node!r}: {listing}; stop them first",
+            )
+        capacity = self._strategy.remaining_capacity(node, self._datasets[ref], mapper)
+        if len(shards) > capacity:
+            return self._reject(
+                ref,
+                RejectReason.CAPACITY_EXCEEDED,
+                f"capacity exceeded: node {node!r} can take {capacity} more shard(s) of {ref}, "
+                f"asked for {len(shards)}",
+            )
+        self._begin(ref)
+        for shard in shards:
+            self._apply(ref, ShardAssignmentStarted(ref, shard, node))
+        return self._finish(ShardsStarted(ref, node, tuple(shards)))
+
+    def stop_shards(self, ref: DatasetRef, shards: Sequence[int]) -> Result:
+        """Take shards away from their nodes (Down); they stay unowned until reassigned."""
+        mapper = self._mappers.get(ref)
+        if mapper is None:
+            return Result(reply=DatasetUnknown(ref))
+        bad = self._check_shards(ref, mapper, shards)
+        if bad is not None:
+            return bad
+        idle = [s for s in shards if mapper.owner(s) is None]
+        if idle:
+            return self._reject(
+                ref,
+                RejectReason.NOT_ASSIGNED,
+                f"cannot stop shards {idle}: not assigned to any node",
+            )
+        self._begin(ref)
+        for shard in shards:
+            self._apply(ref, ShardDown(ref, shard, mapper.owner(shard)))
+        return self._finish(ShardsStopped(ref, tuple(shards)))
+
+    def _check_shards(
+        self, ref: DatasetRef, mapper: ShardMapper, shards: Sequence[int]
+    ) -> Result | None:
+        n = mapper.num_shards
+        invalid = [s for s in shards if not 0 <= s < n]
+        if not shards or invalid:
+            what = f"invalid shards {invalid}" if invalid else "no shards given"
+            return self._reject(
+                ref, RejectReason.INVALID_SHARDS, f"{what}; valid shards of {ref} are 0..{n - 1}"
+            )
+        dupes = sorted(s for s, count in Counter(shards).items() if count > 1)
+        if dupes:
+            return self._reject(ref, RejectReason.INVALID_SHARDS, f"shards repeated: {dupes}")
+        return None
+
+    @staticmethod
+    def _reject(ref: DatasetRef, reason: RejectReason, message: str) -> Result:
+        return Result(reply=ShardRequestRejected(ref, reason, message))
+
+    # ----- internals --------------------------------------------------------------------------
+
+    def _assign_unowned(self, ref: DatasetRef, exclude: str | None = None) -> dict[str, list[int]]:
+        """Offer unowned shards to members, newest first, applying each answer before the next."""
+        mapper = self._mappers[ref]
+        dataset = self._datasets[ref]
+        assignments: dict[str, list[int]] = {}
+        for node in reversed(self._members):
+            if mapper.num_unassigned_shards == 0:
+                break
+            if node == exclude:
+                continue
+            shards = self._strategy.shard_assignments(node, dataset, mapper)
+            if shards:
+                self._begin(ref)
+                for shard in shards:
+                    self._apply(ref, ShardAssignmentStarted(ref, shard, node))
+                assignments[node] = shards
+        return assignments
+
+    def _begin(self, ref: DatasetRef) -> _Pending:
+        pending = self._pending.get(ref)
+        if pending is None:
+            mapper = self._mappers[ref]
+            pending = _Pending(mapper.all_nodes(), mapper.version)
+            self._pending[ref] = pending
+        return pending
+
+    def _apply(self, ref: DatasetRef, event: ShardEvent) -> None:
+        mapper = self._mappers[ref]
+        pending = self._pending[ref]
+        shard = event.shard
+        owner, status = mapper.owner(shard), mapper.status(shard)
+        if not mapper.update_from_event(event):
+            return
+        pending.events.append((event, mapper.version))
+        # Recovery progress ticks do not change what a node should run: spare the broadcast.
+        if mapper.owner(shard) != owner or type(mapper.status(shard)) is not type(status):
+            pending.nodes_need_map = True
+
+    def _audience(self, ref: DatasetRef) -> list[str]:
+        subs = dict(self._subscribers.get(ref, {}))
+        for w in self._watchers:
+            subs[w] = None
+        return list(subs)
+
+    def _node_audience(self, pending: _Pending, mapper: ShardMapper) -> list[str]:
+        """Members, plus any node that holds or held shards of the dataset in this change."""
+        extra = (pending.prior_owners | mapper.all_nodes()).difference(self._members)
+        return [*self._members, *sorted(extra)]
+
+    def _publish(self, ref: DatasetRef, pending: _Pending) -> list[Message]:
+        mapper = self._mappers[ref]
+        audience = self._audience(ref)
+        messages: list[Message] = []
+        if pending.snapshot_to_subscribers:
+            state = mapper.snapshot()
+            snap = CurrentShardSnapshot(ref, state)
+            messages += [SubscriberMessage(s, snap, state.version) for s in audience]
+        elif audience:
+            for event, version in pending.events:
+                messages += [SubscriberMessage(s, event, version) for s in audience]
+        if pending.nodes_need_map:
+            state, dataset = mapper.snapshot(), self._datasets[ref]
+            messages += [
+                NodeShardMap(node, ref, dataset, state)
+                for node in self._node_audience(pending, mapper)
+            ]
+        return messages
+
+    def _finish(self, reply: Reply | None) -> Result:
+        messages: list[Message] = []
+        for ref, pending in self._pending.items():
+            messages += self._publish(ref, pending)
+        messages += self._direct
+        self._pending.clear()
+        self._direct = []
+        return Result(tuple(messages), reply)

@@ -1,0 +1,50 @@
+"""Which shards a node should take: a stateless policy the shard manager consults per node."""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from filopy.dataset import Dataset
+from filopy.mapper import ShardMapper
+
+__all__ = ["DefaultShardAssignmentStrategy", "ShardAssignmentStrategy", "max_shards_per_node"]
+
+
+@runtime_checkable
+class ShardAssignmentStrategy(Protocol):
+    """Recommends shards for one node; must be a pure function of its arguments."""
+
+    def shard_assignments(self, node: str, dataset: Dataset, mapper: ShardMapper) -> list[int]:
+        """Shards ``node`` should start now (possibly none)."""
+        ...
+
+    def remaining_capacity(self, node: str, dataset: Dataset, mapper: ShardMapper) -> int:
+        """How many more shards ``node`` may take now."""
+        ...
+
+
+def max_shards_per_node(dataset: Dataset) -> int:
+    """``ceil(num_shards / min_num_nodes)``: the most shards any node is asked to carry."""
+    return -(-dataset.num_shards // dataset.min_num_nodes)
+
+
+class DefaultShardAssignmentStrategy:
+    """Spread unowned shards evenly over the nodes the dataset is sized for.
+
+    Dividing the free shards by the nodes still expected to take some (counting a node that
+    already holds shards as one of them) spreads 16 shards over 5 nodes as 4,3,3,3,3 rather
+    than 4,4,4,4,0. No node is ever asked to hold more than ``max_shards_per_node``.
+    """
+
+    def remaining_capacity(self, node: str, dataset: Dataset, mapper: ShardMapper) -> int:
+        free = mapper.num_unassigned_shards
+        held = mapper.num_shards_for_node(node)
+        # Nodes yet to get shards, plus this node if it already has some. Once as many nodes
+        # hold shards as the dataset needs, a newcomer is the only candidate: never divide by <= 0.
+        nodes = max(1, dataset.min_num_nodes - mapper.num_assigned_nodes + (1 if held else 0))
+        want = -(-(free + held) // nodes)
+        return max(0, min(want, max_shards_per_node(dataset)) - held)
+
+    def shard_assignments(self, node: str, dataset: Dataset, mapper: ShardMapper) -> list[int]:
+        """The lowest-numbered unowned shards, up to the node's remaining capacity."""
+        return mapper.unassigned_shards(limit=self.remaining_capacity(node, dataset, mapper))

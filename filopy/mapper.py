@@ -1,0 +1,397 @@
+"""One dataset's shard map: who owns each shard and in what state.
+
+Ownership and status follow a small set of rules so that any reachable state can be rebuilt
+from events (``minimal_events``): an owned shard is Assigned, Active, Recovery or Stopped; an
+unowned one is Unassigned, Error, Stopped or Down. Indexes (shards per node, sorted free shards)
+are kept up to date on every change because the shard manager asks the assignment strategy about
+hundreds of nodes per change and must not rescan thousands of shards each time.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from collections.abc import Iterable
+
+from filopy.dataset import DatasetRef
+from filopy.hashing import ingestion_shard, log2_shards, query_shards
+from filopy.shard_status import (
+    ACTIVE,
+    ASSIGNED,
+    DOWN,
+    STOPPED,
+    UNASSIGNED,
+    Active,
+    Assigned,
+    Down,
+    Error,
+    IngestionError,
+    IngestionStarted,
+    IngestionStopped,
+    Recovery,
+    RecoveryInProgress,
+    ShardAssignmentStarted,
+    ShardDown,
+    ShardEvent,
+    ShardMapState,
+    ShardStatus,
+    Stopped,
+    Unassigned,
+    canonical,
+)
+
+__all__ = ["ShardEventError", "ShardMapper"]
+
+_UNOWNED_ONLY = (Unassigned, Error, Down)  # statuses that imply "nobody ingests this shard"
+_OWNED_ONLY = (Assigned, Active, Recovery)  # statuses that imply "some node ingests this shard"
+
+
+class ShardEventError(ValueError):
+    """An event that cannot apply to this mapper (e.g. a shard number out of range)."""
+
+    def __init__(self, event: ShardEvent, reason: str) -> None:
+        super().__init__(f"{reason} [shard={event.shard}, event={event}]")
+        self.event = event
+
+
+class ShardMapper:
+    """Mutable shard map of one dataset; not thread-safe (the manager is single-threaded)."""
+
+    __slots__ = (
+        "_free",
+        "_log2",
+        "_node_shards",
+        "_owners",
+        "_snapshot",
+        "_statuses",
+        "_version",
+        "num_shards",
+    )
+
+    def __init__(self, num_shards: int, version: int = 0) -> None:
+        self._log2 = log2_shards(num_shards)
+        self.num_shards = num_shards
+        self._owners: list[str | None] = [None] * num_shards
+        self._statuses: list[ShardStatus] = [UNASSIGNED] * num_shards
+        self._node_shards: dict[str, set[int]] = {}
+        self._free: list[int] = list(range(num_shards))  # unowned shards, ascending
+        self._version = version
+        self._snapshot: ShardMapState | None = None
+
+    # ----- construction, copies, equality -------------------------------------------------
+
+    @classmethod
+    def from_state(cls, state: ShardMapState) -> ShardMapper:
+        """Rebuild a mapper from a snapshot (e.g. on a node, or when recovering the manager)."""
+        if len(state.owners) != state.num_shards or len(state.statuses) != state.num_shards:
+            raise ValueError("shard map state has the wrong number of shards")
+        m = cls(state.num_shards, state.version)
+        m._owners = list(state.owners)
+        m._statuses = [canonical(s) for s in state.statuses]
+        m._reindex()
+        m._snapshot = state
+        return m
+
+    def _reindex(self) -> None:
+        self._node_shards = {}
+        free = []
+        for shard, owner in enumerate(self._owners):
+            if owner is None:
+                free.append(shard)
+            else:
+                self._node_shards.setdefault(owner, set()).add(shard)
+        self._free = free
+
+    def copy(self) -> ShardMapper:
+        m = ShardMapper(self.num_shards, self._version)
+        m._owners = self._owners.copy()
+        m._statuses = self._statuses.copy()
+        m._node_shards = {n: s.copy() for n, s in self._node_shards.items()}
+        m._free = self._free.copy()
+        m._snapshot = self._snapshot
+        return m
+
+    def __eq__(self, other: object) -> bool:
+        """Same shards, owners and statuses; the version is bookkeeping, not state."""
+        if not isinstance(other, ShardMapper):
+            return NotImplemented
+        return (
+            self.num_shards == other.num_shards
+            and self._owners == other._owners
+            and self._statuses == other._statuses
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # mutable
+
+    def __repr__(self) -> str:
+        return f"ShardMapper({self.num_shards} shards, version {self._version}: {self.summary()})"
+
+    # ----- versioning and snapshots -------------------------------------------------------
+
+    @property
+    def version(self) -> int:
+        """Grows with every change, so receivers can drop stale maps."""
+        return self._version
+
+    def advance_version(self, version: int) -> None:
+        """Move the version forward to at least ``version`` (used when mirroring a remote map)."""
+        if version > self._version:
+            self._version = version
+            self._snapshot = None
+
+    def _changed(self) -> None:
+        self._version += 1
+        self._snapshot = None
+
+    def snapshot(self) -> ShardMapState:
+        """Immutable copy of the current state; cached until the next change."""
+        if self._snapshot is None:
+            self._snapshot = ShardMapState(
+                self.num_shards, tuple(self._owners), tuple(self._statuses), self._version
+            )
+        return self._snapshot
+
+    # ----- low-level ownership ------------------------------------------------------------
+
+    def _set_owner(self, shard: int, node: str | None) -> None:
+        old = self._owners[shard]
+        if old == node:
+            return
+        if old is None:
+            i = bisect_left(self._free, shard)
+            del self._free[i]
+        else:
+            shards = self._node_shards[old]
+            shards.discard(shard)
+            if not shards:
+                del self._node_shards[old]
+        if node is None:
+            insort(self._free, shard)
+        else:
+            self._node_shards.setdefault(node, set()).add(shard)
+        self._owners[shard] = node
+
+    def _set(self, shard: int, node: str | None, status: ShardStatus) -> bool:
+        if self._owners[shard] == node and self._statuses[shard] == status:
+            return False
+        self._set_owner(shard, node)
+        self._statuses[shard] = status
+        return True
+
+    def _check_shard(self, shard: int) -> None:
+        if not 0 <= shard < self.num_shards:
+            raise ValueError(f"invalid shard {shard}: valid shards are 0..{self.num_shards - 1}")
+
+    # ----- updates ------------------------------------------------------------------------
+
+    def update_from_event(self, event: ShardEvent) -> bool:
+        """Apply one event; returns whether anything changed.
+
+        Raises ``ShardEventError`` for a shard outside ``[0, num_shards)`` or an event that must
+        name an owner but does not.
+        """
+        shard = event.shard
+        if not 0 <= shard < self.num_shards:
+            raise ShardEventError(
+                event, f"invalid shard {shard}, valid shards are 0..{self.num_shards - 1}"
+            )
+        match event:
+            case ShardAssignmentStarted(node=node):
+                changed = self._set(shard, self._require_node(event, node), ASSIGNED)
+            case IngestionStarted(node=node):
+                changed = self._set(shard, self._require_node(event, node), ACTIVE)
+            case RecoveryInProgress(node=node, progress_pct=pct):
+                changed = self._set(shard, self._require_node(event, node), Recovery(pct))
+            case IngestionError(message=message):
+                changed = self._set(shard, None, Error(message))
+            case IngestionStopped():
+                changed = self._set(shard, self._owners[shard], STOPPED)
+            case ShardDown():
+                changed = self._set(shard, None, DOWN)
+            case _:
+                raise ShardEventError(event, f"unknown shard event type {type(event).__name__}")
+        if changed:
+            self._changed()
+        return changed
+
+    @staticmethod
+    def _require_node(event: ShardEvent, node: str | None) -> str:
+        if not node:
+            raise ShardEventError(event, f"{type(event).__name__} must name the owning node")
+        return node
+
+    def register_node(self, shards: Iterable[int], node: str) -> None:
+        """Make ``node`` the owner of ``shards``; a shard that was idle becomes Assigned."""
+        changed = False
+        for shard in shards:
+            self._check_shard(shard)
+            status = self._statuses[shard]
+            if isinstance(status, _UNOWNED_ONLY):
+                status = ASSIGNED
+            changed |= self._set(shard, node, status)
+        if changed:
+            self._changed()
+
+    def unassign_shard(self, shard: int) -> None:
+        """Clear the owner; a shard that was being ingested becomes Unassigned."""
+        self._check_shard(shard)
+        if self._unassign(shard):
+            self._changed()
+
+    def _unassign(self, shard: int) -> bool:
+        status = self._statuses[shard]
+        if isinstance(status, _OWNED_ONLY):
+            status = UNASSIGNED
+        return self._set(shard, None, status)
+
+    def remove_node(self, node: str) -> list[int]:
+        """Unassign every shard of ``node``; returns the shards it freed, ascending."""
+        freed = sorted(self._node_shards.get(node, ()))
+        for shard in freed:
+            self._unassign(shard)
+        if freed:
+            self._changed()
+        return freed
+
+    def minimal_events(self, ref: DatasetRef) -> list[ShardEvent]:
+        """The shortest event list that rebuilds this state on a fresh mapper."""
+        events: list[ShardEvent] = []
+        for shard, (owner, status) in enumerate(zip(self._owners, self._statuses, strict=True)):
+            match status:
+                case Unassigned():
+                    pass
+                case Assigned():
+                    events.append(ShardAssignmentStarted(ref, shard, owner))
+                case Active():
+                    events.append(IngestionStarted(ref, shard, owner))
+                case Recovery(progress_pct=pct):
+                    events.append(RecoveryInProgress(ref, shard, owner, pct))
+                case Error(message=message):
+                    events.append(IngestionError(ref, shard, None, message))
+                case Stopped():
+                    if owner is not None:
+                        events.append(ShardAssignmentStarted(ref, shard, owner))
+                    events.append(IngestionStopped(ref, shard, owner))
+                case Down():
+                    events.append(ShardDown(ref, shard, None))
+        return events
+
+    def merge_from(self, other: ShardMapper, ref: DatasetRef) -> ShardMapper:
+        """Adopt every shard of ``other`` that is not plain Unassigned (FiloDB's mergeFrom)."""
+        if other.num_shards != self.num_shards:
+            raise ValueError(f"cannot merge {other.num_shards} shards into {self.num_shards}")
+        for event in other.minimal_events(ref):
+            self.update_from_event(event)
+        return self
+
+    # ----- queries ------------------------------------------------------------------------
+
+    def owner(self, shard: int) -> str | None:
+        return self._owners[shard]
+
+    def status(self, shard: int) -> ShardStatus:
+        return self._statuses[shard]
+
+    @property
+    def owners(self) -> tuple[str | None, ...]:
+        return tuple(self._owners)
+
+    @property
+    def statuses(self) -> tuple[ShardStatus, ...]:
+        return tuple(self._statuses)
+
+    def shards_for_node(self, node: str) -> list[int]:
+        return sorted(self._node_shards.get(node, ()))
+
+    def num_shards_for_node(self, node: str) -> int:
+        return len(self._node_shards.get(node, ()))
+
+    def all_nodes(self) -> frozenset[str]:
+        """Nodes that own at least one shard."""
+        return frozenset(self._node_shards)
+
+    @property
+    def num_assigned_nodes(self) -> int:
+        return len(self._node_shards)
+
+    def assigned_shards(self) -> list[int]:
+        return [s for s, o in enumerate(self._owners) if o is not None]
+
+    def unassigned_shards(self, limit: int | None = None) -> list[int]:
+        """Shards without an owner (Unassigned, Error, Down, or an unowned Stopped), ascending."""
+        return self._free.copy() if limit is None else self._free[: max(0, limit)]
+
+    @property
+    def num_unassigned_shards(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_assigned_shards(self) -> int:
+        return self.num_shards - len(self._free)
+
+    def active_shards(self) -> list[int]:
+        return [s for s, st in enumerate(self._statuses) if isinstance(st, Active)]
+
+    def active_or_recovering_shards(self, shards: Iterable[int] | None = None) -> list[int]:
+        candidates = range(self.num_shards) if shards is None else shards
+        return [s for s in candidates if isinstance(self._statuses[s], Active | Recovery)]
+
+    def is_healthy(self) -> bool:
+        """Every shard is Active."""
+        return all(isinstance(st, Active) for st in self._statuses)
+
+    def active_bitmap(self) -> bytes:
+        """One bit per shard, set when Active; shard 0 is the high bit of byte 0 (as FiloDB)."""
+        out = bytearray((self.num_shards + 7) // 8)
+        for shard, st in enumerate(self._statuses):
+            if isinstance(st, Active):
+                out[shard >> 3] |= 0x80 >> (shard & 7)
+        return bytes(out)
+
+    def ingestion_shard(self, shard_key_hash: int, partition_hash: int, spread: int) -> int:
+        return ingestion_shard(shard_key_hash, partition_hash, spread, self.num_shards)
+
+    def query_shards(self, shard_key_hash: int, spread: int) -> list[int]:
+        return query_shards(shard_key_hash, spread, self.num_shards)
+
+    # ----- rendering ----------------------------------------------------------------------
+
+    def summary(self) -> str:
+        counts: dict[str, int] = {}
+        for st in self._statuses:
+            name = type(st).__name__
+            counts[name] = counts.get(name, 0) + 1
+        return ", ".join(f"{k}={v}" for k, v in sorted(counts.items()))
+
+    def render(self) -> str:
+        """A 16-shards-per-row status grid plus each node's shards, for the CLI."""
+        lines = [
+            "Status legend: .=Unassigned N=Assigned A=Active R=Recovery E=Error S=Stopped D=Down",
+            f"----- Status map (version {self._version}) -----",
+        ]
+        for start in range(0, self.num_shards, 16):
+            row = self._statuses[start : start + 16]
+            groups = ["".join(st.letter for st in row[i : i + 8]) for i in range(0, len(row), 8)]
+            end = start + len(row) - 1
+            lines.append(f"  {start:5d}-{end:<5d}  " + "  ".join(groups))
+        lines.append("----- Nodes -----")
+        for node in sorted(self._node_shards):
+            lines.append(f"  {node}: {_ranges(sorted(self._node_shards[node]))}")
+        if not self._node_shards:
+            lines.append("  (none)")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.render()
+
+
+def _ranges(shards: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``: keeps 4096-shard listings readable."""
+    parts: list[str] = []
+    i = 0
+    while i < len(shards):
+        j = i
+        while j + 1 < len(shards) and shards[j + 1] == shards[j] + 1:
+            j += 1
+        parts.append(str(shards[i]) if i == j else f"{shards[i]}-{shards[j]}")
+        i = j + 1
+    return ", ".join(parts)
