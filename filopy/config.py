@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -50,6 +50,25 @@ class RaySettings(_Section):
     namespace: str
 
 
+class ClusterSettings(_Section):
+    node_resource: str = Field(min_length=1)
+    membership_interval_s: float = Field(gt=0)
+    ping_interval_s: float = Field(gt=0)
+    ping_timeout_s: float = Field(gt=0)
+    failure_timeout_s: float = Field(gt=0)
+    resync_interval_s: float = Field(gt=0)
+    reassignment_min_interval_s: float = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _detect_before_declaring(self) -> ClusterSettings:
+        if self.failure_timeout_s <= self.ping_interval_s:
+            raise ValueError(
+                f"cluster.failure_timeout_s ({self.failure_timeout_s}) must be longer than "
+                f"cluster.ping_interval_s ({self.ping_interval_s})"
+            )
+        return self
+
+
 class Settings(BaseSettings):
     """All of FiloPy's settings. Build with `load_settings()`."""
 
@@ -61,6 +80,7 @@ class Settings(BaseSettings):
     store: StoreSettings
     cassandra: CassandraSettings
     ray: RaySettings
+    cluster: ClusterSettings
 
     @classmethod
     def settings_customise_sources(
