@@ -9,7 +9,7 @@ from filopy import IngestionStarted
 from .support import dataset, ref
 
 
-def _feed(guardian: NodeGuardian, result, name: str = "g") -> None:  # noqa: ANN001
+def _feed(guardian: NodeGuardian, result, name: str = "g") -> None:
     for m in result.messages:
         if getattr(m, "subscriber", None) == name:
             guardian.apply(m)
