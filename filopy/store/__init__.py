@@ -1,0 +1,70 @@
+"""FiloPy's storage layer: MetaStore (datasets, epochs, checkpoints) and ColumnStore (part keys,
+chunks), on SQLite (embedded default) or Cassandra (production). See docs/storage.md."""
+
+from __future__ import annotations
+
+from filopy.config import Settings
+from filopy.store.api import (
+    INT64_MAX,
+    INT64_MIN,
+    ChunkRecord,
+    ColumnStore,
+    DatasetConflict,
+    LabelMatcher,
+    MatchOp,
+    MetaStore,
+    PartKeyRecord,
+    ShardEpoch,
+    StaleEpochError,
+    StoreError,
+    StoreTimeout,
+    StoreUnavailable,
+    decode_part_key,
+    encode_part_key,
+)
+from filopy.store.encoding import decode_chunk, encode_chunk
+
+__all__ = [
+    "INT64_MAX",
+    "INT64_MIN",
+    "ChunkRecord",
+    "ColumnStore",
+    "DatasetConflict",
+    "LabelMatcher",
+    "MatchOp",
+    "MetaStore",
+    "PartKeyRecord",
+    "ShardEpoch",
+    "StaleEpochError",
+    "StoreError",
+    "StoreTimeout",
+    "StoreUnavailable",
+    "decode_chunk",
+    "decode_part_key",
+    "encode_chunk",
+    "encode_part_key",
+    "open_stores",
+]
+
+
+def open_stores(settings: Settings) -> tuple[MetaStore, ColumnStore]:
+    """The MetaStore and ColumnStore of the configured backend (`store.backend`).
+
+    Both share one connection (or file); close both when done. Raises StoreUnavailable if the
+    backend cannot be reached within its connect timeout."""
+    if settings.store.backend == "sqlite":
+        from filopy.store.sqlite import open_sqlite_stores
+
+        return open_sqlite_stores(settings.store.sqlite_path)
+    from filopy.store.cassandra import open_cassandra_stores  # imports the driver only if used
+
+    c = settings.cassandra
+    return open_cassandra_stores(
+        c.contact_points,
+        c.port,
+        c.keyspace,
+        c.replication,
+        c.consistency,
+        c.connect_timeout_s,
+        c.request_timeout_s,
+    )

@@ -1,0 +1,412 @@
+"""The storage contract: what FiloPy persists, in which shape, and the errors callers act on.
+
+Two stores, one interface each, two backends (SQLite and Cassandra) with identical semantics:
+
+* `MetaStore`: dataset definitions, per-shard ownership epochs and per-(shard, flush group)
+  checkpoints. Checkpoint commits are fenced by the epoch: only the shard's current owner can
+  advance them.
+* `ColumnStore`: per-shard part keys (a series' labels with its first/last sample time) and encoded
+  chunks of samples, written in batches for many series and read back by time range.
+
+The public methods here validate their arguments once, for every backend, then call the backend's
+`_method`. Times are int64 milliseconds since the epoch; ranges are inclusive at both ends.
+
+Errors, and what the ingester does about them:
+
+* `StaleEpochError`: another node has claimed the shard. Stop ingesting it, drop its in-memory
+  state, report the shard as lost. Never retry the commit.
+* `StoreUnavailable` (and its subclass `StoreTimeout`): the store could not be reached or did not
+  answer in time. Retry with backoff. Every write here is idempotent, so a retry is always safe; a
+  timed-out checkpoint commit may or may not have applied, and the retry settles it.
+* `DatasetConflict`: `SetupDataset` named an existing dataset with a different definition; report
+  it to the caller.
+* Any other `StoreError` (or `ValueError` for bad arguments) is a bug or corruption: fail loudly.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from types import TracebackType
+from typing import Self
+
+import numpy as np
+import numpy.typing as npt
+
+from filopy.dataset import Dataset, DatasetRef
+from filopy.store import encoding
+
+INT64_MIN = -(1 << 63)
+INT64_MAX = (1 << 63) - 1
+INT32_MAX = (1 << 31) - 1
+DEFAULT_MAX_CHUNK_SPAN_MS = 24 * 3600 * 1000
+
+
+# --------------------------------------------------------------------------------------- errors
+
+
+class StoreError(Exception):
+    """Base of every storage error."""
+
+
+class StoreUnavailable(StoreError):
+    """The store cannot be reached (or is closed): retry later."""
+
+
+class StoreTimeout(StoreUnavailable):
+    """A request timed out; a write may or may not have been applied. Retrying is safe."""
+
+
+class DatasetConflict(StoreError):
+    """A dataset of that name exists with a different definition."""
+
+    def __init__(self, existing: Dataset, proposed: Dataset) -> None:
+        super().__init__(
+            f"dataset {existing.name!r} already exists with a different definition: "
+            f"stored {existing.to_json()}, proposed {proposed.to_json()}"
+        )
+        self.existing = existing
+        self.proposed = proposed
+
+
+class StaleEpochError(StoreError):
+    """The writer's ownership epoch is not the shard's current one: it has lost the shard."""
+
+    def __init__(self, dataset: str, shard: int, epoch: int, current_epoch: int) -> None:
+        super().__init__(
+            f"shard {shard} of dataset {dataset!r}: epoch {epoch} is not the current ownership "
+            f"epoch {current_epoch}; the shard belongs to another writer"
+        )
+        self.dataset = dataset
+        self.shard = shard
+        self.epoch = epoch
+        self.current_epoch = current_epoch
+
+
+# --------------------------------------------------------------------------- labels and matchers
+
+
+def encode_part_key(labels: Mapping[str, str]) -> str:
+    """The canonical part key of a series: compact JSON of its labels sorted by name.
+
+    Labels with an empty value are dropped (Prometheus treats them as absent), so `{a="", b="x"}`
+    and `{b="x"}` are one series. The key is human-readable in cqlsh/sqlite3 and decodable back to
+    the labels, which is how part-key listings filter by matchers.
+    """
+    items = sorted((k, v) for k, v in labels.items() if v != "")
+    for k, v in items:
+        if not isinstance(k, str) or not isinstance(v, str) or not k:
+            raise ValueError(f"labels must map non-empty str names to str values, got {k!r}: {v!r}")
+    return json.dumps(dict(items), ensure_ascii=False, separators=(",", ":"))
+
+
+def decode_part_key(part_key: str) -> dict[str, str]:
+    """The labels of a canonical part key."""
+    labels = json.loads(part_key)
+    if not isinstance(labels, dict):
+        raise ValueError(f"not a part key: {part_key!r}")
+    return labels
+
+
+class MatchOp(StrEnum):
+    EQ = "="
+    NE = "!="
+    RE = "=~"
+    NRE = "!~"
+
+
+@dataclass(frozen=True, slots=True)
+class LabelMatcher:
+    """A Prometheus label matcher: regexes are fully anchored, a missing label equals ""."""
+
+    label: str
+    op: MatchOp
+    value: str
+    _regex: re.Pattern[str] | None = field(init=False, repr=False, compare=False, default=None)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "op", MatchOp(self.op))
+        if self.op in (MatchOp.RE, MatchOp.NRE):
+            try:
+                regex = re.compile(self.value, re.DOTALL)
+            except re.error as e:
+                raise ValueError(f"bad regex in matcher {self}: {e}") from e
+            object.__setattr__(self, "_regex", regex)
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        v = labels.get(self.label, "")
+        if self.op is MatchOp.EQ:
+            return v == self.value
+        if self.op is MatchOp.NE:
+            return v != self.value
+        assert self._regex is not None
+        hit = self._regex.fullmatch(v) is not None
+        return hit if self.op is MatchOp.RE else not hit
+
+    def __str__(self) -> str:
+        return f"{self.label}{self.op}{json.dumps(self.value)}"
+
+
+# ------------------------------------------------------------------------------------- records
+
+
+def _check_range(what: str, start: int, end: int) -> None:
+    if not (INT64_MIN <= start <= end <= INT64_MAX):
+        raise ValueError(f"{what}: need int64 start <= end, got [{start}, {end}]")
+
+
+@dataclass(frozen=True, slots=True)
+class PartKeyRecord:
+    """A series of a shard: its canonical part key and the time range of its samples."""
+
+    part_key: str
+    start_time: int
+    end_time: int
+
+    def __post_init__(self) -> None:
+        _check_range(f"part key {self.part_key}", self.start_time, self.end_time)
+
+    @classmethod
+    def from_labels(cls, labels: Mapping[str, str], start_time: int, end_time: int) -> Self:
+        return cls(encode_part_key(labels), start_time, end_time)
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return decode_part_key(self.part_key)
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkRecord:
+    """One encoded chunk of one series. Its identity is (part key, start_time): rewriting a chunk
+    with the same identity replaces it, so replaying after a crash never duplicates samples."""
+
+    part_key: str
+    start_time: int
+    end_time: int
+    num_samples: int
+    data: bytes
+
+    def __post_init__(self) -> None:
+        _check_range(f"chunk of {self.part_key}", self.start_time, self.end_time)
+        if not 1 <= self.num_samples <= INT32_MAX:
+            raise ValueError(f"chunk of {self.part_key}: bad num_samples {self.num_samples}")
+
+    @classmethod
+    def from_samples(
+        cls, part_key: str, timestamps: npt.ArrayLike, values: npt.ArrayLike
+    ) -> ChunkRecord:
+        """Encode samples (timestamps strictly increasing) into a chunk."""
+        ts = np.asarray(timestamps, dtype=np.int64)
+        data = encoding.encode_chunk(ts, values)
+        return cls(part_key, int(ts[0]), int(ts[-1]), len(ts), data)
+
+    def samples(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+        """Decode: (int64 timestamps, float64 values)."""
+        return encoding.decode_chunk(self.data)
+
+
+@dataclass(frozen=True, slots=True)
+class ShardEpoch:
+    """A shard's current ownership epoch (0: never claimed) and who claimed it."""
+
+    epoch: int
+    owner: str
+
+
+# -------------------------------------------------------------------------------------- stores
+
+
+def _check_shard(shard: int) -> None:
+    if not isinstance(shard, int) or not 0 <= shard <= INT32_MAX:
+        raise ValueError(f"shard must be an int in [0, {INT32_MAX}], got {shard!r}")
+
+
+def _check_ref(ref: DatasetRef) -> str:
+    if not isinstance(ref, DatasetRef):
+        raise TypeError(f"expected a DatasetRef, got {type(ref).__name__}")
+    return ref.name
+
+
+class _Closable(ABC):
+    @abstractmethod
+    def close(self) -> None:
+        """Release connections; idempotent. Stores sharing a connection close it last."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class MetaStore(_Closable):
+    """Dataset definitions, ownership epochs and fenced checkpoints."""
+
+    def create_dataset(self, dataset: Dataset) -> bool:
+        """Register a dataset: True if created, False if an identical one exists.
+
+        Raises DatasetConflict if one of that name exists with a different definition."""
+        if not isinstance(dataset, Dataset):
+            raise TypeError(f"expected a Dataset, got {type(dataset).__name__}")
+        return self._create_dataset(dataset)
+
+    def get_dataset(self, ref: DatasetRef) -> Dataset | None:
+        return self._get_dataset(_check_ref(ref))
+
+    def list_datasets(self) -> list[Dataset]:
+        """All datasets, sorted by name."""
+        return sorted(self._list_datasets(), key=lambda d: d.name)
+
+    def delete_dataset(self, ref: DatasetRef) -> bool:
+        """Forget a dataset's definition; True if it existed.
+
+        Its checkpoints, epochs and stored series stay: epochs must never go back (fencing), and
+        checkpoints keep describing what the ColumnStore holds, so re-creating the same dataset
+        resumes where it stopped."""
+        return self._delete_dataset(_check_ref(ref))
+
+    def claim_epoch(self, ref: DatasetRef, shard: int, owner: str = "") -> int:
+        """Claim a new ownership epoch for a shard, strictly greater than any before; return it.
+
+        Call before ingesting the shard (then read its checkpoints): from now on commits carrying
+        an older epoch fail with StaleEpochError. `owner` is recorded for operators only."""
+        _check_shard(shard)
+        return self._claim_epoch(_check_ref(ref), shard, str(owner))
+
+    def current_epoch(self, ref: DatasetRef, shard: int) -> ShardEpoch:
+        _check_shard(shard)
+        return self._current_epoch(_check_ref(ref), shard)
+
+    def commit_checkpoint(
+        self, ref: DatasetRef, shard: int, group: int, offset: int, epoch: int
+    ) -> int:
+        """Record that a flush group's samples up to Kafka `offset` are in the ColumnStore.
+
+        Fenced: raises StaleEpochError unless `epoch` is the shard's current epoch. Checkpoints
+        never go backwards: committing a lower offset than stored keeps the stored one. Returns
+        the checkpoint now stored. Idempotent, so safe to retry after StoreTimeout."""
+        _check_shard(shard)
+        if not isinstance(group, int) or not 0 <= group <= INT32_MAX:
+            raise ValueError(f"flush group must be an int in [0, {INT32_MAX}], got {group!r}")
+        if not isinstance(offset, int) or not 0 <= offset <= INT64_MAX:
+            raise ValueError(f"offset must be a non-negative int64, got {offset!r}")
+        if not isinstance(epoch, int) or not 1 <= epoch <= INT64_MAX:
+            raise ValueError(f"epoch must be a positive int64 from claim_epoch, got {epoch!r}")
+        return self._commit_checkpoint(_check_ref(ref), shard, group, offset, epoch)
+
+    def read_checkpoints(self, ref: DatasetRef, shard: int) -> dict[int, int]:
+        """All flush groups' checkpoints of a shard: {group: offset}, empty if none."""
+        _check_shard(shard)
+        return dict(sorted(self._read_checkpoints(_check_ref(ref), shard).items()))
+
+    @abstractmethod
+    def _create_dataset(self, dataset: Dataset) -> bool: ...
+    @abstractmethod
+    def _get_dataset(self, name: str) -> Dataset | None: ...
+    @abstractmethod
+    def _list_datasets(self) -> list[Dataset]: ...
+    @abstractmethod
+    def _delete_dataset(self, name: str) -> bool: ...
+    @abstractmethod
+    def _claim_epoch(self, name: str, shard: int, owner: str) -> int: ...
+    @abstractmethod
+    def _current_epoch(self, name: str, shard: int) -> ShardEpoch: ...
+    @abstractmethod
+    def _commit_checkpoint(
+        self, name: str, shard: int, group: int, offset: int, epoch: int
+    ) -> int: ...
+    @abstractmethod
+    def _read_checkpoints(self, name: str, shard: int) -> dict[int, int]: ...
+
+
+class ColumnStore(_Closable):
+    """Part keys and encoded chunks, per (dataset, shard).
+
+    No chunk may span more than `max_chunk_span_ms` (end - start); that bound lets a time-range
+    read be one index slice over chunk start times, [start - max_chunk_span_ms, end]."""
+
+    def __init__(self, max_chunk_span_ms: int = DEFAULT_MAX_CHUNK_SPAN_MS) -> None:
+        if max_chunk_span_ms <= 0:
+            raise ValueError(f"max_chunk_span_ms must be positive, got {max_chunk_span_ms}")
+        self.max_chunk_span_ms = max_chunk_span_ms
+
+    def write_part_keys(
+        self, ref: DatasetRef, shard: int, records: Iterable[PartKeyRecord]
+    ) -> None:
+        """Upsert part keys; last write wins (pass the series' whole known time range)."""
+        _check_shard(shard)
+        recs = list(records)
+        if recs:
+            self._write_part_keys(_check_ref(ref), shard, recs)
+
+    def list_part_keys(
+        self,
+        ref: DatasetRef,
+        shard: int,
+        start: int = INT64_MIN,
+        end: int = INT64_MAX,
+        matchers: Sequence[LabelMatcher] = (),
+    ) -> list[PartKeyRecord]:
+        """The shard's part keys whose [start_time, end_time] overlaps [start, end] and whose
+        labels satisfy every matcher, sorted by part key."""
+        _check_shard(shard)
+        _check_range("part key query", start, end)
+        found = self._list_part_keys(_check_ref(ref), shard, start, end)
+        if matchers:
+            found = [r for r in found if _matches_all(matchers, r.labels)]
+        return sorted(found, key=lambda r: r.part_key)
+
+    def write_chunks(self, ref: DatasetRef, shard: int, chunks: Iterable[ChunkRecord]) -> None:
+        """Write chunks of any number of series; rewriting a chunk replaces it (idempotent)."""
+        _check_shard(shard)
+        batch = list(chunks)
+        for c in batch:
+            if c.end_time - c.start_time > self.max_chunk_span_ms:
+                raise ValueError(
+                    f"chunk of {c.part_key} at {c.start_time} spans {c.end_time - c.start_time} "
+                    f"ms, more than max_chunk_span_ms={self.max_chunk_span_ms}"
+                )
+        if batch:
+            self._write_chunks(_check_ref(ref), shard, batch)
+
+    def read_chunks(
+        self, ref: DatasetRef, shard: int, part_keys: Iterable[str], start: int, end: int
+    ) -> dict[str, list[ChunkRecord]]:
+        """Chunks of the given series overlapping [start, end]: {part_key: chunks by start}.
+
+        Series without such chunks are absent from the result."""
+        _check_shard(shard)
+        _check_range("chunk query", start, end)
+        keys = sorted(set(part_keys))
+        if not keys:
+            return {}
+        lo = max(INT64_MIN, start - self.max_chunk_span_ms)
+        found = self._read_chunks(_check_ref(ref), shard, keys, lo, start, end)
+        return {k: sorted(v, key=lambda c: c.start_time) for k, v in sorted(found.items()) if v}
+
+    @abstractmethod
+    def _write_part_keys(self, name: str, shard: int, records: list[PartKeyRecord]) -> None: ...
+    @abstractmethod
+    def _list_part_keys(
+        self, name: str, shard: int, start: int, end: int
+    ) -> list[PartKeyRecord]: ...
+    @abstractmethod
+    def _write_chunks(self, name: str, shard: int, chunks: list[ChunkRecord]) -> None: ...
+    @abstractmethod
+    def _read_chunks(
+        self, name: str, shard: int, part_keys: list[str], lo: int, start: int, end: int
+    ) -> dict[str, list[ChunkRecord]]:
+        """Chunks with lo <= start_time <= end and end_time >= start."""
+
+
+def _matches_all(matchers: Sequence[LabelMatcher], labels: Mapping[str, str]) -> bool:
+    return all(m.matches(labels) for m in matchers)

@@ -1,0 +1,523 @@
+"""The production backend: MetaStore and ColumnStore on Apache Cassandra (cassandra-driver).
+
+Fencing. A shard's ownership epoch and its flush groups' checkpoints live in one partition
+(`shard_state`, partition (dataset, shard), clustering flush_group, `epoch` a static column). The
+epoch claim (`... SET epoch = e+1 IF epoch = e`) and the checkpoint commit
+(`... SET checkpoint = o WHERE flush_group = g IF epoch = e AND checkpoint <= o`) are lightweight
+transactions on that same partition, so Paxos orders them: once a claim has been accepted, no
+commit carrying an older epoch can apply. A failed condition is answered with the row's current
+values, which tell a stale epoch (StaleEpochError) from a lower offset (a no-op: checkpoints never
+go backwards). Timeouts and unreachable replicas are StoreTimeout / StoreUnavailable instead.
+
+Data. Part keys: partition (dataset, shard), one row per series. Chunks: partition
+(dataset, shard, part_key), clustering start_time (the chunk id), so a time-range read is one slice
+`start_time in [start - max_chunk_span_ms, end]` per series, and rewriting a chunk overwrites the
+same row (idempotent). Writes of many series go out concurrently (bounded in flight), rows of one
+partition together in UNLOGGED batches, which Cassandra applies as one mutation.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from cassandra import (
+    ConsistencyLevel,
+    DriverException,
+    OperationTimedOut,
+    ReadTimeout,
+    RequestExecutionException,
+    RequestValidationException,
+    Unavailable,
+    WriteTimeout,
+    WriteType,
+)
+from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable
+from cassandra.concurrent import execute_concurrent
+from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
+from cassandra.query import (
+    BatchStatement,
+    BatchType,
+    PreparedStatement,
+    Statement,
+    dict_factory,
+    tuple_factory,
+)
+
+from filopy.dataset import Dataset
+from filopy.store.api import (
+    DEFAULT_MAX_CHUNK_SPAN_MS,
+    ChunkRecord,
+    ColumnStore,
+    DatasetConflict,
+    MetaStore,
+    PartKeyRecord,
+    ShardEpoch,
+    StaleEpochError,
+    StoreError,
+    StoreTimeout,
+    StoreUnavailable,
+)
+
+_KEYSPACE_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,47}$")
+_CAS_ATTEMPTS = 16  # a claim or commit retried after losing a race to a concurrent LWT
+_BATCH_BYTES = 32 * 1024  # below Cassandra's batch_size_fail_threshold (50 KiB by default)
+_BATCH_ROWS = 100
+_LWT, _DATA = "filopy-lwt", "filopy-data"
+
+TABLES = (
+    """CREATE TABLE IF NOT EXISTS {ks}.datasets (
+        name text PRIMARY KEY,
+        definition text)""",
+    """CREATE TABLE IF NOT EXISTS {ks}.shard_state (
+        dataset text,
+        shard int,
+        flush_group int,
+        epoch bigint STATIC,
+        owner text STATIC,
+        checkpoint bigint,
+        PRIMARY KEY ((dataset, shard), flush_group))""",
+    """CREATE TABLE IF NOT EXISTS {ks}.part_keys (
+        dataset text,
+        shard int,
+        part_key text,
+        start_time bigint,
+        end_time bigint,
+        PRIMARY KEY ((dataset, shard), part_key))""",
+    """CREATE TABLE IF NOT EXISTS {ks}.chunks (
+        dataset text,
+        shard int,
+        part_key text,
+        start_time bigint,
+        end_time bigint,
+        num_samples int,
+        data blob,
+        PRIMARY KEY ((dataset, shard, part_key), start_time))
+        WITH CLUSTERING ORDER BY (start_time ASC)""",
+)
+
+
+def _cql_map(m: Mapping[str, str]) -> str:
+    def q(s: str) -> str:
+        return "'" + str(s).replace("'", "''") + "'"
+
+    return "{" + ", ".join(f"{q(k)}: {q(v)}" for k, v in m.items()) + "}"
+
+
+@contextmanager
+def _translate(what: str) -> Iterator[None]:
+    """Driver exceptions as StoreErrors: unavailable and timeouts apart from real failures."""
+    try:
+        yield
+    except NoHostAvailable as e:
+        raise StoreUnavailable(f"{what}: no Cassandra host available: {e}") from e
+    except WriteTimeout as e:
+        cas = getattr(e, "write_type", None) == WriteType.CAS
+        unknown = " (a lightweight transaction: its outcome is unknown)" if cas else ""
+        raise StoreTimeout(f"{what}: Cassandra write timed out{unknown}: {e}") from e
+    except (ReadTimeout, OperationTimedOut) as e:
+        raise StoreTimeout(f"{what}: Cassandra request timed out: {e}") from e
+    except Unavailable as e:
+        raise StoreUnavailable(f"{what}: not enough Cassandra replicas alive: {e}") from e
+    except (RequestExecutionException, RequestValidationException, DriverException) as e:
+        raise StoreError(f"{what}: {type(e).__name__}: {e}") from e
+
+
+class CassandraConnection:
+    """A cluster connection and its prepared statements, shared by both Cassandra stores.
+
+    Creates the keyspace and tables if missing. Reference-counted: closed with its last store."""
+
+    def __init__(
+        self,
+        contact_points: Sequence[str],
+        port: int = 9042,
+        keyspace: str = "filopy",
+        replication: Mapping[str, str] | None = None,
+        consistency: str = "LOCAL_QUORUM",
+        connect_timeout_s: float = 10.0,
+        request_timeout_s: float = 10.0,
+        *,
+        data_consistency: str | None = None,
+        local_dc: str | None = None,
+    ) -> None:
+        if not _KEYSPACE_RE.match(keyspace):
+            raise ValueError(f"invalid Cassandra keyspace name {keyspace!r}")
+        self.keyspace = keyspace
+        self.where = f"Cassandra at {', '.join(contact_points)} (port {port})"
+        levels = ConsistencyLevel.name_to_value
+        if consistency not in levels or (data_consistency or consistency) not in levels:
+            raise ValueError(f"unknown consistency level {consistency!r} / {data_consistency!r}")
+        serial = (
+            ConsistencyLevel.LOCAL_SERIAL
+            if consistency.startswith("LOCAL_")
+            else ConsistencyLevel.SERIAL
+        )
+        self.serial = serial
+
+        def profile(level: str, rows: Any) -> ExecutionProfile:
+            return ExecutionProfile(
+                load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy(local_dc=local_dc)),
+                consistency_level=levels[level],
+                serial_consistency_level=serial,
+                request_timeout=request_timeout_s,
+                row_factory=rows,
+            )
+
+        self.cluster = Cluster(
+            list(contact_points),
+            port=port,
+            connect_timeout=connect_timeout_s,
+            control_connection_timeout=connect_timeout_s,
+            execution_profiles={
+                EXEC_PROFILE_DEFAULT: profile(consistency, tuple_factory),
+                _LWT: profile(consistency, dict_factory),
+                _DATA: profile(data_consistency or consistency, tuple_factory),
+            },
+        )
+        self._lock = threading.Lock()
+        self._refs = 0
+        try:
+            self.session = self.cluster.connect()
+        except Exception as e:
+            self.cluster.shutdown()
+            raise StoreUnavailable(
+                f"cannot connect to {self.where} within {connect_timeout_s} s: {e}"
+            ) from e
+        try:
+            self._create_schema(
+                replication or {"class": "SimpleStrategy", "replication_factor": "1"},
+                max(request_timeout_s, 30.0),
+            )
+        except BaseException:
+            self.cluster.shutdown()
+            raise
+
+    def _create_schema(self, replication: Mapping[str, str], timeout: float) -> None:
+        ks = self.keyspace
+        with _translate(f"creating keyspace {ks} on {self.where}"):
+            self.session.execute(
+                f"CREATE KEYSPACE IF NOT EXISTS {ks} WITH replication = {_cql_map(replication)}",
+                timeout=timeout,
+            )
+            for ddl in TABLES:
+                self.session.execute(ddl.format(ks=ks), timeout=timeout)
+
+    def prepare(self, cql: str, *, serial_read: bool = False) -> PreparedStatement:
+        with _translate(f"preparing a statement on {self.where}"):
+            stmt = self.session.prepare(cql.format(ks=self.keyspace))
+        if serial_read:
+            stmt.consistency_level = self.serial  # linearisable: sees every committed LWT
+        return stmt
+
+    def execute(
+        self,
+        stmt: Statement | PreparedStatement,
+        params: Sequence[Any] = (),
+        profile: str = EXEC_PROFILE_DEFAULT,
+    ) -> Any:
+        with _translate(f"request to {self.where}"):
+            return self.session.execute(stmt, params, execution_profile=profile)
+
+    def execute_many(
+        self,
+        items: Iterable[tuple[Statement | PreparedStatement, Sequence[Any] | None]],
+        concurrency: int,
+    ) -> list[Any]:
+        """Run statements with at most `concurrency` in flight; results in order."""
+        with _translate(f"concurrent requests to {self.where}"):
+            return [
+                r.result_or_exc
+                for r in execute_concurrent(
+                    self.session,
+                    items,
+                    concurrency=concurrency,
+                    raise_on_first_error=True,
+                    execution_profile=_DATA,
+                )
+            ]
+
+    def acquire(self) -> CassandraConnection:
+        with self._lock:
+            self._refs += 1
+        return self
+
+    def release(self) -> None:
+        with self._lock:
+            self._refs -= 1
+            last = self._refs <= 0
+        if last:
+            self.cluster.shutdown()
+
+
+class _UsesConnection:
+    def __init__(self, conn: CassandraConnection) -> None:
+        self._conn = conn.acquire()
+        self._open = True
+
+    def close(self) -> None:
+        if self._open:
+            self._open = False
+            self._conn.release()
+
+
+class CassandraMetaStore(_UsesConnection, MetaStore):
+    def __init__(self, conn: CassandraConnection) -> None:
+        super().__init__(conn)
+        try:
+            self._prepare(conn.prepare)
+        except BaseException:
+            self.close()
+            raise
+
+    def _prepare(self, p: Any) -> None:
+        self._insert_dataset = p(
+            "INSERT INTO {ks}.datasets (name, definition) VALUES (?, ?) IF NOT EXISTS"
+        )
+        self._select_dataset = p("SELECT definition FROM {ks}.datasets WHERE name = ?")
+        self._select_datasets = p("SELECT definition FROM {ks}.datasets")
+        self._delete_dataset_stmt = p("DELETE FROM {ks}.datasets WHERE name = ? IF EXISTS")
+        self._claim_first = p(
+            "UPDATE {ks}.shard_state SET epoch = ?, owner = ? WHERE dataset = ? AND shard = ? "
+            "IF epoch = null"
+        )
+        self._claim_next = p(
+            "UPDATE {ks}.shard_state SET epoch = ?, owner = ? WHERE dataset = ? AND shard = ? "
+            "IF epoch = ?"
+        )
+        self._select_epoch = p(
+            "SELECT epoch, owner FROM {ks}.shard_state WHERE dataset = ? AND shard = ? LIMIT 1",
+            serial_read=True,
+        )
+        self._commit_advance = p(
+            "UPDATE {ks}.shard_state SET checkpoint = ? "
+            "WHERE dataset = ? AND shard = ? AND flush_group = ? IF epoch = ? AND checkpoint <= ?"
+        )
+        self._commit_first = p(
+            "UPDATE {ks}.shard_state SET checkpoint = ? "
+            "WHERE dataset = ? AND shard = ? AND flush_group = ? IF epoch = ? AND checkpoint = null"
+        )
+        self._select_checkpoints = p(
+            "SELECT flush_group, checkpoint FROM {ks}.shard_state WHERE dataset = ? AND shard = ?",
+            serial_read=True,
+        )
+
+    def _lwt(self, stmt: PreparedStatement, params: Sequence[Any]) -> dict[str, Any]:
+        """Run a lightweight transaction; its row: `[applied]` and, if not, current values."""
+        row = self._conn.execute(stmt, params, profile=_LWT).one()
+        if row is None or "[applied]" not in row:
+            raise StoreError(f"unexpected answer to a lightweight transaction: {row!r}")
+        return row
+
+    def _create_dataset(self, dataset: Dataset) -> bool:
+        row = self._lwt(self._insert_dataset, (dataset.name, dataset.to_json()))
+        if row["[applied]"]:
+            return True
+        existing = Dataset.from_json(row["definition"])
+        if existing != dataset:
+            raise DatasetConflict(existing, dataset)
+        return False
+
+    def _get_dataset(self, name: str) -> Dataset | None:
+        row = self._conn.execute(self._select_dataset, (name,)).one()
+        return None if row is None else Dataset.from_json(row[0])
+
+    def _list_datasets(self) -> list[Dataset]:
+        return [Dataset.from_json(r[0]) for r in self._conn.execute(self._select_datasets)]
+
+    def _delete_dataset(self, name: str) -> bool:
+        return bool(self._lwt(self._delete_dataset_stmt, (name,))["[applied]"])
+
+    def _claim_epoch(self, name: str, shard: int, owner: str) -> int:
+        current: int | None = None  # optimistic: most claims are of a shard's first epoch
+        for _ in range(_CAS_ATTEMPTS):
+            if current is None:
+                new, row = 1, self._lwt(self._claim_first, (1, owner, name, shard))
+            else:
+                new = current + 1
+                row = self._lwt(self._claim_next, (new, owner, name, shard, current))
+            if row["[applied]"]:
+                return new
+            current = row.get("epoch")
+        raise StoreError(
+            f"could not claim an epoch for shard {shard} of {name!r}: "
+            f"{_CAS_ATTEMPTS} concurrent claims won the race"
+        )
+
+    def _current_epoch(self, name: str, shard: int) -> ShardEpoch:
+        row = self._conn.execute(self._select_epoch, (name, shard)).one()
+        if row is None or row[0] is None:
+            return ShardEpoch(0, "")
+        return ShardEpoch(row[0], row[1] or "")
+
+    def _commit_checkpoint(self, name: str, shard: int, group: int, offset: int, epoch: int) -> int:
+        key = (name, shard, group)
+        for _ in range(_CAS_ATTEMPTS):
+            row = self._lwt(self._commit_advance, (offset, *key, epoch, offset))
+            if row["[applied]"]:
+                return offset
+            current = row.get("epoch") or 0
+            if current != epoch:
+                raise StaleEpochError(name, shard, epoch, current)
+            stored = row.get("checkpoint")
+            if stored is not None:
+                return stored  # stored > offset: checkpoints never go backwards
+            # The group's first checkpoint: `checkpoint <= ?` is false on null.
+            row = self._lwt(self._commit_first, (offset, *key, epoch))
+            if row["[applied]"]:
+                return offset
+            if (row.get("epoch") or 0) != epoch:
+                raise StaleEpochError(name, shard, epoch, row.get("epoch") or 0)
+        raise StoreError(f"checkpoint commit for shard {shard} of {name!r} kept losing races")
+
+    def _read_checkpoints(self, name: str, shard: int) -> dict[int, int]:
+        rows = self._conn.execute(self._select_checkpoints, (name, shard))
+        # A partition with only the static epoch yields one row with a null flush_group.
+        return {g: c for g, c in rows if g is not None and c is not None}
+
+
+class CassandraColumnStore(_UsesConnection, ColumnStore):
+    def __init__(
+        self,
+        conn: CassandraConnection,
+        max_chunk_span_ms: int = DEFAULT_MAX_CHUNK_SPAN_MS,
+        *,
+        write_concurrency: int = 64,
+        read_concurrency: int = 64,
+    ) -> None:
+        ColumnStore.__init__(self, max_chunk_span_ms)
+        _UsesConnection.__init__(self, conn)
+        self.write_concurrency = write_concurrency
+        self.read_concurrency = read_concurrency
+        try:
+            self._prepare(conn.prepare)
+        except BaseException:
+            self.close()
+            raise
+
+    def _prepare(self, p: Any) -> None:
+        self._insert_part_key = p(
+            "INSERT INTO {ks}.part_keys (dataset, shard, part_key, start_time, end_time) "
+            "VALUES (?, ?, ?, ?, ?)"
+        )
+        # ALLOW FILTERING only filters inside the one partition the key names.
+        self._select_part_keys = p(
+            "SELECT part_key, start_time, end_time FROM {ks}.part_keys "
+            "WHERE dataset = ? AND shard = ? AND start_time <= ? AND end_time >= ? ALLOW FILTERING"
+        )
+        self._insert_chunk = p(
+            "INSERT INTO {ks}.chunks "
+            "(dataset, shard, part_key, start_time, end_time, num_samples, data) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)"
+        )
+        self._select_chunks = p(
+            "SELECT start_time, end_time, num_samples, data FROM {ks}.chunks "
+            "WHERE dataset = ? AND shard = ? AND part_key = ? AND start_time >= ? "
+            "AND start_time <= ? AND end_time >= ? ALLOW FILTERING"
+        )
+
+    def _batched(
+        self, stmt: PreparedStatement, rows: list[tuple[Any, ...]], sizes: list[int]
+    ) -> Iterator[tuple[Statement | PreparedStatement, Sequence[Any] | None]]:
+        """Rows of one partition as UNLOGGED batches under Cassandra's batch size limits."""
+        if len(rows) == 1:
+            yield stmt, rows[0]
+            return
+        batch, size = BatchStatement(batch_type=BatchType.UNLOGGED), 0
+        for row, n in zip(rows, sizes, strict=True):
+            if len(batch) and (len(batch) >= _BATCH_ROWS or size + n > _BATCH_BYTES):
+                yield batch, None
+                batch, size = BatchStatement(batch_type=BatchType.UNLOGGED), 0
+            batch.add(stmt, row)
+            size += n
+        yield batch, None
+
+    def _write_part_keys(self, name: str, shard: int, records: list[PartKeyRecord]) -> None:
+        rows = [(name, shard, r.part_key, r.start_time, r.end_time) for r in records]
+        sizes = [len(r.part_key) + 32 for r in records]
+        self._conn.execute_many(
+            self._batched(self._insert_part_key, rows, sizes), self.write_concurrency
+        )
+
+    def _list_part_keys(self, name: str, shard: int, start: int, end: int) -> list[PartKeyRecord]:
+        rows = self._conn.execute(self._select_part_keys, (name, shard, end, start), _DATA)
+        with _translate(f"listing part keys on {self._conn.where}"):
+            return [PartKeyRecord(*r) for r in rows]  # iterating fetches further pages
+
+    def _write_chunks(self, name: str, shard: int, chunks: list[ChunkRecord]) -> None:
+        by_key: dict[str, list[ChunkRecord]] = {}
+        for c in chunks:
+            by_key.setdefault(c.part_key, []).append(c)
+
+        def statements() -> Iterator[tuple[Statement | PreparedStatement, Sequence[Any] | None]]:
+            for key, cs in by_key.items():
+                rows = [
+                    (name, shard, key, c.start_time, c.end_time, c.num_samples, c.data) for c in cs
+                ]
+                sizes = [len(c.data) + len(key) + 48 for c in cs]
+                yield from self._batched(self._insert_chunk, rows, sizes)
+
+        self._conn.execute_many(statements(), self.write_concurrency)
+
+    def _read_chunks(
+        self, name: str, shard: int, part_keys: list[str], lo: int, start: int, end: int
+    ) -> dict[str, list[ChunkRecord]]:
+        results = self._conn.execute_many(
+            ((self._select_chunks, (name, shard, k, lo, end, start)) for k in part_keys),
+            self.read_concurrency,
+        )
+        found: dict[str, list[ChunkRecord]] = {}
+        with _translate(f"reading chunks on {self._conn.where}"):
+            for key, rows in zip(part_keys, results, strict=True):
+                chunks = [ChunkRecord(key, *r) for r in rows]
+                if chunks:
+                    found[key] = chunks
+        return found
+
+
+def open_cassandra_stores(
+    contact_points: Sequence[str],
+    port: int = 9042,
+    keyspace: str = "filopy",
+    replication: Mapping[str, str] | None = None,
+    consistency: str = "LOCAL_QUORUM",
+    connect_timeout_s: float = 10.0,
+    request_timeout_s: float = 10.0,
+    *,
+    data_consistency: str | None = None,
+    local_dc: str | None = None,
+    max_chunk_span_ms: int = DEFAULT_MAX_CHUNK_SPAN_MS,
+    write_concurrency: int = 64,
+    read_concurrency: int = 64,
+) -> tuple[CassandraMetaStore, CassandraColumnStore]:
+    """Connect (StoreUnavailable if Cassandra cannot be reached), create the schema if missing,
+    and return the two stores sharing the connection; close both to disconnect."""
+    conn = CassandraConnection(
+        contact_points,
+        port,
+        keyspace,
+        replication,
+        consistency,
+        connect_timeout_s,
+        request_timeout_s,
+        data_consistency=data_consistency,
+        local_dc=local_dc,
+    ).acquire()  # held while the stores are built, so a failure shuts it down
+    try:
+        meta = CassandraMetaStore(conn)
+        try:
+            column = CassandraColumnStore(
+                conn,
+                max_chunk_span_ms,
+                write_concurrency=write_concurrency,
+                read_concurrency=read_concurrency,
+            )
+        except BaseException:
+            meta.close()
+            raise
+        return meta, column
+    finally:
+        conn.release()

@@ -1,0 +1,355 @@
+"""The embedded backend: MetaStore and ColumnStore in one SQLite file.
+
+One connection per thread (SQLite connections must not be used concurrently), WAL journal so
+readers never block the writer, and every write in a `BEGIN IMMEDIATE` transaction: the write lock
+is taken up front, so the epoch check and the checkpoint update cannot interleave with another
+writer's, the same serialisation Cassandra's Paxos gives the other backend. Writers wait for the
+lock up to `busy_timeout_s`, then fail with StoreTimeout.
+
+`synchronous=NORMAL` in WAL mode may lose the last transactions on power loss but never reorders
+them, so a surviving checkpoint always has its chunks (written in earlier transactions) with it.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from filopy.dataset import Dataset
+from filopy.store.api import (
+    DEFAULT_MAX_CHUNK_SPAN_MS,
+    ChunkRecord,
+    ColumnStore,
+    DatasetConflict,
+    MetaStore,
+    PartKeyRecord,
+    ShardEpoch,
+    StaleEpochError,
+    StoreError,
+    StoreTimeout,
+    StoreUnavailable,
+)
+
+SCHEMA_VERSION = 1
+_IN_LIST = 500  # part keys per `IN (...)` query
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS datasets (
+    name TEXT PRIMARY KEY,
+    definition TEXT NOT NULL            -- Dataset.to_json()
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS shard_epochs (
+    dataset TEXT NOT NULL,
+    shard INTEGER NOT NULL,
+    epoch INTEGER NOT NULL,
+    owner TEXT NOT NULL,
+    PRIMARY KEY (dataset, shard)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS checkpoints (
+    dataset TEXT NOT NULL,
+    shard INTEGER NOT NULL,
+    flush_group INTEGER NOT NULL,
+    checkpoint INTEGER NOT NULL,        -- last Kafka offset safely in the chunks table
+    PRIMARY KEY (dataset, shard, flush_group)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS part_keys (
+    dataset TEXT NOT NULL,
+    shard INTEGER NOT NULL,
+    part_key TEXT NOT NULL,             -- canonical labels JSON
+    start_time INTEGER NOT NULL,
+    end_time INTEGER NOT NULL,
+    PRIMARY KEY (dataset, shard, part_key)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS chunks (
+    dataset TEXT NOT NULL,
+    shard INTEGER NOT NULL,
+    part_key TEXT NOT NULL,
+    start_time INTEGER NOT NULL,        -- the chunk id
+    end_time INTEGER NOT NULL,
+    num_samples INTEGER NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (dataset, shard, part_key, start_time)
+) WITHOUT ROWID;
+"""
+
+
+class SqliteDatabase:
+    """The shared file: per-thread connections, schema creation, transactions.
+
+    Reference-counted so that the MetaStore and ColumnStore opened on it close it together."""
+
+    def __init__(self, path: str | Path, busy_timeout_s: float = 30.0) -> None:
+        self.path = Path(path)
+        self.busy_timeout_s = busy_timeout_s
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._conns: list[sqlite3.Connection] = []
+        self._closed = False
+        self._refs = 0
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            conn = self.conn()
+            if conn.execute("PRAGMA journal_mode=WAL").fetchone()[0].lower() != "wal":
+                raise StoreError(f"SQLite file {self.path} cannot use WAL journal mode")
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version not in (0, SCHEMA_VERSION):
+                raise StoreError(
+                    f"SQLite file {self.path} has schema version {version}; "
+                    f"this FiloPy reads version {SCHEMA_VERSION}"
+                )
+            with self.write() as c:
+                for stmt in SCHEMA.split(";"):
+                    if stmt.strip():
+                        c.execute(stmt)
+                c.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        except (sqlite3.Error, OSError) as e:
+            self.close()
+            raise StoreUnavailable(f"cannot open SQLite store {self.path}: {e}") from e
+        except BaseException:
+            self.close()
+            raise
+
+    def acquire(self) -> SqliteDatabase:
+        with self._lock:
+            self._refs += 1
+        return self
+
+    def release(self) -> None:
+        with self._lock:
+            self._refs -= 1
+            last = self._refs <= 0
+        if last:
+            self.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            conns, self._conns = self._conns, []
+        for c in conns:
+            c.close()
+
+    def conn(self) -> sqlite3.Connection:
+        """This thread's connection, opened on first use."""
+        c: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if c is None:
+            with self._lock:
+                if self._closed:
+                    raise StoreUnavailable(f"SQLite store {self.path} is closed")
+                c = sqlite3.connect(
+                    self.path,
+                    timeout=self.busy_timeout_s,
+                    isolation_level=None,  # we issue BEGIN/COMMIT ourselves
+                    check_same_thread=False,  # only so close() can close every thread's conn
+                )
+                c.execute("PRAGMA synchronous=NORMAL")
+                self._conns.append(c)
+            self._local.conn = c
+        elif self._closed:
+            raise StoreUnavailable(f"SQLite store {self.path} is closed")
+        return c
+
+    @contextmanager
+    def write(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction holding the database's write lock from its start."""
+        with self._translate():
+            c = self.conn()
+            c.execute("BEGIN IMMEDIATE")
+            try:
+                yield c
+            except BaseException:
+                if c.in_transaction:
+                    c.execute("ROLLBACK")
+                raise
+            c.execute("COMMIT")
+
+    @contextmanager
+    def read(self) -> Iterator[sqlite3.Connection]:
+        """A read transaction: one consistent snapshot for several queries."""
+        with self._translate():
+            c = self.conn()
+            c.execute("BEGIN")
+            try:
+                yield c
+            finally:
+                if c.in_transaction:
+                    c.execute("COMMIT")
+
+    @contextmanager
+    def _translate(self) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.OperationalError as e:
+            if "locked" in str(e) or "busy" in str(e):
+                raise StoreTimeout(
+                    f"SQLite store {self.path} stayed locked for {self.busy_timeout_s} s: {e}"
+                ) from e
+            raise StoreError(f"SQLite store {self.path}: {e}") from e
+        except sqlite3.Error as e:
+            raise StoreError(f"SQLite store {self.path}: {e}") from e
+
+
+class _UsesDatabase:
+    def __init__(self, db: SqliteDatabase) -> None:
+        self._db = db.acquire()
+        self._open = True
+
+    def close(self) -> None:
+        if self._open:
+            self._open = False
+            self._db.release()
+
+
+class SqliteMetaStore(_UsesDatabase, MetaStore):
+    def _create_dataset(self, dataset: Dataset) -> bool:
+        with self._db.write() as c:
+            row = c.execute(
+                "SELECT definition FROM datasets WHERE name = ?", (dataset.name,)
+            ).fetchone()
+            if row is None:
+                c.execute(
+                    "INSERT INTO datasets (name, definition) VALUES (?, ?)",
+                    (dataset.name, dataset.to_json()),
+                )
+                return True
+        existing = Dataset.from_json(row[0])
+        if existing != dataset:
+            raise DatasetConflict(existing, dataset)
+        return False
+
+    def _get_dataset(self, name: str) -> Dataset | None:
+        with self._db.read() as c:
+            row = c.execute("SELECT definition FROM datasets WHERE name = ?", (name,)).fetchone()
+        return None if row is None else Dataset.from_json(row[0])
+
+    def _list_datasets(self) -> list[Dataset]:
+        with self._db.read() as c:
+            rows = c.execute("SELECT definition FROM datasets").fetchall()
+        return [Dataset.from_json(r[0]) for r in rows]
+
+    def _delete_dataset(self, name: str) -> bool:
+        with self._db.write() as c:
+            return c.execute("DELETE FROM datasets WHERE name = ?", (name,)).rowcount > 0
+
+    def _claim_epoch(self, name: str, shard: int, owner: str) -> int:
+        with self._db.write() as c:
+            epoch = self._epoch(c, name, shard) + 1
+            c.execute(
+                "INSERT INTO shard_epochs (dataset, shard, epoch, owner) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (dataset, shard) DO UPDATE SET epoch = excluded.epoch, "
+                "owner = excluded.owner",
+                (name, shard, epoch, owner),
+            )
+        return epoch
+
+    def _current_epoch(self, name: str, shard: int) -> ShardEpoch:
+        with self._db.read() as c:
+            row = c.execute(
+                "SELECT epoch, owner FROM shard_epochs WHERE dataset = ? AND shard = ?",
+                (name, shard),
+            ).fetchone()
+        return ShardEpoch(0, "") if row is None else ShardEpoch(row[0], row[1])
+
+    def _commit_checkpoint(self, name: str, shard: int, group: int, offset: int, epoch: int) -> int:
+        with self._db.write() as c:
+            current = self._epoch(c, name, shard)
+            if current != epoch:
+                raise StaleEpochError(name, shard, epoch, current)
+            return c.execute(
+                "INSERT INTO checkpoints (dataset, shard, flush_group, checkpoint) "
+                "VALUES (?, ?, ?, ?) ON CONFLICT (dataset, shard, flush_group) "
+                "DO UPDATE SET checkpoint = max(checkpoint, excluded.checkpoint) "
+                "RETURNING checkpoint",
+                (name, shard, group, offset),
+            ).fetchone()[0]
+
+    def _read_checkpoints(self, name: str, shard: int) -> dict[int, int]:
+        with self._db.read() as c:
+            rows = c.execute(
+                "SELECT flush_group, checkpoint FROM checkpoints WHERE dataset = ? AND shard = ?",
+                (name, shard),
+            ).fetchall()
+        return dict(rows)
+
+    @staticmethod
+    def _epoch(c: sqlite3.Connection, name: str, shard: int) -> int:
+        row = c.execute(
+            "SELECT epoch FROM shard_epochs WHERE dataset = ? AND shard = ?", (name, shard)
+        ).fetchone()
+        return 0 if row is None else row[0]
+
+
+class SqliteColumnStore(_UsesDatabase, ColumnStore):
+    def __init__(
+        self, db: SqliteDatabase, max_chunk_span_ms: int = DEFAULT_MAX_CHUNK_SPAN_MS
+    ) -> None:
+        ColumnStore.__init__(self, max_chunk_span_ms)
+        _UsesDatabase.__init__(self, db)
+
+    def _write_part_keys(self, name: str, shard: int, records: list[PartKeyRecord]) -> None:
+        with self._db.write() as c:
+            c.executemany(
+                "INSERT OR REPLACE INTO part_keys (dataset, shard, part_key, start_time, end_time)"
+                " VALUES (?, ?, ?, ?, ?)",
+                [(name, shard, r.part_key, r.start_time, r.end_time) for r in records],
+            )
+
+    def _list_part_keys(self, name: str, shard: int, start: int, end: int) -> list[PartKeyRecord]:
+        with self._db.read() as c:
+            rows = c.execute(
+                "SELECT part_key, start_time, end_time FROM part_keys "
+                "WHERE dataset = ? AND shard = ? AND start_time <= ? AND end_time >= ?",
+                (name, shard, end, start),
+            ).fetchall()
+        return [PartKeyRecord(*r) for r in rows]
+
+    def _write_chunks(self, name: str, shard: int, chunks: list[ChunkRecord]) -> None:
+        with self._db.write() as c:
+            c.executemany(
+                "INSERT OR REPLACE INTO chunks "
+                "(dataset, shard, part_key, start_time, end_time, num_samples, data) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (name, shard, k.part_key, k.start_time, k.end_time, k.num_samples, k.data)
+                    for k in chunks
+                ],
+            )
+
+    def _read_chunks(
+        self, name: str, shard: int, part_keys: list[str], lo: int, start: int, end: int
+    ) -> dict[str, list[ChunkRecord]]:
+        found: dict[str, list[ChunkRecord]] = {}
+        with self._db.read() as c:
+            for i in range(0, len(part_keys), _IN_LIST):
+                keys = part_keys[i : i + _IN_LIST]
+                rows = c.execute(
+                    "SELECT part_key, start_time, end_time, num_samples, data FROM chunks "
+                    f"WHERE dataset = ? AND shard = ? AND part_key IN ({','.join('?' * len(keys))})"
+                    " AND start_time >= ? AND start_time <= ? AND end_time >= ?",
+                    (name, shard, *keys, lo, end, start),
+                )
+                for r in rows:
+                    found.setdefault(r[0], []).append(ChunkRecord(*r))
+        return found
+
+
+def open_sqlite_stores(
+    path: str | Path,
+    *,
+    busy_timeout_s: float = 30.0,
+    max_chunk_span_ms: int = DEFAULT_MAX_CHUNK_SPAN_MS,
+) -> tuple[SqliteMetaStore, SqliteColumnStore]:
+    """Open (creating if needed) the SQLite file and return the two stores sharing it."""
+    db = SqliteDatabase(path, busy_timeout_s).acquire()  # held while the stores are built
+    try:
+        meta = SqliteMetaStore(db)
+        try:
+            column = SqliteColumnStore(db, max_chunk_span_ms)
+        except BaseException:
+            meta.close()
+            raise
+        return meta, column
+    finally:
+        db.release()

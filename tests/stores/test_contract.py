@@ -1,0 +1,387 @@
+"""The storage contract, run unchanged against SQLite and the real Cassandra node."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from filopy.dataset import Dataset, DatasetRef
+from filopy.store import (
+    INT64_MAX,
+    INT64_MIN,
+    ChunkRecord,
+    ColumnStore,
+    DatasetConflict,
+    LabelMatcher,
+    MetaStore,
+    PartKeyRecord,
+    ShardEpoch,
+    StaleEpochError,
+    encode_part_key,
+)
+
+from .support import MAX_CHUNK_SPAN_MS, Opener
+
+T0 = 1_700_000_000_000
+STEP = 15_000
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    return np.asarray(a, dtype=np.float64).view(np.uint64)
+
+
+def _series(i: int) -> str:
+    return encode_part_key({"__name__": "http_requests_total", "job": "api", "instance": f"i{i}"})
+
+
+def _chunk(key: str, start: int, n: int, seed: int = 0) -> ChunkRecord:
+    rng = np.random.default_rng(seed)
+    ts = start + np.arange(n, dtype=np.int64) * STEP + rng.integers(-20, 21, n) * (np.arange(n) > 0)
+    values = np.round(rng.normal(100, 10, n), 2)
+    return ChunkRecord.from_samples(key, ts, values)
+
+
+def _parallel(n: int, fn: Callable[[int], object]) -> list[object]:
+    """Run fn(0..n-1) on n threads released at once; re-raise the first failure."""
+    barrier = threading.Barrier(n)
+
+    def run(i: int) -> object:
+        barrier.wait()
+        return fn(i)
+
+    with ThreadPoolExecutor(n) as pool:
+        return list(pool.map(run, range(n)))
+
+
+# ------------------------------------------------------------------------------------- datasets
+
+
+def test_dataset_create_get_list_delete(meta: MetaStore, ref: DatasetRef) -> None:
+    ds = Dataset(name=ref.name, num_shards=8, min_num_nodes=2)
+    other = Dataset(name=ref.name + "-b", num_shards=2)
+    assert meta.get_dataset(ref) is None
+    assert meta.create_dataset(ds) is True
+    assert meta.create_dataset(ds) is False  # identical: idempotent
+    assert meta.create_dataset(other) is True
+    assert meta.get_dataset(ref) == ds
+    listed = [d for d in meta.list_datasets() if d.name.startswith(ref.name)]
+    assert listed == [ds, other]
+    assert meta.delete_dataset(ref) is True
+    assert meta.delete_dataset(ref) is False
+    assert meta.get_dataset(ref) is None
+    assert meta.get_dataset(other.ref) == other
+
+
+def test_dataset_with_a_different_definition_conflicts(meta: MetaStore, ref: DatasetRef) -> None:
+    ds = Dataset(name=ref.name, num_shards=8)
+    meta.create_dataset(ds)
+    changed = Dataset(name=ref.name, num_shards=16)
+    with pytest.raises(DatasetConflict, match="different definition") as err:
+        meta.create_dataset(changed)
+    assert err.value.existing == ds and err.value.proposed == changed
+    assert meta.get_dataset(ref) == ds
+
+
+def test_deleting_a_dataset_keeps_its_epochs_and_checkpoints(
+    meta: MetaStore, ref: DatasetRef
+) -> None:
+    meta.create_dataset(Dataset(name=ref.name, num_shards=4))
+    epoch = meta.claim_epoch(ref, 1)
+    meta.commit_checkpoint(ref, 1, 0, 42, epoch)
+    meta.delete_dataset(ref)
+    meta.create_dataset(Dataset(name=ref.name, num_shards=4))
+    assert meta.read_checkpoints(ref, 1) == {0: 42}
+    assert meta.claim_epoch(ref, 1) == epoch + 1
+
+
+# ------------------------------------------------------------------------ epochs and checkpoints
+
+
+def test_epochs_increase_per_shard_and_record_the_owner(meta: MetaStore, ref: DatasetRef) -> None:
+    assert meta.current_epoch(ref, 0) == ShardEpoch(0, "")
+    assert [meta.claim_epoch(ref, 0, f"node-{i}") for i in range(3)] == [1, 2, 3]
+    assert meta.claim_epoch(ref, 5, "node-x") == 1  # shards are independent
+    assert meta.current_epoch(ref, 0) == ShardEpoch(3, "node-2")
+    assert meta.current_epoch(ref, 5) == ShardEpoch(1, "node-x")
+
+
+def test_checkpoints_round_trip_all_groups_of_a_shard(meta: MetaStore, ref: DatasetRef) -> None:
+    assert meta.read_checkpoints(ref, 3) == {}
+    epoch = meta.claim_epoch(ref, 3)
+    assert meta.read_checkpoints(ref, 3) == {}  # an epoch alone is no checkpoint
+    for group, offset in [(0, 10), (1, 0), (7, INT64_MAX), (2, 99)]:
+        assert meta.commit_checkpoint(ref, 3, group, offset, epoch) == offset
+    assert meta.read_checkpoints(ref, 3) == {0: 10, 1: 0, 2: 99, 7: INT64_MAX}
+    assert meta.read_checkpoints(ref, 4) == {}
+
+
+def test_checkpoints_never_go_backwards(meta: MetaStore, ref: DatasetRef) -> None:
+    epoch = meta.claim_epoch(ref, 0)
+    assert meta.commit_checkpoint(ref, 0, 0, 500, epoch) == 500
+    assert meta.commit_checkpoint(ref, 0, 0, 400, epoch) == 500
+    assert meta.commit_checkpoint(ref, 0, 0, 500, epoch) == 500  # a retry is harmless
+    newer = meta.claim_epoch(ref, 0)
+    assert meta.commit_checkpoint(ref, 0, 0, 10, newer) == 500  # nor across epochs
+    assert meta.commit_checkpoint(ref, 0, 0, 501, newer) == 501
+    assert meta.read_checkpoints(ref, 0) == {0: 501}
+
+
+def test_a_stale_writer_is_fenced_and_the_fresh_one_proceeds(
+    open_backend: Opener, ref: DatasetRef
+) -> None:
+    (old_node, _), (new_node, _) = open_backend(), open_backend()
+    old = old_node.claim_epoch(ref, 2, "old")
+    old_node.commit_checkpoint(ref, 2, 0, 100, old)
+
+    new = new_node.claim_epoch(ref, 2, "new")  # the shard moves while the old node hangs
+    assert new > old
+    assert new_node.read_checkpoints(ref, 2) == {0: 100}
+    with pytest.raises(StaleEpochError) as err:
+        old_node.commit_checkpoint(ref, 2, 0, 150, old)
+    assert (err.value.epoch, err.value.current_epoch, err.value.shard) == (old, new, 2)
+    with pytest.raises(StaleEpochError):
+        old_node.commit_checkpoint(ref, 2, 9, 1, old)  # nor may it start a new group
+
+    assert new_node.commit_checkpoint(ref, 2, 0, 120, new) == 120
+    assert old_node.read_checkpoints(ref, 2) == {0: 120}
+    assert old_node.current_epoch(ref, 2) == ShardEpoch(new, "new")
+
+
+def test_commits_need_the_current_epoch(meta: MetaStore, ref: DatasetRef) -> None:
+    with pytest.raises(StaleEpochError) as err:
+        meta.commit_checkpoint(ref, 0, 0, 1, 1)  # never claimed
+    assert err.value.current_epoch == 0
+    epoch = meta.claim_epoch(ref, 0)
+    with pytest.raises(StaleEpochError):
+        meta.commit_checkpoint(ref, 0, 0, 1, epoch + 1)  # not claimed yet
+    assert meta.read_checkpoints(ref, 0) == {}
+
+
+@pytest.mark.parametrize(
+    "args",
+    [(-1, 0, 0, 1), (0, -1, 0, 1), (0, 0, -1, 1), (0, 0, 0, 0), (1 << 31, 0, 0, 1)],
+)
+def test_bad_checkpoint_arguments_are_rejected(
+    meta: MetaStore, ref: DatasetRef, args: tuple[int, int, int, int]
+) -> None:
+    with pytest.raises(ValueError):
+        meta.commit_checkpoint(ref, *args)
+
+
+def test_concurrent_claims_all_get_distinct_epochs(open_backend: Opener, ref: DatasetRef) -> None:
+    nodes = [open_backend()[0] for _ in range(2)]
+    claims = _parallel(8, lambda i: [nodes[i % 2].claim_epoch(ref, 0, f"n{i}") for _ in range(3)])
+    epochs = sorted(e for c in claims for e in c)
+    assert epochs == list(range(1, 25))
+    assert nodes[0].current_epoch(ref, 0).epoch == 24
+
+
+def test_a_claim_racing_commits_loses_no_acknowledged_checkpoint(
+    open_backend: Opener, ref: DatasetRef
+) -> None:
+    (writer, _), (claimer, _) = open_backend(), open_backend()
+    epoch = writer.claim_epoch(ref, 0, "writer")
+    acked: dict[int, int] = {}
+    fenced: list[int] = []
+    lock = threading.Lock()
+
+    def commit_loop(group: int) -> None:
+        offset, deadline = 0, time.monotonic() + 30
+        while time.monotonic() < deadline:  # until fenced
+            offset += 1
+            try:
+                writer.commit_checkpoint(ref, 0, group, offset, epoch)
+            except StaleEpochError:
+                with lock:
+                    fenced.append(group)
+                return
+            with lock:
+                acked[group] = offset
+
+    def claim() -> int:
+        deadline = time.monotonic() + 30
+        while len(acked) < 4 and time.monotonic() < deadline:  # claim mid-stream
+            time.sleep(0.005)
+        return claimer.claim_epoch(ref, 0, "claimer")
+
+    with ThreadPoolExecutor(5) as pool:
+        loops = [pool.submit(commit_loop, g) for g in range(4)]
+        new = pool.submit(claim).result()
+        for f in loops:
+            f.result()
+    assert new == epoch + 1
+    assert sorted(fenced) == [0, 1, 2, 3], "every writer thread was fenced"
+    assert sorted(acked) == [0, 1, 2, 3]
+    # Exactly the acknowledged commits were applied: none lost, no rejected one slipped in.
+    assert claimer.read_checkpoints(ref, 0) == acked
+
+
+# ------------------------------------------------------------------------------------ part keys
+
+
+def test_part_keys_upsert_last_write_wins(column: ColumnStore, ref: DatasetRef) -> None:
+    a, b = _series(1), _series(2)
+    column.write_part_keys(ref, 0, [PartKeyRecord(a, 100, 200), PartKeyRecord(b, 50, 60)])
+    column.write_part_keys(ref, 0, [PartKeyRecord(a, 100, 900)])
+    column.write_part_keys(ref, 0, [])
+    assert column.list_part_keys(ref, 0) == sorted(
+        [PartKeyRecord(a, 100, 900), PartKeyRecord(b, 50, 60)], key=lambda r: r.part_key
+    )
+    assert column.list_part_keys(ref, 1) == []
+    assert column.list_part_keys(DatasetRef(name=ref.name + "x"), 0) == []
+
+
+def test_part_keys_by_time_range_edges_inclusive(column: ColumnStore, ref: DatasetRef) -> None:
+    recs = [
+        PartKeyRecord(_series(0), 1000, 2000),
+        PartKeyRecord(_series(1), 2000, 2000),
+        PartKeyRecord(_series(2), INT64_MIN, INT64_MAX),
+    ]
+    column.write_part_keys(ref, 7, recs)
+
+    def found(start: int, end: int) -> set[str]:
+        return {r.part_key for r in column.list_part_keys(ref, 7, start, end)}
+
+    all_keys = {r.part_key for r in recs}
+    assert found(INT64_MIN, INT64_MAX) == all_keys
+    assert found(2000, 2000) == all_keys
+    assert found(0, 1000) == {_series(0), _series(2)}
+    assert found(0, 999) == {_series(2)}
+    assert found(2001, 5000) == {_series(2)}
+    assert found(1500, 1600) == {_series(0), _series(2)}
+
+
+def test_part_keys_filtered_by_label_matchers(column: ColumnStore, ref: DatasetRef) -> None:
+    series = [
+        {"__name__": "up", "job": "api", "env": "prod"},
+        {"__name__": "up", "job": "api-canary", "env": "prod"},
+        {"__name__": "up", "job": "db"},
+        {"__name__": "cpu", "job": "db", "env": "dev"},
+    ]
+    column.write_part_keys(ref, 0, [PartKeyRecord.from_labels(s, 0, 10) for s in series])
+
+    def names(*matchers: LabelMatcher) -> list[dict[str, str]]:
+        recs = column.list_part_keys(ref, 0, matchers=list(matchers))
+        return sorted((r.labels for r in recs), key=lambda d: sorted(d.items()))
+
+    def expect(*idx: int) -> list[dict[str, str]]:
+        return sorted((series[i] for i in idx), key=lambda d: sorted(d.items()))
+
+    assert names(LabelMatcher("__name__", "=", "up")) == expect(0, 1, 2)
+    assert names(LabelMatcher("job", "=~", "api")) == expect(0)  # anchored: not api-canary
+    assert names(LabelMatcher("job", "=~", "api.*")) == expect(0, 1)
+    assert names(LabelMatcher("job", "!~", "api.*")) == expect(2, 3)
+    assert names(LabelMatcher("env", "!=", "prod")) == expect(2, 3)
+    assert names(LabelMatcher("env", "=", "")) == expect(2)  # missing label equals ""
+    assert names(LabelMatcher("env", "=~", "prod|")) == expect(0, 1, 2)
+    assert names(LabelMatcher("__name__", "=", "up"), LabelMatcher("env", "!~", ".+")) == expect(2)
+    assert names(LabelMatcher("nope", "=", "x")) == []
+
+
+# --------------------------------------------------------------------------------------- chunks
+
+
+def test_chunks_of_many_series_round_trip(column: ColumnStore, ref: DatasetRef) -> None:
+    chunks = [_chunk(_series(i), T0 + i, 50 + i, seed=i) for i in range(40)]
+    special = ChunkRecord.from_samples(
+        _series(99),
+        [T0, T0 + 1, T0 + 2, T0 + 3],
+        np.array([np.nan, -0.0, np.inf, -np.inf]),
+    )
+    column.write_chunks(ref, 3, [*chunks, special])
+    keys = [c.part_key for c in chunks] + [special.part_key, _series(1000)]
+    got = column.read_chunks(ref, 3, keys, INT64_MIN, INT64_MAX)
+    assert set(got) == {c.part_key for c in [*chunks, special]}  # no chunks: absent
+    for c in [*chunks, special]:
+        (back,) = got[c.part_key]
+        assert back == c
+        ts, vals = back.samples()
+        want_ts, want_vals = c.samples()
+        assert np.array_equal(ts, want_ts) and np.array_equal(_bits(vals), _bits(want_vals))
+    assert column.read_chunks(ref, 2, keys, INT64_MIN, INT64_MAX) == {}
+
+
+def test_rewriting_a_chunk_is_idempotent(column: ColumnStore, ref: DatasetRef) -> None:
+    key = _series(1)
+    first, second = _chunk(key, T0, 100, seed=1), _chunk(key, T0 + 100 * STEP, 100, seed=2)
+    column.write_chunks(ref, 0, [first, second])
+    column.write_chunks(ref, 0, [first, second])  # a replay after a crash
+    column.write_chunks(ref, 0, [first])
+    assert column.read_chunks(ref, 0, [key], INT64_MIN, INT64_MAX) == {key: [first, second]}
+    # A replay that flushed later re-encodes more samples under the same chunk id: it replaces.
+    longer = _chunk(key, T0, 120, seed=1)
+    assert longer.start_time == first.start_time
+    column.write_chunks(ref, 0, [longer])
+    assert column.read_chunks(ref, 0, [key], INT64_MIN, INT64_MAX) == {key: [longer, second]}
+
+
+def test_time_range_reads_at_chunk_edges(column: ColumnStore, ref: DatasetRef) -> None:
+    key = _series(5)
+    a = ChunkRecord.from_samples(key, [10_000, 20_000, 30_000], [1.0, 2.0, 3.0])
+    b = ChunkRecord.from_samples(key, [40_000, 50_000], [4.0, 5.0])
+    single = ChunkRecord.from_samples(key, [60_000], [6.0])
+    column.write_chunks(ref, 1, [a, b, single])
+
+    def starts(start: int, end: int) -> list[int]:
+        return [c.start_time for c in column.read_chunks(ref, 1, [key], start, end).get(key, [])]
+
+    assert starts(0, 9_999) == []
+    assert starts(0, 10_000) == [10_000]  # touches a's first sample
+    assert starts(30_000, 30_000) == [10_000]  # touches a's last sample
+    assert starts(30_001, 39_999) == []  # the gap between chunks
+    assert starts(30_001, 40_000) == [40_000]
+    assert starts(25_000, 45_000) == [10_000, 40_000]
+    assert starts(50_000, 60_000) == [40_000, 60_000]
+    assert starts(60_000, 60_000) == [60_000]
+    assert starts(60_001, INT64_MAX) == []
+    assert starts(INT64_MIN, INT64_MAX) == [10_000, 40_000, 60_000]
+
+
+def test_chunks_spanning_up_to_the_limit_are_found_from_their_end(
+    column: ColumnStore, ref: DatasetRef
+) -> None:
+    key = _series(6)
+    longest = ChunkRecord.from_samples(key, [0, MAX_CHUNK_SPAN_MS], [1.0, 2.0])
+    column.write_chunks(ref, 0, [longest])
+    assert column.read_chunks(ref, 0, [key], MAX_CHUNK_SPAN_MS, INT64_MAX) == {key: [longest]}
+    too_long = ChunkRecord.from_samples(key, [0, MAX_CHUNK_SPAN_MS + 1], [1.0, 2.0])
+    with pytest.raises(ValueError, match="max_chunk_span_ms"):
+        column.write_chunks(ref, 0, [too_long])
+
+
+def test_many_chunks_of_one_series_in_one_write(column: ColumnStore, ref: DatasetRef) -> None:
+    """More rows for one partition than one Cassandra batch may carry."""
+    key = _series(7)
+    chunks = [_chunk(key, T0 + i * 400 * STEP, 200, seed=i) for i in range(300)]
+    column.write_chunks(ref, 0, chunks)
+    got = column.read_chunks(ref, 0, [key], INT64_MIN, INT64_MAX)[key]
+    assert got == chunks
+    mid = chunks[150]
+    window = column.read_chunks(ref, 0, [key], mid.start_time, mid.end_time)[key]
+    assert window == [mid]
+
+
+def test_concurrent_writers_from_several_threads(open_backend: Opener, ref: DatasetRef) -> None:
+    nodes = [open_backend()[1] for _ in range(2)]
+    per_thread = 25
+
+    def write(t: int) -> list[ChunkRecord]:
+        chunks = [_chunk(_series(t * 100 + i), T0, 30, seed=t * 100 + i) for i in range(per_thread)]
+        store = nodes[t % 2]
+        for i in range(0, per_thread, 5):  # several writes per thread, interleaving
+            store.write_chunks(ref, 0, chunks[i : i + 5])
+            store.write_part_keys(
+                ref, 0, [PartKeyRecord(c.part_key, c.start_time, c.end_time) for c in chunks]
+            )
+        return chunks
+
+    written = [c for batch in _parallel(6, write) for c in batch]
+    keys = [c.part_key for c in written]
+    got = nodes[0].read_chunks(ref, 0, keys, INT64_MIN, INT64_MAX)
+    assert got == {c.part_key: [c] for c in written}
+    assert {r.part_key for r in nodes[1].list_part_keys(ref, 0)} == set(keys)
