@@ -1,0 +1,423 @@
+"""The NodeClusterActor: the cluster singleton, a named, detached, restartable Ray actor.
+
+It wraps the synchronous `ShardManager` and does only what the manager cannot: watch Ray for
+FiloPy nodes joining and leaving, ping node coordinators to catch the ones that hang, deliver
+the messages each manager call returns, persist dataset definitions, and rebuild its state after
+a restart from the MetaStore and the node guardians.
+
+Every manager call and the delivery of its messages happen without an `await` in between, so
+messages to one target leave in the order the manager produced them (Ray keeps that order).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import ray
+from ray.actor import ActorHandle
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from coordinator.failure_detector import PingFailureDetector
+from coordinator.guardian import GuardianState, merged_subscriptions, newest_maps
+from coordinator.manager import (
+    DatasetUnknown,
+    NodeShardMap,
+    Reply,
+    Result,
+    ShardManager,
+    SubscriberMessage,
+    SubscriptionsChanged,
+)
+from coordinator.node_coordinator import (
+    CLUSTER_ACTOR_NAME,
+    NodeCoordinator,
+    NodeInfo,
+    node_actor_name,
+)
+from filopy.config import Settings
+from filopy.dataset import Dataset, DatasetRef
+from filopy.shard_status import ShardEvent, ShardMapState
+from filopy.store import MetaStore, open_stores
+
+log = logging.getLogger(__name__)
+
+GUARDIAN_PREFIX = "guardian:"
+
+
+def guardian_id(node_id: str) -> str:
+    return GUARDIAN_PREFIX + node_id
+
+
+class NodeClusterActor:
+    """The singleton. Create it with `start_cluster_actor`; talk to it through `filopy.connect`."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        c = settings.cluster
+        self._mgr = ShardManager(reassignment_min_interval=c.reassignment_min_interval_s)
+        self._detector = PingFailureDetector(c.failure_timeout_s, c.ping_interval_s)
+        self._members: dict[str, ActorHandle] = {}  # node id -> node coordinator
+        self._joining: dict[str, ActorHandle] = {}  # created, not yet answered a ping
+        self._quarantined: dict[str, ActorHandle] = {}  # declared failed, process may live on
+        self._joined_at: dict[str, float] = {}
+        self._inflight: dict[str, asyncio.Task[None]] = {}
+        self._subscribers: dict[str, ActorHandle] = {}  # subscriber id -> its handle
+        self._meta: MetaStore | None = None
+        self._recovered = asyncio.Event()
+        self._started_at = time.time()
+        self._tasks = [asyncio.get_running_loop().create_task(self._main())]
+
+    # ----- public API (through filopy.client) ------------------------------------------------
+
+    async def ready(self) -> float:
+        """Returns once recovery is done; the value is when this incarnation started."""
+        await self._recovered.wait()
+        return self._started_at
+
+    async def setup_dataset(self, dataset: Dataset) -> Reply:
+        """Persist the definition first (so a restart remembers it), then assign its shards."""
+        await self._recovered.wait()
+        meta = self._meta
+        assert meta is not None
+        # DatasetConflict (same name, other definition) propagates to the caller as is.
+        await asyncio.to_thread(meta.create_dataset, dataset)
+        return self._deliver(self._mgr.add_dataset(dataset))
+
+    async def remove_dataset(self, ref: DatasetRef) -> Reply:
+        await self._recovered.wait()
+        meta = self._meta
+        assert meta is not None
+        await asyncio.to_thread(meta.delete_dataset, ref)
+        return self._deliver(self._mgr.remove_dataset(ref))
+
+    async def datasets(self) -> list[Dataset]:
+        await self._recovered.wait()
+        return list(self._mgr.datasets.values())
+
+    async def shard_map(self, ref: DatasetRef) -> ShardMapState | None:
+        await self._recovered.wait()
+        snap = self._mgr.snapshot(ref)
+        return None if isinstance(snap, DatasetUnknown) else snap.state
+
+    async def members(self) -> list[str]:
+        await self._recovered.wait()
+        return list(self._mgr.members)
+
+    async def subscribers(self, ref: DatasetRef | None = None) -> list[str]:
+        await self._recovered.wait()
+        return list(self._mgr.watchers if ref is None else self._mgr.subscribers(ref))
+
+    async def start_shards(self, ref: DatasetRef, node: str, shards: list[int]) -> Reply:
+        await self._recovered.wait()
+        return self._deliver(self._mgr.start_shards(ref, node, shards))
+
+    async def stop_shards(self, ref: DatasetRef, shards: list[int]) -> Reply:
+        await self._recovered.wait()
+        return self._deliver(self._mgr.stop_shards(ref, shards))
+
+    async def subscribe(self, subscriber: str, handle: ActorHandle, ref: DatasetRef) -> Reply:
+        """`handle.deliver(list[SubscriberMessage])` gets a snapshot now, then every event."""
+        await self._recovered.wait()
+        self._subscribers[subscriber] = handle
+        return self._deliver(self._mgr.subscribe(subscriber, ref))
+
+    async def unsubscribe(self, subscriber: str, ref: DatasetRef | None = None) -> Reply:
+        await self._recovered.wait()
+        reply = self._deliver(self._mgr.unsubscribe(subscriber, ref))
+        if ref is None:
+            self._subscribers.pop(subscriber, None)
+        return reply
+
+    async def shard_event(self, node: str, event: ShardEvent) -> Reply:
+        """A node's report on one of its shards."""
+        await self._recovered.wait()
+        return self._deliver(self._mgr.update_from_external_shard_event(node, event))
+
+    # ----- delivery --------------------------------------------------------------------------
+
+    def _deliver(self, result: Result) -> Reply:
+        batches: dict[str, list[SubscriberMessage]] = {}
+        for m in result.messages:
+            if isinstance(m, NodeShardMap):
+                handle = self._node_handle(m.node)
+                if handle is not None:
+                    self._watch(handle.apply_map.remote(m))
+            else:
+                batches.setdefault(m.subscriber, []).append(m)
+        for sub, msgs in batches.items():
+            handle = self._subscribers.get(sub)
+            if handle is not None:
+                self._watch(handle.deliver.remote(msgs), on_dead=lambda s=sub: self._drop(s))
+        return result.reply
+
+    def _node_handle(self, node: str) -> ActorHandle | None:
+        return self._members.get(node) or self._quarantined.get(node) or self._joining.get(node)
+
+    def _watch(self, ref: Any, on_dead: Callable[[], None] | None = None) -> None:
+        """Observe a fire-and-forget call: a dead receiver is dropped, never left behind."""
+
+        async def wait() -> None:
+            try:
+                await ref
+            except ray.exceptions.RayActorError:
+                if on_dead is not None:
+                    on_dead()
+            except Exception:
+                log.exception("delivery failed")
+
+        asyncio.get_running_loop().create_task(wait())
+
+    def _drop(self, subscriber: str) -> None:
+        if subscriber in self._subscribers:
+            log.info("subscriber %s is gone; unsubscribing it", subscriber)
+            self._subscribers.pop(subscriber, None)
+            self._deliver(self._mgr.unsubscribe(subscriber))
+
+    # ----- membership ------------------------------------------------------------------------
+
+    def _join(self, node: str, handle: ActorHandle, info: NodeInfo) -> None:
+        self._joining.pop(node, None)
+        self._quarantined.pop(node, None)
+        self._members[node] = handle
+        self._joined_at[node] = info.joined_at
+        self._subscribers[guardian_id(node)] = handle
+        self._detector.watch(node)
+        log.info("node %s joined", node)
+        self._deliver(self._mgr.add_member(node))
+        self._deliver(self._mgr.subscribe_all(guardian_id(node)))
+
+    def _leave(self, node: str, why: str, *, quarantine: bool) -> None:
+        handle = self._members.pop(node, None)
+        self._joining.pop(node, None)
+        self._detector.unwatch(node)
+        if quarantine and handle is not None:
+            self._quarantined[node] = handle
+        else:
+            self._quarantined.pop(node, None)
+        log.warning("node %s left (%s)", node, why)
+        self._deliver(self._mgr.remove_member(node))
+        self._subscribers.pop(guardian_id(node), None)
+        self._deliver(self._mgr.unsubscribe(guardian_id(node)))
+
+    async def _live_filopy_nodes(self) -> set[str]:
+        resource = self._settings.cluster.node_resource
+        nodes = await asyncio.to_thread(ray.nodes)
+        return {
+            n["NodeID"] for n in nodes if n.get("Alive") and n.get("Resources", {}).get(resource)
+        }
+
+    def _coordinator(self, node: str) -> ActorHandle:
+        """The node's coordinator actor: the existing one, or a new one pinned to the node."""
+        return (
+            ray.remote(NodeCoordinator)
+            .options(
+                name=node_actor_name(node),
+                namespace=self._settings.ray.namespace,
+                get_if_exists=True,
+                lifetime="detached",
+                num_cpus=0,
+                max_restarts=0,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False),
+            )
+            .remote(node, self._settings)
+        )
+
+    async def _sync_membership(self) -> None:
+        live = await self._live_filopy_nodes()
+        for node in live - self._members.keys() - self._joining.keys() - self._quarantined.keys():
+            self._joining[node] = self._coordinator(node)
+        for node in list(self._members):
+            if node not in live:
+                self._leave(node, "Ray reports the node dead", quarantine=False)
+        for node in list(self._joining) + list(self._quarantined):
+            if node not in live:
+                self._joining.pop(node, None)
+                self._quarantined.pop(node, None)
+
+    async def _ping(self, node: str, handle: ActorHandle) -> None:
+        try:
+            info: NodeInfo = await asyncio.wait_for(
+                asyncio.wrap_future(handle.ping.remote().future()),
+                self._settings.cluster.ping_timeout_s,
+            )
+        except TimeoutError:
+            return
+        except ray.exceptions.RayActorError:
+            # Ray knows the process is gone: act now rather than wait out the timeout.
+            if node in self._members:
+                self._leave(node, "its coordinator died", quarantine=False)
+            self._joining.pop(node, None)
+            self._quarantined.pop(node, None)
+            return
+        finally:
+            self._inflight.pop(node, None)
+        if node in self._members:
+            self._detector.heard_from(node)
+        elif node in self._joining or node in self._quarantined:
+            self._join(node, handle, info)
+
+    def _ping_all(self) -> None:
+        loop = asyncio.get_running_loop()
+        for node, handle in {**self._quarantined, **self._joining, **self._members}.items():
+            if node not in self._inflight:
+                self._inflight[node] = loop.create_task(self._ping(node, handle))
+        self._detector.tick()
+        for node in self._detector.failed(among=list(self._members)):
+            silent = self._detector.silent_for(node)
+            self._leave(node, f"no answer to pings for {silent:.1f} s", quarantine=True)
+
+    def _resync(self) -> None:
+        """Republish every full map to its members, so a lost message heals by itself."""
+        for ref, dataset in self._mgr.datasets.items():
+            snap = self._mgr.snapshot(ref)
+            if isinstance(snap, DatasetUnknown):
+                continue
+            for node, handle in self._members.items():
+                self._watch(handle.apply_map.remote(NodeShardMap(node, ref, dataset, snap.state)))
+        for sub, handle in list(self._subscribers.items()):
+            if not sub.startswith(GUARDIAN_PREFIX):
+                self._watch(handle.ping.remote(), on_dead=lambda s=sub: self._drop(s))
+
+    # ----- loops and recovery ----------------------------------------------------------------
+
+    async def _main(self) -> None:
+        try:
+            await self._recover()
+        except Exception:
+            log.exception("singleton recovery failed")
+            raise
+        finally:
+            self._recovered.set()
+        c = self._settings.cluster
+        await asyncio.gather(
+            self._every(c.membership_interval_s, self._sync_membership),
+            self._every(c.ping_interval_s, self._ping_all),
+            self._every(c.resync_interval_s, self._resync),
+        )
+
+    @staticmethod
+    async def _every(interval: float, step: Callable[[], Awaitable[None] | None]) -> None:
+        while True:
+            try:
+                out = step()
+                if out is not None:
+                    await out
+            except Exception:
+                log.exception("periodic step %s failed", getattr(step, "__name__", step))
+            await asyncio.sleep(interval)
+
+    async def _recover(self) -> None:
+        """Rebuild state: datasets from the MetaStore, maps and subscriptions from guardians."""
+        self._meta, _ = await asyncio.to_thread(open_stores, self._settings)
+        datasets = await asyncio.to_thread(self._meta.list_datasets)
+        live = await self._live_filopy_nodes()
+        existing: dict[str, ActorHandle] = {}
+        for node in live:
+            try:
+                existing[node] = ray.get_actor(
+                    node_actor_name(node), namespace=self._settings.ray.namespace
+                )
+            except ValueError:
+                continue
+        answers = await asyncio.gather(
+            *(self._guardian_state(h) for h in existing.values()), return_exceptions=True
+        )
+        alive = {
+            node: ans
+            for node, ans in zip(existing, answers, strict=True)
+            if not isinstance(ans, BaseException)
+        }
+        states = [state for _, state in alive.values()]
+        maps = newest_maps(states)
+        for dataset in datasets:
+            if dataset.ref in maps:
+                self._deliver(self._mgr.recover_shards(dataset.ref, maps[dataset.ref], dataset))
+        self._deliver(self._mgr.recover_subscriptions(self._resolve(merged_subscriptions(states))))
+        for node in sorted(alive, key=lambda n: alive[n][0].joined_at):
+            self._join(node, existing[node], alive[node][0])
+        self._deliver(self._mgr.remove_stale_coordinators(self._members))
+        for dataset in datasets:
+            if dataset.ref not in maps:
+                self._deliver(self._mgr.add_dataset(dataset))
+        log.info(
+            "recovered %d datasets, %d members, %d subscribers",
+            len(datasets),
+            len(self._members),
+            len(self._subscribers),
+        )
+
+    async def _guardian_state(self, handle: ActorHandle) -> tuple[NodeInfo, GuardianState]:
+        timeout = self._settings.cluster.ping_timeout_s
+        info, state = await asyncio.wait_for(
+            asyncio.gather(handle.ping.remote(), handle.guardian_state.remote()), timeout
+        )
+        return info, state
+
+    def _resolve(self, subs: SubscriptionsChanged) -> SubscriptionsChanged:
+        """Keep the remembered subscribers whose actors still exist, and re-learn their handles."""
+        keep: set[str] = set()
+        names = {s for _, ss in subs.by_dataset for s in ss}
+        for name in names:
+            try:
+                self._subscribers[name] = ray.get_actor(
+                    name, namespace=self._settings.ray.namespace
+                )
+                keep.add(name)
+            except ValueError:
+                log.info("remembered subscriber %s is gone", name)
+        return SubscriptionsChanged(
+            tuple((r, tuple(s for s in ss if s in keep)) for r, ss in subs.by_dataset), ()
+        )
+
+
+def _head_node_id() -> str | None:
+    for n in ray.nodes():
+        if n.get("Alive") and "node:__internal_head__" in n.get("Resources", {}):
+            return str(n["NodeID"])
+    return None
+
+
+def start_cluster_actor(settings: Settings) -> ActorHandle:
+    """Get or create the singleton (detached; Ray restarts it if its process or node dies).
+
+    It prefers the Ray head node: the cluster cannot outlive the head anyway, while any other
+    node may come and go, and every move of the singleton is a recovery.
+    """
+    head = _head_node_id()
+    placement = (
+        {}
+        if head is None
+        else {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=head, soft=True)}
+    )
+    return (
+        ray.remote(NodeClusterActor)
+        .options(
+            **placement,
+            name=CLUSTER_ACTOR_NAME,
+            namespace=settings.ray.namespace,
+            get_if_exists=True,
+            lifetime="detached",
+            num_cpus=0,
+            max_restarts=-1,
+            max_task_retries=3,
+        )
+        .remote(settings)
+    )
+
+
+def cluster_actor(settings: Settings) -> ActorHandle:
+    """The running singleton; `ValueError` if there is none."""
+    return ray.get_actor(CLUSTER_ACTOR_NAME, namespace=settings.ray.namespace)
+
+
+__all__ = [
+    "CLUSTER_ACTOR_NAME",
+    "NodeClusterActor",
+    "cluster_actor",
+    "guardian_id",
+    "start_cluster_actor",
+]

@@ -1,0 +1,147 @@
+"""The node coordinator: one Ray actor per FiloPy node, running the shards its maps name.
+
+It receives each dataset's full, versioned shard map from the singleton and converges on it:
+start an ingester for every shard the map says this node should ingest, stop every other one.
+Stale versions are ignored, so a delayed message can never undo a newer decision. It also hosts
+the node's guardian (the singleton's recovery copy) and keeps the latest maps for query routing,
+which keeps working while the singleton is away.
+
+The actor is detached: it outlives a singleton restart, so ingestion never stops for one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+import ray
+
+from coordinator.guardian import GuardianState, NodeGuardian
+from coordinator.manager import NodeShardMap, SubscriberMessage
+from filopy.config import Settings
+from filopy.dataset import Dataset, DatasetRef
+from filopy.shard_status import IngestionStopped, ShardEvent, ShardMapState
+from filopy.store import MetaStore, open_stores
+from ingest.base import IngesterFactory, ShardIngester
+from ingest.placeholder import EpochClaimingIngester
+
+log = logging.getLogger(__name__)
+
+CLUSTER_ACTOR_NAME = "NodeClusterActor"
+
+
+def node_actor_name(node_id: str) -> str:
+    return f"filopy-node-{node_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """A node coordinator's answer to a ping."""
+
+    node_id: str
+    joined_at: float  # wall clock, orders members after a singleton restart
+    pid: int
+
+
+class NodeCoordinator:
+    """Converges this node's ingesters on the shard maps it is sent."""
+
+    def __init__(
+        self,
+        node_id: str,
+        settings: Settings,
+        ingester_factory: IngesterFactory = EpochClaimingIngester,
+    ) -> None:
+        self._info = NodeInfo(node_id, time.time(), os.getpid())
+        self._settings = settings
+        self._factory = ingester_factory
+        self._guardian = NodeGuardian()
+        self._maps: dict[DatasetRef, NodeShardMap] = {}
+        self._ingesters: dict[tuple[DatasetRef, int], ShardIngester] = {}
+        self._meta: MetaStore | None = None
+        self._converge_lock = asyncio.Lock()
+
+    @property
+    def node_id(self) -> str:
+        return self._info.node_id
+
+    # ----- from the singleton ----------------------------------------------------------------
+
+    async def ping(self) -> NodeInfo:
+        return self._info
+
+    async def apply_map(self, message: NodeShardMap) -> bool:
+        """Take a dataset's full map if it is newer than the one held; returns whether taken."""
+        held = self._maps.get(message.ref)
+        if held is not None and message.version <= held.version and not message.removed:
+            return False
+        if message.removed:
+            self._maps.pop(message.ref, None)
+        else:
+            self._maps[message.ref] = message
+        await self._converge(message.ref, message.dataset, set(message.ingesting_shards()))
+        return True
+
+    async def deliver(self, messages: list[SubscriberMessage]) -> None:
+        """The guardian's feed: every dataset's snapshots and events, and subscription lists."""
+        for m in messages:
+            self._guardian.apply(m)
+
+    async def guardian_state(self) -> GuardianState:
+        return self._guardian.state()
+
+    # ----- for queries and operators ---------------------------------------------------------
+
+    async def shard_map(self, ref: DatasetRef) -> ShardMapState | None:
+        """The latest map this node was sent (usable while the singleton is away)."""
+        held = self._maps.get(ref)
+        return None if held is None else held.state
+
+    async def running_shards(self) -> dict[str, list[int]]:
+        out: dict[str, list[int]] = {}
+        for ref, shard in sorted(self._ingesters, key=lambda k: (k[0].name, k[1])):
+            out.setdefault(ref.name, []).append(shard)
+        return out
+
+    async def epochs(self) -> dict[str, dict[int, int | None]]:
+        """The ownership epoch each running ingester claimed, per dataset and shard."""
+        out: dict[str, dict[int, int | None]] = {}
+        for (ref, shard), ing in self._ingesters.items():
+            out.setdefault(ref.name, {})[shard] = ing.epoch
+        return out
+
+    # ----- convergence -----------------------------------------------------------------------
+
+    async def _converge(self, ref: DatasetRef, dataset: Dataset, wanted: set[int]) -> None:
+        async with self._converge_lock:
+            running = {s for r, s in self._ingesters if r == ref}
+            for shard in sorted(running - wanted):
+                ingester = self._ingesters.pop((ref, shard))
+                await ingester.stop()
+                self._report(IngestionStopped(ref, shard, self.node_id))
+            if not wanted - running:
+                return
+            meta = await self._meta_store()
+            for shard in sorted(wanted - running):
+                ingester = self._factory(dataset, shard, self.node_id, meta, self._report)
+                self._ingesters[(ref, shard)] = ingester
+                await ingester.start()
+
+    async def _meta_store(self) -> MetaStore:
+        if self._meta is None:
+            self._meta, _ = await asyncio.to_thread(open_stores, self._settings)
+        return self._meta
+
+    def _report(self, event: ShardEvent) -> None:
+        """Send a shard event to the singleton; fire and forget (the resync heals a loss)."""
+        try:
+            cluster = ray.get_actor(CLUSTER_ACTOR_NAME, namespace=self._settings.ray.namespace)
+        except ValueError:
+            log.warning(
+                "no %s to report %s to; the next resync will heal", CLUSTER_ACTOR_NAME, event
+            )
+            return
+        cluster.shard_event.remote(self.node_id, event)

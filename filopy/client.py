@@ -1,0 +1,233 @@
+"""The Python client of a FiloPy cluster: datasets, shard maps, start/stop, shard updates.
+
+`filopy.connect()` joins the Ray cluster as a driver and talks to the `NodeClusterActor`.
+`subscribe(dataset)` is SubscribeShardUpdates: a `CurrentShardSnapshot` first, then every
+`ShardEvent` in order, as a blocking or an async iterator. Events are pushed by the singleton to
+a small actor owned by this process; when this process exits, Ray ends that actor and the
+singleton drops the subscription on its next delivery or liveness check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator, Iterator
+from typing import Any, Self
+
+import ray
+from ray.actor import ActorHandle
+
+from coordinator.cluster_actor import cluster_actor
+from coordinator.manager import (
+    DatasetExists,
+    DatasetRemoved,
+    DatasetUnknown,
+    DatasetVerified,
+    ShardRequestRejected,
+    ShardsStarted,
+    ShardsStopped,
+    SubscriberMessage,
+)
+from filopy.config import Settings, load_settings
+from filopy.dataset import Dataset, DatasetRef
+from filopy.mapper import ShardMapper
+from filopy.shard_status import CurrentShardSnapshot, ShardEvent
+
+ShardUpdate = CurrentShardSnapshot | ShardEvent
+
+
+class FiloPyError(Exception):
+    """A request the cluster refused, with the reason it gave."""
+
+
+class DatasetUnknownError(FiloPyError):
+    def __init__(self, name: str) -> None:
+        super().__init__(f"unknown dataset {name!r}")
+        self.name = name
+
+
+class ShardRequestError(FiloPyError):
+    """A start/stop shards request failed validation; nothing changed."""
+
+    def __init__(self, rejected: ShardRequestRejected) -> None:
+        super().__init__(rejected.message)
+        self.reason = rejected.reason
+
+
+def _ref(dataset: str | DatasetRef) -> DatasetRef:
+    return dataset if isinstance(dataset, DatasetRef) else DatasetRef(name=dataset)
+
+
+def connect(
+    address: str = "auto", *, settings: Settings | None = None, timeout_s: float = 60.0
+) -> FiloPyClient:
+    """Connect to the FiloPy cluster on the Ray cluster at `address` (a no-op join if already)."""
+    settings = settings or load_settings()
+    if not ray.is_initialized():
+        ray.init(address=address, namespace=settings.ray.namespace, logging_level="WARNING")
+    try:
+        handle = cluster_actor(settings)
+    except ValueError:
+        raise FiloPyError(
+            f"no FiloPy cluster singleton in Ray namespace {settings.ray.namespace!r}"
+        ) from None
+    ray.get(handle.ready.remote(), timeout=timeout_s)
+    return FiloPyClient(handle, settings)
+
+
+class FiloPyClient:
+    def __init__(self, cluster: ActorHandle, settings: Settings) -> None:
+        self._cluster = cluster
+        self._settings = settings
+        self.timeout_s = settings.cluster.ping_timeout_s * 15
+
+    def _call(self, method: str, *args: Any) -> Any:
+        return ray.get(getattr(self._cluster, method).remote(*args), timeout=self.timeout_s)
+
+    def setup_dataset(self, dataset: Dataset) -> bool:
+        """SetupDataset: True if created, False if the same definition already existed.
+
+        Raises `filopy.store.DatasetConflict` if it exists with another definition.
+        """
+        reply = self._call("setup_dataset", dataset)
+        assert isinstance(reply, DatasetVerified | DatasetExists)
+        return isinstance(reply, DatasetVerified)
+
+    def remove_dataset(self, dataset: str | DatasetRef) -> None:
+        if isinstance(self._call("remove_dataset", _ref(dataset)), DatasetUnknown):
+            raise DatasetUnknownError(_ref(dataset).name)
+
+    def datasets(self) -> list[Dataset]:
+        return list(self._call("datasets"))
+
+    def members(self) -> list[str]:
+        """Node ids of the FiloPy nodes, oldest first."""
+        return list(self._call("members"))
+
+    def shard_map(self, dataset: str | DatasetRef) -> ShardMapper:
+        state = self._call("shard_map", _ref(dataset))
+        if state is None:
+            raise DatasetUnknownError(_ref(dataset).name)
+        return ShardMapper.from_state(state)
+
+    def start_shards(
+        self, dataset: str | DatasetRef, node: str, shards: list[int]
+    ) -> ShardsStarted:
+        return self._checked(self._call("start_shards", _ref(dataset), node, list(shards)), dataset)
+
+    def stop_shards(self, dataset: str | DatasetRef, shards: list[int]) -> ShardsStopped:
+        return self._checked(self._call("stop_shards", _ref(dataset), list(shards)), dataset)
+
+    @staticmethod
+    def _checked(reply: Any, dataset: str | DatasetRef) -> Any:
+        if isinstance(reply, DatasetUnknown):
+            raise DatasetUnknownError(_ref(dataset).name)
+        if isinstance(reply, ShardRequestRejected):
+            raise ShardRequestError(reply)
+        return reply
+
+    def subscribe(self, dataset: str | DatasetRef) -> Subscription:
+        """SubscribeShardUpdates: iterate for the snapshot, then every event, in order."""
+        return Subscription(self, _ref(dataset))
+
+
+class ShardEventSink:
+    """Receives the singleton's pushes for one subscription and hands them to the client."""
+
+    def __init__(self) -> None:
+        self._messages: list[SubscriberMessage] = []
+        self._arrived = asyncio.Event()
+
+    async def deliver(self, messages: list[SubscriberMessage]) -> None:
+        self._messages.extend(messages)
+        self._arrived.set()
+
+    async def ping(self) -> bool:
+        return True
+
+    async def take(self, timeout_s: float) -> list[SubscriberMessage]:
+        """Everything delivered so far; waits up to `timeout_s` when nothing is there yet."""
+        if not self._messages:
+            try:
+                await asyncio.wait_for(self._arrived.wait(), timeout_s)
+            except TimeoutError:
+                return []
+        out, self._messages = self._messages, []
+        self._arrived.clear()
+        return out
+
+
+class Subscription:
+    """A live subscription: a blocking and async iterator of `ShardUpdate`s."""
+
+    POLL_S = 1.0
+
+    def __init__(self, client: FiloPyClient, ref: DatasetRef) -> None:
+        self.ref = ref
+        self.id = f"filopy-sub-{uuid.uuid4().hex}"
+        self._client = client
+        self._buffer: deque[ShardUpdate] = deque()
+        self._closed = False
+        self._unsubscribed = False
+        self._sink = (
+            ray.remote(ShardEventSink)
+            .options(name=self.id, namespace=client._settings.ray.namespace, num_cpus=0)
+            .remote()
+        )
+        reply = client._call("subscribe", self.id, self._sink, ref)
+        if isinstance(reply, DatasetUnknown):
+            ray.kill(self._sink)
+            raise DatasetUnknownError(ref.name)
+
+    def _absorb(self, messages: list[SubscriberMessage]) -> None:
+        for m in messages:
+            if isinstance(m.payload, CurrentShardSnapshot | ShardEvent):
+                self._buffer.append(m.payload)
+            elif isinstance(m.payload, DatasetRemoved | DatasetUnknown):
+                self._closed = True
+
+    def next(self, timeout_s: float) -> ShardUpdate:
+        """The next update; `TimeoutError` if none comes within `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while not self._buffer:
+            if self._closed:
+                raise StopIteration
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no shard update for {self.ref.name} within {timeout_s} s")
+            self._absorb(ray.get(self._sink.take.remote(min(left, self.POLL_S))))
+        return self._buffer.popleft()
+
+    def __iter__(self) -> Iterator[ShardUpdate]:
+        while True:
+            try:
+                yield self.next(self.POLL_S)
+            except TimeoutError:
+                continue
+            except StopIteration:
+                return
+
+    async def __aiter__(self) -> AsyncIterator[ShardUpdate]:
+        while True:
+            while not self._buffer:
+                if self._closed:
+                    return
+                self._absorb(await self._sink.take.remote(self.POLL_S))
+            yield self._buffer.popleft()
+
+    def unsubscribe(self) -> None:
+        if self._unsubscribed:
+            return
+        self._unsubscribed = self._closed = True
+        try:
+            self._client._call("unsubscribe", self.id, None)
+        finally:
+            ray.kill(self._sink)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.unsubscribe()

@@ -1,0 +1,41 @@
+"""A stand-in ingester: claims the shard's ownership epoch and reports the shard live.
+
+It exercises the whole control path (assignment, epoch fencing, status events) without reading
+Kafka, until the Kafka-partition ingester replaces it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from filopy.dataset import Dataset
+from filopy.shard_status import IngestionError, IngestionStarted
+from filopy.store import MetaStore, StoreError
+from ingest.base import EventReporter
+
+
+class EpochClaimingIngester:
+    def __init__(
+        self, dataset: Dataset, shard: int, node: str, meta: MetaStore, report: EventReporter
+    ) -> None:
+        self._dataset, self._shard, self._node = dataset, shard, node
+        self._meta, self._report = meta, report
+        self._epoch: int | None = None
+
+    @property
+    def epoch(self) -> int | None:
+        return self._epoch
+
+    async def start(self) -> None:
+        ref = self._dataset.ref
+        try:
+            self._epoch = await asyncio.to_thread(
+                self._meta.claim_epoch, ref, self._shard, self._node
+            )
+        except StoreError as e:
+            self._report(IngestionError(ref, self._shard, self._node, f"claiming epoch: {e}"))
+            return
+        self._report(IngestionStarted(ref, self._shard, self._node))
+
+    async def stop(self) -> None:
+        return None

@@ -1,0 +1,58 @@
+"""A FiloPy cluster on a real multi-node local Ray cluster: singleton on the head, nodes added."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray
+
+from coordinator.cluster_actor import start_cluster_actor
+from filopy.client import FiloPyClient
+from filopy.config import Settings, load_settings
+from filopy.testing import LocalRayCluster
+
+
+@dataclass
+class FiloPyCluster:
+    ray: LocalRayCluster
+    settings: Settings
+    client: FiloPyClient
+    actor: Any
+
+    def add_node(self) -> Any:
+        """A new Ray node offering the FiloPy node resource; returns Ray's node handle."""
+        return self.ray.add_node(resources={self.settings.cluster.node_resource: 1})
+
+    def wait_for(self, what: str, check: Callable[[], Any], timeout_s: float = 30.0) -> Any:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            value = check()
+            if value:
+                return value
+            time.sleep(0.05)
+        raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def cluster_settings(tmp_path: Path) -> Settings:
+    base = load_settings()
+    return base.model_copy(
+        update={
+            "store": base.store.model_copy(update={"sqlite_path": tmp_path / "filopy.db"}),
+            "ray": base.ray.model_copy(update={"namespace": f"filopy-{uuid.uuid4().hex[:8]}"}),
+        }
+    )
+
+
+@pytest.fixture
+def filopy_cluster(ray_cluster: LocalRayCluster, tmp_path: Path) -> Iterator[FiloPyCluster]:
+    settings = cluster_settings(tmp_path)
+    actor = start_cluster_actor(settings)
+    ray.get(actor.ready.remote(), timeout=60)
+    client = FiloPyClient(actor, settings)
+    yield FiloPyCluster(ray_cluster, settings, client, actor)

@@ -1,0 +1,74 @@
+"""The cluster on real Ray nodes: assignment, spare takeover, subscriptions in order."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+import pytest
+
+from filopy import (
+    CurrentShardSnapshot,
+    Dataset,
+    IngestionStarted,
+    ShardAssignmentStarted,
+    ShardDown,
+)
+
+pytestmark = pytest.mark.ray
+
+
+def _all_active(cluster, name: str):  # noqa: ANN001, ANN202
+    m = cluster.client.shard_map(name)
+    return m if m.is_healthy() else None
+
+
+def test_three_nodes_then_a_spare_takes_over_a_killed_node(filopy_cluster) -> None:
+    c = filopy_cluster
+    nodes = [c.add_node() for _ in range(3)]
+    ids = {n.node_id for n in nodes}
+    c.wait_for("3 members", lambda: set(c.client.members()) == ids)
+
+    assert c.client.setup_dataset(Dataset(name="metrics", num_shards=8, min_num_nodes=3))
+    mapper = c.wait_for("all shards active", lambda: _all_active(c, "metrics"))
+    per_node = Counter(mapper.owner(s) for s in range(8))
+    assert sorted(per_node.values()) == [2, 3, 3]
+    assert set(per_node) == ids
+
+    sub = c.client.subscribe("metrics")
+    first = sub.next(timeout_s=10)
+    assert isinstance(first, CurrentShardSnapshot)
+    assert first.state == mapper.snapshot()
+
+    spare = c.add_node()
+    c.wait_for("the spare joined", lambda: spare.node_id in c.client.members())
+    assert c.client.shard_map("metrics").shards_for_node(spare.node_id) == []
+
+    victim = next(n for n in nodes if per_node[n.node_id] == 3)
+    lost = mapper.shards_for_node(victim.node_id)
+    killed_at = time.monotonic()
+    c.ray.remove_node(victim)
+
+    def moved():  # noqa: ANN202
+        m = _all_active(c, "metrics")
+        return m if m and m.shards_for_node(spare.node_id) == lost else None
+
+    after = c.wait_for("the lost shards active on the spare", moved, timeout_s=30)
+    took = time.monotonic() - killed_at
+    print(f"\nshards {lost} active on the spare {took:.2f} s after their node was removed")
+    assert victim.node_id not in c.client.members()
+    assert after.all_nodes() == ids - {victim.node_id} | {spare.node_id}
+
+    # The subscriber saw, per lost shard and in order: down, assigned to the spare, started.
+    events = []
+    while len(events) < 3 * len(lost):
+        events.append(sub.next(timeout_s=10))
+    for shard in lost:
+        mine = [type(e) for e in events if e.shard == shard]
+        assert mine == [ShardDown, ShardAssignmentStarted, IngestionStarted], mine
+        assert all(
+            e.node == spare.node_id
+            for e in events
+            if e.shard == shard and not isinstance(e, ShardDown)
+        )
+    sub.unsubscribe()
