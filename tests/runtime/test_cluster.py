@@ -18,7 +18,7 @@ from filopy import (
 pytestmark = pytest.mark.ray
 
 
-def _all_active(cluster, name: str):  # noqa: ANN001, ANN202
+def _all_active(cluster, name: str):
     m = cluster.client.shard_map(name)
     return m if m.is_healthy() else None
 
@@ -49,7 +49,7 @@ def test_three_nodes_then_a_spare_takes_over_a_killed_node(filopy_cluster) -> No
     killed_at = time.monotonic()
     c.ray.remove_node(victim)
 
-    def moved():  # noqa: ANN202
+    def moved():
         m = _all_active(c, "metrics")
         return m if m and m.shards_for_node(spare.node_id) == lost else None
 
