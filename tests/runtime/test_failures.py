@@ -1,0 +1,186 @@
+"""Failures on real Ray nodes: the singleton restarts, subscribers die, nodes hang."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import ray
+
+from coordinator.node_coordinator import node_actor_name
+from filopy import CurrentShardSnapshot, Dataset, ShardDown
+from filopy.client import DatasetUnknownError, ShardRequestError
+from filopy.store import StaleEpochError, open_stores
+
+pytestmark = pytest.mark.ray
+
+METRICS = Dataset(name="metrics", num_shards=8).ref
+
+
+def _healthy(c, name: str = "metrics"):
+    m = c.client.shard_map(name)
+    return m if m.is_healthy() else None
+
+
+def _node(c, node_id: str):
+    return ray.get_actor(node_actor_name(node_id), namespace=c.settings.ray.namespace)
+
+
+def _setup(c, nodes: int, num_shards: int = 8, min_num_nodes: int = 3):
+    added = [c.add_node() for _ in range(nodes)]
+    ids = {n.node_id for n in added}
+    c.wait_for(f"{nodes} members", lambda: set(c.client.members()) == ids)
+    c.client.setup_dataset(
+        Dataset(name="metrics", num_shards=num_shards, min_num_nodes=min_num_nodes)
+    )
+    return added, c.wait_for("all shards active", lambda: _healthy(c))
+
+
+def test_singleton_restart_keeps_maps_subscriptions_and_ingestion(filopy_cluster) -> None:
+    c = filopy_cluster
+    nodes, before = _setup(c, 3)
+    sub = c.client.subscribe("metrics")
+    assert isinstance(sub.next(timeout_s=10), CurrentShardSnapshot)
+    epochs = {n.node_id: ray.get(_node(c, n.node_id).epochs.remote()) for n in nodes}
+    first_incarnation = ray.get(c.actor.ready.remote())
+
+    ray.kill(c.actor, no_restart=False)
+    c.wait_for(
+        "the singleton to come back",
+        lambda: ray.get(c.actor.ready.remote(), timeout=30) != first_incarnation,
+    )
+
+    after = c.client.shard_map("metrics")
+    assert [after.owner(s) for s in range(8)] == [before.owner(s) for s in range(8)]
+    assert after.is_healthy()
+    assert sub.id in ray.get(c.actor.subscribers.remote(METRICS))
+    # Ingestion never stopped: every node still runs the same shards under the same epochs.
+    for n in nodes:
+        assert ray.get(_node(c, n.node_id).epochs.remote()) == epochs[n.node_id]
+
+    # The subscriber keeps receiving without re-subscribing.
+    c.client.stop_shards("metrics", [0])
+    deadline = time.monotonic() + 20
+    seen = []
+    while time.monotonic() < deadline:
+        update = sub.next(timeout_s=10)
+        seen.append(update)
+        if isinstance(update, ShardDown) and update.shard == 0:
+            break
+    assert any(isinstance(u, ShardDown) and u.shard == 0 for u in seen), seen
+    sub.unsubscribe()
+
+
+def test_subscriber_process_that_exits_is_dropped(filopy_cluster) -> None:
+    c = filopy_cluster
+    _setup(c, 1, num_shards=4, min_num_nodes=1)
+    script = textwrap.dedent(
+        f"""
+        import ray
+        from coordinator.cluster_actor import cluster_actor
+        from filopy.client import FiloPyClient
+        from filopy.config import load_settings
+        s = load_settings()
+        ray.init(address={c.ray.address!r}, namespace=s.ray.namespace, logging_level="ERROR")
+        sub = FiloPyClient(cluster_actor(s), s).subscribe("metrics")
+        subscribed = ray.get(cluster_actor(s).subscribers.remote(sub.ref))
+        assert sub.id in subscribed, subscribed
+        print(sub.id, flush=True)  # and exit without unsubscribing
+        """
+    )
+    env = {
+        **os.environ,
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+        "FILOPY_RAY__NAMESPACE": c.settings.ray.namespace,
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    sub_id = proc.stdout.strip().splitlines()[-1]
+    c.wait_for(
+        "the exited subscriber to be dropped",
+        lambda: sub_id not in ray.get(c.actor.subscribers.remote(METRICS)),
+        timeout_s=30,
+    )
+
+
+def test_hung_node_loses_its_shards_and_cannot_commit(filopy_cluster) -> None:
+    c = filopy_cluster
+    nodes, before = _setup(c, 3)
+    spare = c.add_node()
+    c.wait_for("the spare joined", lambda: spare.node_id in c.client.members())
+    victim = max(nodes, key=lambda n: len(before.shards_for_node(n.node_id)))
+    handle = _node(c, victim.node_id)
+    lost = before.shards_for_node(victim.node_id)
+    old_epochs = ray.get(handle.epochs.remote())["metrics"]
+    pid = ray.get(handle.ping.remote()).pid
+
+    os.kill(pid, signal.SIGSTOP)  # the process hangs: alive to Ray, silent to pings
+    try:
+        hung_at = time.monotonic()
+        moved = c.wait_for(
+            "the hung node's shards active on the spare",
+            lambda: (m := _healthy(c)) and m.shards_for_node(spare.node_id) == lost and m,
+            timeout_s=30,
+        )
+        took = time.monotonic() - hung_at
+        print(f"\nshards {lost} moved {took:.2f} s after their node hung")
+        assert took >= c.settings.cluster.failure_timeout_s
+        assert victim.node_id not in c.client.members()
+        assert moved.shards_for_node(victim.node_id) == []
+
+        # Whatever the hung node does when it wakes, its epochs are stale.
+        meta, columns = open_stores(c.settings)
+        for shard in lost:
+            with pytest.raises(StaleEpochError):
+                meta.commit_checkpoint(METRICS, shard, 0, 100, old_epochs[shard])
+        meta.close()
+        columns.close()
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+    # Awake again, it answers pings, stops what it no longer owns and rejoins as a member.
+    c.wait_for("the woken node to rejoin", lambda: victim.node_id in c.client.members())
+    c.wait_for(
+        "the woken node to stop its old shards",
+        lambda: ray.get(handle.running_shards.remote()).get("metrics", []) == [],
+    )
+
+
+def test_start_and_stop_shards_with_clear_errors(filopy_cluster) -> None:
+    c = filopy_cluster
+    nodes, before = _setup(c, 2, num_shards=4, min_num_nodes=2)
+    a, b = (n.node_id for n in nodes)
+    with pytest.raises(ShardRequestError, match="valid shards"):
+        c.client.stop_shards("metrics", [99])
+    with pytest.raises(DatasetUnknownError, match="nope"):
+        c.client.stop_shards("nope", [0])
+    with pytest.raises(ShardRequestError):
+        c.client.start_shards("metrics", "no-such-node", [0])
+    owner = before.owner(0)
+    other = b if owner == a else a
+    with pytest.raises(ShardRequestError, match="stop"):
+        c.client.start_shards("metrics", other, [0])  # owned elsewhere: stop it first
+
+    c.client.stop_shards("metrics", [0])
+    c.wait_for(
+        "shard 0 stopped on its node",
+        lambda: 0 not in ray.get(_node(c, owner).running_shards.remote()).get("metrics", []),
+    )
+    mine = before.shards_for_node(other)
+    c.client.stop_shards("metrics", mine[:1])  # make room on the other node
+    c.client.start_shards("metrics", other, [0])
+    c.wait_for(
+        "shard 0 active on the other node",
+        lambda: (
+            (m := c.client.shard_map("metrics")).owner(0) == other
+            and m.is_healthy() is not None
+            and 0 in ray.get(_node(c, other).running_shards.remote()).get("metrics", [])
+        ),
+    )
