@@ -1,0 +1,37 @@
+"""The in-memory shape of ingested samples: columnar, so the hot path is NumPy, not Python.
+
+A batch holds the samples of one Kafka message (or one gateway call): the distinct series it
+touches, once each, and per sample an index into them plus the timestamp and value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+Labels = dict[str, str]
+
+
+@dataclass(slots=True)
+class SampleBatch:
+    """Samples of many series. `series_idx[i]` says which of `series` sample i belongs to."""
+
+    series: list[Labels]
+    series_idx: npt.NDArray[np.int32]
+    timestamps: npt.NDArray[np.int64]  # milliseconds since the epoch
+    values: npt.NDArray[np.float64]
+    bad_records: dict[str, int] = field(default_factory=dict)  # reason -> count, skipped
+
+    def __post_init__(self) -> None:
+        n = len(self.timestamps)
+        if len(self.series_idx) != n or len(self.values) != n:
+            raise ValueError("series_idx, timestamps and values must have the same length")
+
+    def __len__(self) -> int:
+        return len(self.timestamps)
+
+    @classmethod
+    def empty(cls) -> SampleBatch:
+        return cls([], np.empty(0, np.int32), np.empty(0, np.int64), np.empty(0, np.float64))
