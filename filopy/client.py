@@ -18,6 +18,7 @@ from typing import Any, Self
 
 import ray
 from ray.actor import ActorHandle
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from coordinator.cluster_actor import cluster_actor
 from coordinator.manager import (
@@ -171,9 +172,17 @@ class Subscription:
         self._buffer: deque[ShardUpdate] = deque()
         self._closed = False
         self._unsubscribed = False
+        # The sink lives on this process's own node: it must share the subscriber's fate, not
+        # die with some other node (and take the subscription with it).
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         self._sink = (
             ray.remote(ShardEventSink)
-            .options(name=self.id, namespace=client._settings.ray.namespace, num_cpus=0)
+            .options(
+                name=self.id,
+                namespace=client._settings.ray.namespace,
+                num_cpus=0,
+                scheduling_strategy=here,
+            )
             .remote()
         )
         reply = client._call("subscribe", self.id, self._sink, ref)
