@@ -23,9 +23,9 @@ from coordinator.guardian import GuardianState, NodeGuardian
 from coordinator.manager import NodeShardMap, SubscriberMessage
 from filopy.config import Settings
 from filopy.dataset import Dataset, DatasetRef
-from filopy.shard_status import IngestionStopped, ShardEvent, ShardMapState
+from filopy.shard_status import Assigned, IngestionStopped, ShardEvent, ShardMapState
 from filopy.store import MetaStore, open_stores
-from ingest.base import IngesterFactory, ShardIngester
+from ingest.base import EventReporter, IngesterFactory, ShardIngester
 from ingest.placeholder import EpochClaimingIngester
 
 log = logging.getLogger(__name__)
@@ -54,6 +54,7 @@ class NodeCoordinator:
         node_id: str,
         settings: Settings,
         ingester_factory: IngesterFactory = EpochClaimingIngester,
+        reporter: EventReporter | None = None,
     ) -> None:
         self._info = NodeInfo(node_id, time.time(), os.getpid())
         self._settings = settings
@@ -63,6 +64,7 @@ class NodeCoordinator:
         self._ingesters: dict[tuple[DatasetRef, int], ShardIngester] = {}
         self._meta: MetaStore | None = None
         self._converge_lock = asyncio.Lock()
+        self._report: EventReporter = reporter or self._report_to_singleton
 
     @property
     def node_id(self) -> str:
@@ -77,6 +79,8 @@ class NodeCoordinator:
         """Take a dataset's full map if it is newer than the one held; returns whether taken."""
         held = self._maps.get(message.ref)
         if held is not None and message.version <= held.version and not message.removed:
+            if message.version == held.version:
+                self._rereport(message)
             return False
         if message.removed:
             self._maps.pop(message.ref, None)
@@ -115,6 +119,15 @@ class NodeCoordinator:
 
     # ----- convergence -----------------------------------------------------------------------
 
+    def _rereport(self, message: NodeShardMap) -> None:
+        """A resent map still shows a shard as merely Assigned although its ingester reported
+        progress: the report was lost on the way, so send it again."""
+        for shard in message.ingesting_shards():
+            ingester = self._ingesters.get((message.ref, shard))
+            last = None if ingester is None else ingester.last_event
+            if last is not None and isinstance(message.state.statuses[shard], Assigned):
+                self._report(last)
+
     async def _converge(self, ref: DatasetRef, dataset: Dataset, wanted: set[int]) -> None:
         async with self._converge_lock:
             running = {s for r, s in self._ingesters if r == ref}
@@ -135,7 +148,7 @@ class NodeCoordinator:
             self._meta, _ = await asyncio.to_thread(open_stores, self._settings)
         return self._meta
 
-    def _report(self, event: ShardEvent) -> None:
+    def _report_to_singleton(self, event: ShardEvent) -> None:
         """Send a shard event to the singleton; fire and forget (the resync heals a loss)."""
         try:
             cluster = ray.get_actor(CLUSTER_ACTOR_NAME, namespace=self._settings.ray.namespace)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 
 from filopy.dataset import Dataset
-from filopy.shard_status import IngestionError, IngestionStarted
+from filopy.shard_status import IngestionError, IngestionStarted, ShardEvent
 from filopy.store import MetaStore, StoreError
 from ingest.base import EventReporter
 
@@ -21,10 +21,19 @@ class EpochClaimingIngester:
         self._dataset, self._shard, self._node = dataset, shard, node
         self._meta, self._report = meta, report
         self._epoch: int | None = None
+        self._last_event: ShardEvent | None = None
 
     @property
     def epoch(self) -> int | None:
         return self._epoch
+
+    @property
+    def last_event(self) -> ShardEvent | None:
+        return self._last_event
+
+    def _emit(self, event: ShardEvent) -> None:
+        self._last_event = event
+        self._report(event)
 
     async def start(self) -> None:
         ref = self._dataset.ref
@@ -33,9 +42,9 @@ class EpochClaimingIngester:
                 self._meta.claim_epoch, ref, self._shard, self._node
             )
         except StoreError as e:
-            self._report(IngestionError(ref, self._shard, self._node, f"claiming epoch: {e}"))
+            self._emit(IngestionError(ref, self._shard, self._node, f"claiming epoch: {e}"))
             return
-        self._report(IngestionStarted(ref, self._shard, self._node))
+        self._emit(IngestionStarted(ref, self._shard, self._node))
 
     async def stop(self) -> None:
         return None

@@ -1,0 +1,64 @@
+"""NodeCoordinator converges on full maps, ignores stale ones and re-reports lost events.
+
+The coordinator class is used directly (no Ray) with a SQLite MetaStore and a recording reporter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from coordinator.manager import NodeShardMap
+from coordinator.node_coordinator import NodeCoordinator
+from filopy import Dataset, IngestionStarted, IngestionStopped, ShardMapper
+from filopy.config import load_settings
+from filopy.shard_status import ShardAssignmentStarted, ShardEvent
+
+DS = Dataset(name="m", num_shards=4, min_num_nodes=1)
+
+
+def _map(mapper: ShardMapper, node: str = "n1") -> NodeShardMap:
+    return NodeShardMap(node, DS.ref, DS, mapper.snapshot())
+
+
+def test_converges_ignores_stale_and_rereports_lost_events(tmp_path: Path) -> None:
+    base = load_settings()
+    settings = base.model_copy(
+        update={"store": base.store.model_copy(update={"sqlite_path": tmp_path / "m.db"})}
+    )
+    events: list[ShardEvent] = []
+    node = NodeCoordinator("n1", settings, reporter=events.append)
+    mapper = ShardMapper(4)
+    for shard in (0, 1):
+        mapper.update_from_event(ShardAssignmentStarted(DS.ref, shard, "n1"))
+
+    async def scenario() -> None:
+        v1 = _map(mapper)
+        assert await node.apply_map(v1)
+        assert await node.running_shards() == {"m": [0, 1]}
+        assert events == [IngestionStarted(DS.ref, 0, "n1"), IngestionStarted(DS.ref, 1, "n1")]
+        epochs = (await node.epochs())["m"]
+        assert sorted(epochs) == [0, 1] and all(e is not None and e >= 1 for e in epochs.values())
+
+        # The singleton missed both reports: its resent map still says Assigned.
+        events.clear()
+        assert not await node.apply_map(v1)
+        assert events == [IngestionStarted(DS.ref, 0, "n1"), IngestionStarted(DS.ref, 1, "n1")]
+
+        # Once the singleton knows, a resend of that map triggers nothing.
+        for shard in (0, 1):
+            mapper.update_from_event(IngestionStarted(DS.ref, shard, "n1"))
+        v2 = _map(mapper)
+        assert await node.apply_map(v2)
+        events.clear()
+        assert not await node.apply_map(v2)
+        assert not await node.apply_map(v1)  # stale
+        assert events == []
+
+        # Shard 1 moves away: it is stopped and reported stopped.
+        mapper.unassign_shard(1)
+        assert await node.apply_map(_map(mapper))
+        assert await node.running_shards() == {"m": [0]}
+        assert events == [IngestionStopped(DS.ref, 1, "n1")]
+
+    asyncio.run(scenario())
