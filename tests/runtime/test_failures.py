@@ -131,7 +131,9 @@ def test_hung_node_loses_its_shards_and_cannot_commit(filopy_cluster) -> None:
         )
         took = time.monotonic() - hung_at
         print(f"\nshards {lost} moved {took:.2f} s after their node hung")
-        assert took >= c.settings.cluster.failure_timeout_s
+        # Silence counts from the last answered ping, at most one interval before the hang.
+        cfg = c.settings.cluster
+        assert took >= cfg.failure_timeout_s - cfg.ping_interval_s
         assert victim.node_id not in c.client.members()
         assert moved.shards_for_node(victim.node_id) == []
 
