@@ -278,9 +278,16 @@ class NodeClusterActor:
                 continue
             for node, handle in self._members.items():
                 self._watch(handle.apply_map.remote(NodeShardMap(node, ref, dataset, snap.state)))
-        for sub, handle in list(self._subscribers.items()):
+        # One liveness check per sink actor (a client's subscriptions share one), not per id.
+        by_sink: dict[str, list[str]] = {}
+        for sub in self._subscribers:
             if not sub.startswith(GUARDIAN_PREFIX):
-                self._watch(handle.ping.remote(), on_dead=lambda s=sub: self._drop(s))
+                by_sink.setdefault(sub.split("/", 1)[0], []).append(sub)
+        for subs in by_sink.values():
+            self._watch(
+                self._subscribers[subs[0]].ping.remote(),
+                on_dead=lambda ss=subs: [self._drop(s) for s in ss],
+            )
 
     # ----- loops and recovery ----------------------------------------------------------------
 
@@ -362,13 +369,14 @@ class NodeClusterActor:
         keep: set[str] = set()
         names = {s for _, ss in subs.by_dataset for s in ss}
         for name in names:
+            sink = name.split("/", 1)[0]  # subscription ids are "<sink actor name>/<suffix>"
             try:
-                self._subscribers[name] = ray.get_actor(
-                    name, namespace=self._settings.ray.namespace
-                )
-                keep.add(name)
+                handle = ray.get_actor(sink, namespace=self._settings.ray.namespace)
             except ValueError:
                 log.info("remembered subscriber %s is gone", name)
+                continue
+            self._subscribers[name] = handle
+            keep.add(name)
         return SubscriptionsChanged(
             tuple((r, tuple(s for s in ss if s in keep)) for r, ss in subs.by_dataset), ()
         )

@@ -83,6 +83,30 @@ class FiloPyClient:
         self._cluster = cluster
         self._settings = settings
         self.timeout_s = settings.cluster.ping_timeout_s * 15
+        self._sink: ActorHandle | None = None
+        self._sink_name = f"filopy-sink-{uuid.uuid4().hex}"
+
+    def _event_sink(self) -> tuple[str, ActorHandle]:
+        """This client's one sink actor, created on first subscribe, shared by its subscriptions.
+
+        It lives on this process's own node and is owned by this process: it shares the
+        subscriber's fate, neither dying with another node nor outliving the subscriber.
+        """
+        if self._sink is None:
+            here = NodeAffinitySchedulingStrategy(
+                ray.get_runtime_context().get_node_id(), soft=False
+            )
+            self._sink = (
+                ray.remote(ShardEventSink)
+                .options(
+                    name=self._sink_name,
+                    namespace=self._settings.ray.namespace,
+                    num_cpus=0,
+                    scheduling_strategy=here,
+                )
+                .remote()
+            )
+        return self._sink_name, self._sink
 
     def _call(self, method: str, *args: Any) -> Any:
         return ray.get(getattr(self._cluster, method).remote(*args), timeout=self.timeout_s)
@@ -135,29 +159,40 @@ class FiloPyClient:
 
 
 class ShardEventSink:
-    """Receives the singleton's pushes for one subscription and hands them to the client."""
+    """Receives the singleton's pushes for all of one client's subscriptions.
+
+    Subscription ids are `<sink name>/<suffix>`, so a restarted singleton finds the sink by name.
+    """
 
     def __init__(self) -> None:
-        self._messages: list[SubscriberMessage] = []
-        self._arrived = asyncio.Event()
+        self._messages: dict[str, list[SubscriberMessage]] = {}
+        self._arrived: dict[str, asyncio.Event] = {}
+
+    def _event(self, subscription: str) -> asyncio.Event:
+        return self._arrived.setdefault(subscription, asyncio.Event())
 
     async def deliver(self, messages: list[SubscriberMessage]) -> None:
-        self._messages.extend(messages)
-        self._arrived.set()
+        for m in messages:
+            self._messages.setdefault(m.subscriber, []).append(m)
+            self._event(m.subscriber).set()
 
     async def ping(self) -> bool:
         return True
 
-    async def take(self, timeout_s: float) -> list[SubscriberMessage]:
+    async def take(self, subscription: str, timeout_s: float) -> list[SubscriberMessage]:
         """Everything delivered so far; waits up to `timeout_s` when nothing is there yet."""
-        if not self._messages:
+        if not self._messages.get(subscription):
             try:
-                await asyncio.wait_for(self._arrived.wait(), timeout_s)
+                await asyncio.wait_for(self._event(subscription).wait(), timeout_s)
             except TimeoutError:
                 return []
-        out, self._messages = self._messages, []
-        self._arrived.clear()
+        out = self._messages.pop(subscription, [])
+        self._event(subscription).clear()
         return out
+
+    async def forget(self, subscription: str) -> None:
+        self._messages.pop(subscription, None)
+        self._arrived.pop(subscription, None)
 
 
 class Subscription:
@@ -167,27 +202,14 @@ class Subscription:
 
     def __init__(self, client: FiloPyClient, ref: DatasetRef) -> None:
         self.ref = ref
-        self.id = f"filopy-sub-{uuid.uuid4().hex}"
+        sink_name, self._sink = client._event_sink()
+        self.id = f"{sink_name}/{uuid.uuid4().hex[:12]}"
         self._client = client
         self._buffer: deque[ShardUpdate] = deque()
         self._closed = False
         self._unsubscribed = False
-        # The sink lives on this process's own node: it must share the subscriber's fate, not
-        # die with some other node (and take the subscription with it).
-        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-        self._sink = (
-            ray.remote(ShardEventSink)
-            .options(
-                name=self.id,
-                namespace=client._settings.ray.namespace,
-                num_cpus=0,
-                scheduling_strategy=here,
-            )
-            .remote()
-        )
         reply = client._call("subscribe", self.id, self._sink, ref)
         if isinstance(reply, DatasetUnknown):
-            ray.kill(self._sink)
             raise DatasetUnknownError(ref.name)
 
     def _absorb(self, messages: list[SubscriberMessage]) -> None:
@@ -206,7 +228,7 @@ class Subscription:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"no shard update for {self.ref.name} within {timeout_s} s")
-            self._absorb(ray.get(self._sink.take.remote(min(left, self.POLL_S))))
+            self._absorb(ray.get(self._sink.take.remote(self.id, min(left, self.POLL_S))))
         return self._buffer.popleft()
 
     def __iter__(self) -> Iterator[ShardUpdate]:
@@ -223,7 +245,7 @@ class Subscription:
             while not self._buffer:
                 if self._closed:
                     return
-                self._absorb(await self._sink.take.remote(self.POLL_S))
+                self._absorb(await self._sink.take.remote(self.id, self.POLL_S))
             yield self._buffer.popleft()
 
     def unsubscribe(self) -> None:
@@ -233,7 +255,7 @@ class Subscription:
         try:
             self._client._call("unsubscribe", self.id, None)
         finally:
-            ray.kill(self._sink)
+            self._sink.forget.remote(self.id)
 
     def __enter__(self) -> Self:
         return self
