@@ -186,3 +186,25 @@ def test_start_and_stop_shards_with_clear_errors(filopy_cluster) -> None:
             and 0 in ray.get(_node(c, other).running_shards.remote()).get("metrics", [])
         ),
     )
+
+
+def test_killed_coordinator_process_moves_shards_and_the_node_rejoins(filopy_cluster) -> None:
+    c = filopy_cluster
+    nodes, before = _setup(c, 3)
+    spare = c.add_node()
+    c.wait_for("the spare joined", lambda: spare.node_id in c.client.members())
+    victim = max(nodes, key=lambda n: len(before.shards_for_node(n.node_id)))
+    lost = before.shards_for_node(victim.node_id)
+    pid = ray.get(_node(c, victim.node_id).ping.remote()).pid
+
+    killed_at = time.monotonic()
+    os.kill(pid, signal.SIGKILL)  # the process dies; its Ray node lives on
+    c.wait_for(
+        "the dead coordinator's shards active on the spare",
+        lambda: (m := _healthy(c)) and m.shards_for_node(spare.node_id) == lost,
+    )
+    print(f"\nshards {lost} active on the spare {time.monotonic() - killed_at:.2f} s after kill -9")
+    # The Ray node is still a FiloPy node: it gets a fresh coordinator and rejoins, newest.
+    c.wait_for("the node to rejoin", lambda: c.client.members()[-1] == victim.node_id)
+    fresh = ray.get(_node(c, victim.node_id).ping.remote())
+    assert fresh.pid != pid
