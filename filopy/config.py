@@ -22,6 +22,9 @@ from pydantic_settings import (
 DEFAULT_CONFIG_FILE = Path(__file__).resolve().parent.parent / "config" / "filopy.toml"
 
 
+Consistency = Literal["ONE", "LOCAL_ONE", "QUORUM", "LOCAL_QUORUM", "ALL"]
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -33,6 +36,8 @@ class KafkaSettings(_Section):
 class StoreSettings(_Section):
     backend: Literal["sqlite", "cassandra"]
     sqlite_path: Path
+    sqlite_busy_timeout_s: float = Field(gt=0)
+    max_chunk_span_ms: int = Field(gt=0)
 
 
 class CassandraSettings(_Section):
@@ -40,9 +45,13 @@ class CassandraSettings(_Section):
     port: int = Field(gt=0, lt=65536)
     keyspace: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_]{0,47}$")
     replication: dict[str, str]
-    consistency: Literal["ONE", "LOCAL_ONE", "QUORUM", "LOCAL_QUORUM", "ALL"]
+    consistency: Consistency
+    data_consistency: Consistency | Literal[""]
+    local_dc: str
     connect_timeout_s: float = Field(gt=0)
     request_timeout_s: float = Field(gt=0)
+    write_concurrency: int = Field(gt=0)
+    read_concurrency: int = Field(gt=0)
 
 
 class RaySettings(_Section):

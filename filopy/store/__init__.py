@@ -52,10 +52,15 @@ def open_stores(settings: Settings) -> tuple[MetaStore, ColumnStore]:
 
     Both share one connection (or file); close both when done. Raises StoreUnavailable if the
     backend cannot be reached within its connect timeout."""
-    if settings.store.backend == "sqlite":
+    store = settings.store
+    if store.backend == "sqlite":
         from filopy.store.sqlite import open_sqlite_stores
 
-        return open_sqlite_stores(settings.store.sqlite_path)
+        return open_sqlite_stores(
+            store.sqlite_path,
+            busy_timeout_s=store.sqlite_busy_timeout_s,
+            max_chunk_span_ms=store.max_chunk_span_ms,
+        )
     from filopy.store.cassandra import open_cassandra_stores  # imports the driver only if used
 
     c = settings.cassandra
@@ -67,4 +72,9 @@ def open_stores(settings: Settings) -> tuple[MetaStore, ColumnStore]:
         c.consistency,
         c.connect_timeout_s,
         c.request_timeout_s,
+        data_consistency=c.data_consistency or None,
+        local_dc=c.local_dc or None,
+        max_chunk_span_ms=store.max_chunk_span_ms,
+        write_concurrency=c.write_concurrency,
+        read_concurrency=c.read_concurrency,
     )
