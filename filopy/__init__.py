@@ -59,3 +59,12 @@ __all__ = [
     "shard_key_hash",
     "shards_for_query",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # `filopy.connect` brings in Ray; importing `filopy` for hashing or mappers must not.
+    if name == "connect":
+        from filopy.client import connect
+
+        return connect
+    raise AttributeError(f"module 'filopy' has no attribute {name!r}")

@@ -50,6 +50,10 @@ def test_singleton_restart_keeps_maps_subscriptions_and_ingestion(filopy_cluster
     first_incarnation = ray.get(c.actor.ready.remote())
 
     ray.kill(c.actor, no_restart=False)
+    # While the singleton is away, routing keeps working from the maps nodes cache.
+    for n in nodes:
+        cached = ray.get(_node(c, n.node_id).shard_map.remote(METRICS), timeout=10)
+        assert cached.owners == before.snapshot().owners
     c.wait_for(
         "the singleton to come back",
         lambda: ray.get(c.actor.ready.remote(), timeout=30) != first_incarnation,

@@ -1,0 +1,31 @@
+"""The pure core (sharding, mapper, manager, strategy) imports no Ray, Kafka or Cassandra."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+PURE = [
+    "filopy",
+    "filopy.hashing",
+    "filopy.mapper",
+    "filopy.shard_status",
+    "filopy.dataset",
+    "coordinator.manager",
+    "coordinator.strategy",
+    "coordinator.failure_detector",
+    "coordinator.guardian",
+]
+IO = ["ray", "confluent_kafka", "cassandra"]
+
+
+def test_pure_core_imports_no_io_library() -> None:
+    code = (
+        "import sys\n"
+        + "".join(f"import {m}\n" for m in PURE)
+        + f"print(sorted(m for m in {IO!r} if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
