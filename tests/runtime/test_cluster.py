@@ -72,3 +72,51 @@ def test_three_nodes_then_a_spare_takes_over_a_killed_node(filopy_cluster) -> No
             if e.shard == shard and not isinstance(e, ShardDown)
         )
     sub.unsubscribe()
+
+
+def test_async_subscription_and_no_false_moves_on_a_busy_machine(filopy_cluster) -> None:
+    import asyncio
+    import subprocess
+    import sys
+
+    c = filopy_cluster
+    nodes = [c.add_node() for _ in range(2)]
+    c.wait_for("2 members", lambda: len(c.client.members()) == 2)
+    c.client.setup_dataset(Dataset(name="metrics", num_shards=4, min_num_nodes=2))
+    before = c.wait_for("all shards active", lambda: _all_active(c, "metrics"))
+    members = c.client.members()
+
+    # Saturate both cores for longer than the failure timeout: healthy nodes must stay put.
+    busy_s = c.settings.cluster.failure_timeout_s * 2
+    burners = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                f"import time\nt=time.time()\nwhile time.time()-t<{busy_s}: pass",
+            ]
+        )
+        for _ in range(4)
+    ]
+    for b in burners:
+        b.wait(timeout=busy_s + 30)
+    time.sleep(c.settings.cluster.ping_interval_s * 2)
+    assert c.client.members() == members
+    after = c.client.shard_map("metrics")
+    assert [after.owner(s) for s in range(4)] == [before.owner(s) for s in range(4)]
+    assert after.is_healthy()
+
+    async def consume() -> list:
+        got = []
+        async for update in c.client.subscribe("metrics"):
+            got.append(update)
+            if len(got) == 1:
+                c.client.stop_shards("metrics", [2])
+            if isinstance(update, ShardDown):
+                return got
+        return got
+
+    got = asyncio.run(asyncio.wait_for(consume(), timeout=30))
+    assert isinstance(got[0], CurrentShardSnapshot)
+    assert isinstance(got[-1], ShardDown) and got[-1].shard == 2
+    assert got[-1].node == before.owner(2) and before.owner(2) in {n.node_id for n in nodes}
