@@ -1,0 +1,281 @@
+"""Flushing a shard's memstore to the ColumnStore, checkpointing, and recovering after a crash.
+
+A shard's series are divided into `groups_per_shard` flush groups by partition key hash; the
+groups flush in turn across the flush interval. Flushing group g:
+
+1. seal: every open buffer of g's series becomes chunks (one *segment* per series); the group's
+   watermark at that moment, `offset`, is the Kafka offset the flush will checkpoint;
+2. write the chunks (one batched call), then the series' part keys with their whole time range
+   (one batched call): chunks first, so a stored part key's `end_time` never claims samples that
+   are not in the ColumnStore;
+3. commit g's checkpoint = `offset`, fenced by the shard's ownership epoch. `StaleEpochError`
+   propagates: the ingester must stop the shard. Any other error leaves the sealed flush pending
+   and propagates; the next `flush_group(g)` retries the same chunks before sealing anything new,
+   so a group never has more than one incompletely written segment.
+
+Recovery (`recover_shard`): read checkpoints and part keys, index the part keys in a fresh
+memstore, replay Kafka from the lowest checkpoint + 1, skip group g's samples at or below g's
+checkpoint, and skip a series' samples at or before its stored part key `end_time`. Both skips are
+exact: every sample of a message at or below a committed (or part-key-covered) seal point has a
+timestamp at or before the series' last sample at that seal, so the replayed accepted samples
+are exactly those the crashed node accepted after its last complete flush.
+
+No duplicates: a ChunkRecord is identified by (part key, start_time), and writing it again
+replaces it. The replay's first segment of a series starts at the same sample as the crashed
+node's incomplete segment did (the first accepted sample after the series' stored `end_time`),
+and chunk cuts within a segment depend only on its samples (time buckets, then every
+`max_chunk_samples`). The memstore holds flushes while `recovering` (until the replay passed the
+partition's end offset seen at recovery start), so that first segment extends at least as far as
+the crashed one: every chunk the crash left behind is rewritten under the same id with the same or
+more samples, and no new chunk overlaps an old one. See docs/memstore.md.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from filopy.dataset import DatasetRef
+from filopy.store.api import INT64_MAX, INT64_MIN, ColumnStore, MetaStore, StaleEpochError
+from ingest.memstore import SealedGroup, ShardMemstore
+
+DEFAULT_FLUSH_INTERVAL_S = 60.0
+
+
+@dataclass(slots=True)
+class FlushResult:
+    """One flush of one group. `checkpoint` is the offset committed (None: nothing new)."""
+
+    group: int
+    checkpoint: int | None = None
+    series: int = 0
+    chunks: int = 0
+    samples: int = 0
+    duration_s: float = 0.0
+    held: bool = False  # not flushed: the shard is still replaying after a restart
+
+
+@dataclass(slots=True)
+class GroupFlushStats:
+    """Per flush group, for metrics: the last committed checkpoint and flush costs."""
+
+    checkpoint: int | None = None
+    flushes: int = 0
+    failures: int = 0
+    samples: int = 0
+    chunks: int = 0
+    last_duration_s: float = 0.0
+    total_duration_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryPlan:
+    """Where to replay from: read from `start_offset` (None: the earliest retained offset)
+    through `replay_until` (-1: nothing to replay)."""
+
+    checkpoints: dict[int, int]
+    start_offset: int | None
+    replay_until: int
+    series_loaded: int
+
+
+def replay_start(checkpoints: Mapping[int, int], groups_per_shard: int) -> int | None:
+    """First offset to replay: the lowest checkpoint + 1 once every group has one (after a
+    change of groups_per_shard, the lowest of all, old groups included); None otherwise, since a
+    group without a checkpoint may have unflushed samples at any offset."""
+    if not checkpoints or not set(range(groups_per_shard)) <= set(checkpoints):
+        return None
+    return min(checkpoints.values()) + 1
+
+
+def recover_shard(
+    memstore: ShardMemstore,
+    meta_store: MetaStore,
+    column_store: ColumnStore,
+    ref: DatasetRef,
+    shard: int,
+    end_offset: int,
+) -> RecoveryPlan:
+    """Prepare a fresh memstore for replay; call after `claim_epoch`, before ingesting.
+
+    `end_offset` is the partition's end (next) offset now. Loads every stored part key (the index
+    and the skip rule need them; samples stay in the ColumnStore) and the checkpoints."""
+    checkpoints = meta_store.read_checkpoints(ref, shard)
+    loaded = memstore.load_part_keys(column_store.list_part_keys(ref, shard))
+    start = replay_start(checkpoints, memstore.groups_per_shard)
+    until = end_offset - 1
+    if start is not None and start > until:
+        until = -1
+    memstore.set_checkpoints(checkpoints, until)
+    return RecoveryPlan(checkpoints, start, until, loaded)
+
+
+class Flusher:
+    """Flushes a shard's memstore, group by group, and commits checkpoints under `epoch`.
+
+    Call `flush_due()` regularly (say every second, between messages, or from a thread: the
+    memstore serialises on its lock); `seconds_until_due()` says when it next has work. It flushes
+    one group every `flush_interval_s / groups_per_shard`, in turn, and also ahead of time while
+    the memstore reports memory pressure. `flush_all()` flushes every group, e.g. before a clean
+    stop so the next start replays nothing.
+    """
+
+    def __init__(
+        self,
+        memstore: ShardMemstore,
+        column_store: ColumnStore,
+        meta_store: MetaStore,
+        ref: DatasetRef,
+        shard: int,
+        epoch: int,
+        *,
+        flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S,
+        checkpoints: Mapping[int, int] | None = None,
+        check_epoch: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if memstore.chunk_span_ms > column_store.max_chunk_span_ms:
+            raise ValueError(
+                f"memstore chunk_span_ms={memstore.chunk_span_ms} exceeds the store's "
+                f"max_chunk_span_ms={column_store.max_chunk_span_ms}"
+            )
+        if flush_interval_s <= 0:
+            raise ValueError(f"flush_interval_s must be positive, got {flush_interval_s}")
+        self.memstore = memstore
+        self.column_store = column_store
+        self.meta_store = meta_store
+        self.ref = ref
+        self.shard = shard
+        self.epoch = epoch
+        self.flush_interval_s = flush_interval_s
+        self.check_epoch = check_epoch
+        self._clock = clock
+        groups = memstore.groups_per_shard
+        self.group_stats = {g: GroupFlushStats() for g in range(groups)}
+        for g, off in (checkpoints or {}).items():
+            if g in self.group_stats:
+                self.group_stats[g].checkpoint = off
+        self._pending: dict[int, SealedGroup] = {}
+        self._next_group = 0
+        self._next_due: float | None = None
+
+    def flush_group(self, group: int) -> FlushResult:
+        """Seal, write chunks then part keys, then commit the group's checkpoint.
+
+        Raises StaleEpochError if the shard has a newer owner (nothing is written when that is
+        seen before the writes); store errors leave the flush pending for the next call."""
+        mem = self.memstore
+        if not 0 <= group < mem.groups_per_shard:
+            raise ValueError(f"no flush group {group} (groups_per_shard={mem.groups_per_shard})")
+        if mem.recovering:
+            return FlushResult(group, held=True)
+        started = time.perf_counter()
+        stats = self.group_stats[group]
+        sealed = self._pending.get(group)
+        if sealed is None:
+            sealed = self._pending[group] = mem.seal_group(group)
+        try:
+            if sealed.chunks:
+                if self.check_epoch:
+                    self._check_epoch()
+                self.column_store.write_chunks(self.ref, self.shard, sealed.chunks)
+                self.column_store.write_part_keys(self.ref, self.shard, sealed.part_keys)
+            mem.mark_flushed(sealed)
+            del self._pending[group]
+            committed = None
+            if sealed.offset >= 0 and (
+                stats.checkpoint is None or sealed.offset > stats.checkpoint
+            ):
+                committed = self.meta_store.commit_checkpoint(
+                    self.ref, self.shard, group, sealed.offset, self.epoch
+                )
+                stats.checkpoint = committed
+        except BaseException:
+            stats.failures += 1
+            raise
+        took = time.perf_counter() - started
+        stats.flushes += 1
+        stats.samples += sealed.samples
+        stats.chunks += len(sealed.chunks)
+        stats.last_duration_s = took
+        stats.total_duration_s += took
+        return FlushResult(
+            group, committed, len(sealed.part_keys), len(sealed.chunks), sealed.samples, took
+        )
+
+    def flush_all(self) -> list[FlushResult]:
+        """Flush every group now (held results while recovering)."""
+        return [self.flush_group(g) for g in range(self.memstore.groups_per_shard)]
+
+    def flush_due(self, now: float | None = None) -> list[FlushResult]:
+        """Flush the groups whose turn has come (at most one round), and the next ones early
+        while the memstore is under memory pressure. Nothing while recovering."""
+        now = self._clock() if now is None else now
+        groups = self.memstore.groups_per_shard
+        slot = self.flush_interval_s / groups
+        if self._next_due is None:
+            self._next_due = now + slot
+        done: list[FlushResult] = []
+        for _ in range(groups):
+            due = now >= self._next_due
+            if not due and not self.memstore.pressure:
+                break
+            result = self.flush_group(self._next_group)
+            if result.held:
+                break
+            done.append(result)
+            self._next_group = (self._next_group + 1) % groups
+            # behind by more than an interval (a stall): do not try to make up every slot
+            base = max(self._next_due, now - self.flush_interval_s) if due else now
+            self._next_due = base + slot
+        return done
+
+    def seconds_until_due(self, now: float | None = None) -> float:
+        now = self._clock() if now is None else now
+        if self._next_due is None or self.memstore.pressure:
+            return 0.0
+        return max(0.0, self._next_due - now)
+
+    @property
+    def checkpoints(self) -> dict[int, int]:
+        """Committed checkpoints known to this flusher."""
+        return {g: s.checkpoint for g, s in self.group_stats.items() if s.checkpoint is not None}
+
+    def _check_epoch(self) -> None:
+        """Fail before writing if another node has claimed the shard: narrows (cannot close)
+        the window in which a deposed owner's chunk writes race the new owner's."""
+        current = self.meta_store.current_epoch(self.ref, self.shard).epoch
+        if current != self.epoch:
+            raise StaleEpochError(self.ref.name, self.shard, self.epoch, current)
+
+
+def read_merged(
+    memstore: ShardMemstore,
+    column_store: ColumnStore,
+    ref: DatasetRef,
+    shard: int,
+    series_id: int,
+    start: int = INT64_MIN,
+    end: int = INT64_MAX,
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+    """A series' samples in [start, end]: the ColumnStore's before the memstore's first
+    in-memory sample, the memstore's from there on. Concatenated as stored: nothing is
+    de-duplicated, so overlapping chunks would show as repeated timestamps."""
+    mem_start, mem_ts, mem_vals = memstore.snapshot(series_id, start, end)
+    store_end = end if mem_start is None else min(end, mem_start - 1)
+    ts_parts: list[npt.NDArray[np.int64]] = []
+    val_parts: list[npt.NDArray[np.float64]] = []
+    if store_end >= start:
+        key = memstore.part_key(series_id)
+        for chunk in column_store.read_chunks(ref, shard, [key], start, store_end).get(key, []):
+            ts, vals = chunk.samples()
+            inside = (ts >= start) & (ts <= store_end)
+            ts_parts.append(ts[inside])
+            val_parts.append(vals[inside])
+    ts_parts.append(mem_ts)
+    val_parts.append(mem_vals)
+    return np.concatenate(ts_parts), np.concatenate(val_parts)

@@ -1,0 +1,645 @@
+"""The per-shard memstore: recent samples in memory for queries, sealed into chunks for flushing.
+
+One `ShardMemstore` per shard the node ingests. It holds
+
+* a series index: canonical part key -> series id, plus an inverted index label -> value -> ids
+  for query filters;
+* per series an open append buffer (two NumPy arrays grown geometrically) and a list of sealed
+  chunks, kept *encoded* (`ChunkRecord`, ~2 bytes/sample instead of 16) and decoded on query:
+  the in-memory window is mostly sealed data, and decoding runs at ~2 M samples/s;
+* per flush group the Kafka offset up to which its samples are in memory (the "watermark").
+
+Ordering policy: a series' samples must have strictly increasing timestamps (the chunk codec
+rejects anything else). A sample whose timestamp is not greater than every earlier sample of its
+series (in Kafka offset order, then batch order) is dropped and counted as `out_of_order`, or as
+`skipped_flushed` when it is at or before the series' end time found in the ColumnStore at
+recovery. The accepted samples of a series are thus a deterministic function of the message
+stream, which recovery relies on (docs/memstore.md).
+
+Chunk boundaries are deterministic, never derived from wall-clock timing beyond "where a flush
+sealed": a flush seals each series' open buffer (one *segment*) and cuts it at time-bucket
+boundaries (`ts // chunk_span_ms`) and every `max_chunk_samples` samples from the segment's or
+bucket's first sample. See flush.py for why that makes a replay rewrite the same chunk ids.
+
+Not thread-safe beyond one lock: ingest, seal, mark-flushed and queries serialise on it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from filopy.dataset import Dataset
+from filopy.hashing import partition_key_hash
+from filopy.store.api import (
+    INT64_MAX,
+    INT64_MIN,
+    ChunkRecord,
+    LabelMatcher,
+    MatchOp,
+    PartKeyRecord,
+    decode_part_key,
+    encode_part_key,
+)
+from ingest.batch import Labels, SampleBatch
+
+I64 = np.int64
+F64 = np.float64
+NONE_TS = INT64_MIN  # "no sample yet" in the per-series time arrays
+DEFAULT_GROUPS_PER_SHARD = 16
+DEFAULT_MAX_CHUNK_SAMPLES = 400
+DEFAULT_CHUNK_SPAN_MS = 3_600_000  # time-bucket width; must not exceed the store's max chunk span
+DEFAULT_RETENTION_MS = 2 * 3_600_000
+DEFAULT_MAX_SAMPLES = 50_000_000
+EVICT_TO = 0.9  # over the bound, evict down to this fraction of it so eviction is not per ingest
+_INITIAL_CAPACITY = 8
+
+
+def flush_group_of(labels: Mapping[str, str], dataset: Dataset, groups_per_shard: int) -> int:
+    """A series' flush group: |partition key hash| mod groups, as FiloDB (Java `abs(h % n)`).
+
+    `labels` must be canonical (no empty values), so that `{a="", b="x"}` and `{b="x"}`, which
+    are one series, land in one group."""
+    return abs(partition_key_hash(labels, dataset)) % groups_per_shard
+
+
+@dataclass(slots=True)
+class IngestStats:
+    """What one `ingest` call did with a message's samples."""
+
+    offset: int
+    ingested: int = 0
+    out_of_order: int = 0  # ts <= an earlier sample of the series
+    skipped_replay: int = 0  # the group's checkpoint (or watermark) is at or past the offset
+    skipped_flushed: int = 0  # ts <= the series' end time in the ColumnStore at recovery
+    invalid_series: int = 0  # samples of series whose labels are not str -> str
+    new_series: int = 0
+
+
+@dataclass(slots=True)
+class MemstoreStats:
+    """Cumulative counters, for metrics."""
+
+    ingested: int = 0
+    out_of_order: int = 0
+    skipped_replay: int = 0
+    skipped_flushed: int = 0
+    invalid_series: int = 0
+    evicted_samples: int = 0
+    messages: int = 0
+
+
+class _MemChunk:
+    """A sealed chunk held in memory; `flushed` once it is in the ColumnStore (then evictable)."""
+
+    __slots__ = ("flushed", "record", "sid")
+
+    def __init__(self, sid: int, record: ChunkRecord) -> None:
+        self.sid = sid
+        self.record = record
+        self.flushed = False
+
+
+_NO_TS = np.empty(0, I64)  # the buffers of a series without open samples: shared, never written
+_NO_VALS = np.empty(0, F64)
+
+
+class _Series:
+    """A series' open buffer (`ts[:n]`, `vals[:n]`) and its sealed chunks in memory, oldest
+    first. Buffers are released at each seal and re-allocated at the next sample with the last
+    segment's size (`hint`), so idle series cost no buffer and busy ones about one allocation
+    per flush."""
+
+    __slots__ = ("chunks", "group", "hint", "labels", "n", "part_key", "ts", "vals")
+
+    def __init__(self, part_key: str, labels: Labels, group: int) -> None:
+        self.part_key = part_key
+        self.labels = labels
+        self.group = group
+        self.ts = _NO_TS
+        self.vals = _NO_VALS
+        self.n = 0
+        self.hint = _INITIAL_CAPACITY
+        self.chunks: list[_MemChunk] = []  # few per series: a list is smaller than a deque
+
+    def grow(self, need: int) -> None:
+        cap = max(need, 2 * len(self.ts), self.hint)
+        ts = np.empty(cap, I64)
+        vals = np.empty(cap, F64)
+        ts[: self.n] = self.ts[: self.n]
+        vals[: self.n] = self.vals[: self.n]
+        self.ts, self.vals = ts, vals
+
+
+@dataclass(slots=True)
+class SealedGroup:
+    """A flush group's open buffers, sealed: what one flush writes, then checkpoints.
+
+    `offset` is the group's watermark at seal time: every sample of the group from messages at
+    or below it is in `chunks` or was in earlier flushes. -1 if nothing was ever ingested."""
+
+    group: int
+    offset: int
+    chunks: list[ChunkRecord] = field(default_factory=list)
+    part_keys: list[PartKeyRecord] = field(default_factory=list)
+    samples: int = 0
+    _mem: list[_MemChunk] = field(default_factory=list, repr=False)
+
+
+class ShardMemstore:
+    """Samples of one shard in memory. See the module docstring and docs/memstore.md."""
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        shard: int,
+        *,
+        groups_per_shard: int = DEFAULT_GROUPS_PER_SHARD,
+        max_chunk_samples: int = DEFAULT_MAX_CHUNK_SAMPLES,
+        chunk_span_ms: int = DEFAULT_CHUNK_SPAN_MS,
+        retention_ms: int = DEFAULT_RETENTION_MS,
+        max_samples: int = DEFAULT_MAX_SAMPLES,
+    ) -> None:
+        if groups_per_shard < 1:
+            raise ValueError(f"groups_per_shard must be >= 1, got {groups_per_shard}")
+        if max_chunk_samples < 1:
+            raise ValueError(f"max_chunk_samples must be >= 1, got {max_chunk_samples}")
+        if chunk_span_ms < 1:
+            raise ValueError(f"chunk_span_ms must be >= 1, got {chunk_span_ms}")
+        if retention_ms < 0 or max_samples < 1:
+            raise ValueError("retention_ms must be >= 0 and max_samples >= 1")
+        self.dataset = dataset
+        self.shard = shard
+        self.groups_per_shard = groups_per_shard
+        self.max_chunk_samples = max_chunk_samples
+        self.chunk_span_ms = chunk_span_ms
+        self.retention_ms = retention_ms
+        self.max_samples = max_samples
+        self.stats = MemstoreStats()
+        self._lock = threading.RLock()
+        # series index
+        self._series: list[_Series] = []
+        self._by_key: dict[str, int] = {}
+        self._label_cache: dict[tuple[tuple[str, str], ...], int] = {}  # raw labels -> id
+        self._strings: dict[str, str] = {}  # one copy of each label name and value
+        self._index: dict[str, dict[str, set[int]]] = {}
+        self._group_series: list[list[int]] = [[] for _ in range(groups_per_shard)]
+        # per series, NumPy so ingest updates them vectorised
+        self._first_ts = np.empty(0, I64)
+        self._last_ts = np.empty(0, I64)
+        self._store_end = np.empty(0, I64)  # end time in the ColumnStore at recovery
+        self._group = np.empty(0, np.int32)
+        # per group: samples of messages at or below this offset are in memory (or flushed)
+        self._watermark = np.full(groups_per_shard, -1, I64)
+        self._replay_until: int | None = None  # recovering while set
+        self._max_ts = NONE_TS
+        # memory accounting, in samples
+        self._open = 0
+        self._sealed_unflushed = 0
+        self._flushed_in_memory = 0
+        self._evictable: list[tuple[int, int, _MemChunk]] = []  # heap (end_time, seq, chunk)
+        self._seq = itertools.count()
+        self.pressure = False  # over max_samples with nothing flushed left to evict
+
+    # ------------------------------------------------------------------------------ recovery
+
+    def load_part_keys(self, records: Iterable[PartKeyRecord]) -> int:
+        """Index the shard's stored series before replay; returns how many.
+
+        Their stored time range matters: `start_time` stays the series' first sample (part keys
+        are rewritten whole at each flush), and samples at or before `end_time` are known to be
+        in the ColumnStore, so replaying them is skipped (see docs/memstore.md, recovery)."""
+        with self._lock:
+            count = 0
+            for r in records:
+                sid = self._by_key.get(r.part_key)
+                if sid is None:
+                    sid = self._add_series(decode_part_key(r.part_key), r.part_key)
+                first = int(self._first_ts[sid])
+                self._first_ts[sid] = r.start_time if first == NONE_TS else min(first, r.start_time)
+                self._last_ts[sid] = max(int(self._last_ts[sid]), r.end_time)
+                self._store_end[sid] = max(int(self._store_end[sid]), r.end_time)
+                count += 1
+            return count
+
+    def set_checkpoints(self, checkpoints: Mapping[int, int], replay_until: int | None) -> None:
+        """Apply the MetaStore's checkpoints before replay, and the replay's last offset.
+
+        A message's samples of group g are skipped when its offset is at or below g's
+        checkpoint. If the checkpoints are not exactly this memstore's groups (groups_per_shard
+        changed, so series moved between groups), no group skips anything: replay then relies on
+        the part keys' end times alone, which is also exact, only slower.
+
+        `replay_until` is the partition's last offset when recovery started (end offset - 1):
+        until a message at or past it is ingested, or `end_recovery()` is called, the memstore is
+        `recovering` and the flusher holds flushes, so that the first flush after a crash covers
+        everything the crashed node may have written (docs/memstore.md, idempotency)."""
+        with self._lock:
+            if set(checkpoints) == set(range(self.groups_per_shard)):
+                for g, off in checkpoints.items():
+                    self._watermark[g] = max(int(self._watermark[g]), int(off))
+            self._replay_until = (
+                None if replay_until is None or replay_until < 0 else int(replay_until)
+            )
+
+    def end_recovery(self) -> None:
+        """The replay reached the end offset seen at recovery start: flushes may resume."""
+        with self._lock:
+            self._replay_until = None
+
+    @property
+    def recovering(self) -> bool:
+        return self._replay_until is not None
+
+    # -------------------------------------------------------------------------------- ingest
+
+    def ingest(self, batch: SampleBatch, offset: int) -> IngestStats:
+        """Add one Kafka message's samples (the message at `offset`).
+
+        Vectorised per sample; Python loops only over the batch's series."""
+        with self._lock:
+            st = IngestStats(offset)
+            sids = self._resolve(batch.series, st)
+            if len(batch):
+                self._ingest_samples(batch, sids, offset, st)
+            np.maximum(self._watermark, offset, out=self._watermark)
+            if self._replay_until is not None and offset >= self._replay_until:
+                self._replay_until = None
+            s = self.stats
+            s.messages += 1
+            s.ingested += st.ingested
+            s.out_of_order += st.out_of_order
+            s.skipped_replay += st.skipped_replay
+            s.skipped_flushed += st.skipped_flushed
+            s.invalid_series += st.invalid_series
+            if self.memory_samples() > self.max_samples:
+                self._evict(None)
+            return st
+
+    def _ingest_samples(
+        self, batch: SampleBatch, sids: npt.NDArray[np.int64], offset: int, st: IngestStats
+    ) -> None:
+        sid = sids[batch.series_idx]
+        ts = batch.timestamps.astype(I64, copy=False)
+        vals = batch.values.astype(F64, copy=False)
+        keep = sid >= 0
+        st.invalid_series = int(len(sid) - np.count_nonzero(keep))
+        if not keep.any():
+            return
+        skip = self._watermark[self._group[np.where(keep, sid, 0)]] >= offset
+        skip &= keep
+        st.skipped_replay = int(np.count_nonzero(skip))
+        keep &= ~skip
+        if not keep.all():
+            sid, ts, vals = sid[keep], ts[keep], vals[keep]
+        if not len(sid):
+            return
+        order = np.argsort(sid, kind="stable")  # by series, batch order within a series
+        sid, ts, vals = sid[order], ts[order], vals[order]
+        new_seg = np.empty(len(sid), bool)
+        new_seg[0] = True
+        np.not_equal(sid[1:], sid[:-1], out=new_seg[1:])
+        ok = ts > self._last_ts[sid]
+        if len(ts) > 1 and not np.all(new_seg[1:] | (ts[1:] > ts[:-1])):
+            ok &= _above_prefix_max(ts, new_seg)
+        if not ok.all():
+            dropped = ~ok
+            flushed = int(np.count_nonzero(dropped & (ts <= self._store_end[sid])))
+            st.skipped_flushed = flushed
+            st.out_of_order = int(np.count_nonzero(dropped)) - flushed
+            sid, ts, vals = sid[ok], ts[ok], vals[ok]
+            if not len(sid):
+                return
+            new_seg = np.empty(len(sid), bool)
+            new_seg[0] = True
+            np.not_equal(sid[1:], sid[:-1], out=new_seg[1:])
+        starts = np.flatnonzero(new_seg)
+        ends = np.empty_like(starts)
+        ends[:-1] = starts[1:]
+        ends[-1] = len(sid)
+        seg_sid = sid[starts]
+        first = self._first_ts[seg_sid]
+        self._first_ts[seg_sid] = np.where(first == NONE_TS, ts[starts], first)
+        self._last_ts[seg_sid] = ts[ends - 1]
+        series = self._series
+        for s, a, b in zip(seg_sid.tolist(), starts.tolist(), ends.tolist(), strict=True):
+            ser = series[s]
+            n = ser.n
+            m = n + b - a
+            if m > len(ser.ts):
+                ser.grow(m)
+            ser.ts[n:m] = ts[a:b]
+            ser.vals[n:m] = vals[a:b]
+            ser.n = m
+        st.ingested = len(sid)
+        self._open += len(sid)
+        self._max_ts = max(self._max_ts, int(ts.max()))
+
+    def _resolve(self, series: Sequence[Labels], st: IngestStats) -> npt.NDArray[np.int64]:
+        """Series ids of a batch's label sets, creating new series; -1 for invalid labels."""
+        out = np.empty(len(series), I64)
+        cache = self._label_cache
+        for i, labels in enumerate(series):
+            try:
+                key = tuple(sorted(labels.items()))
+                sid = cache.get(key)
+            except (TypeError, AttributeError):
+                out[i] = -1
+                continue
+            if sid is None:
+                try:
+                    part_key = encode_part_key(labels)
+                except (ValueError, TypeError):
+                    out[i] = -1
+                    continue
+                sid = self._by_key.get(part_key)
+                if sid is None:
+                    sid = self._add_series({k: v for k, v in labels.items() if v != ""}, part_key)
+                    st.new_series += 1
+                intern = self._intern
+                cache[tuple((intern(k), intern(v)) for k, v in key)] = sid
+            out[i] = sid
+        return out
+
+    def _intern(self, text: str) -> str:
+        return self._strings.setdefault(text, text)
+
+    def _add_series(self, labels: Labels, part_key: str) -> int:
+        sid = len(self._series)
+        labels = {self._intern(k): self._intern(v) for k, v in labels.items()}
+        group = flush_group_of(labels, self.dataset, self.groups_per_shard)
+        if sid >= len(self._group):
+            cap = max(1024, 2 * len(self._group))
+            self._first_ts = _grown(self._first_ts, cap, NONE_TS)
+            self._last_ts = _grown(self._last_ts, cap, NONE_TS)
+            self._store_end = _grown(self._store_end, cap, NONE_TS)
+            self._group = _grown(self._group, cap, 0)
+        self._first_ts[sid] = self._last_ts[sid] = self._store_end[sid] = NONE_TS
+        self._group[sid] = group
+        self._series.append(_Series(part_key, labels, group))
+        self._by_key[part_key] = sid
+        self._group_series[group].append(sid)
+        for k, v in labels.items():
+            self._index.setdefault(k, {}).setdefault(v, set()).add(sid)
+        return sid
+
+    # ------------------------------------------------------------------------- series index
+
+    @property
+    def num_series(self) -> int:
+        return len(self._series)
+
+    def series_id(self, labels_or_part_key: Mapping[str, str] | str) -> int | None:
+        key = (
+            labels_or_part_key
+            if isinstance(labels_or_part_key, str)
+            else encode_part_key(labels_or_part_key)
+        )
+        return self._by_key.get(key)
+
+    def part_key(self, series_id: int) -> str:
+        return self._series[series_id].part_key
+
+    def labels(self, series_id: int) -> Labels:
+        return dict(self._series[series_id].labels)
+
+    def group_of(self, series_id: int) -> int:
+        return self._series[series_id].group
+
+    def group_series(self, group: int) -> list[int]:
+        return list(self._group_series[group])
+
+    def find_series(self, matchers: Sequence[LabelMatcher]) -> list[int]:
+        """Ids of the series satisfying every matcher (Prometheus semantics), ascending.
+
+        Each matcher is answered from the inverted index, testing each distinct *value* of its
+        label once rather than each series; `=` matchers (most selective) go first, and once the
+        candidates are few, the remaining matchers filter them directly."""
+        with self._lock:
+            ordered = sorted(matchers, key=lambda m: (m.op is not MatchOp.EQ, m.value == ""))
+            cands: set[int] | None = None
+            for m in ordered:
+                if cands is not None and len(cands) <= 64:
+                    series = self._series
+                    cands = {s for s in cands if m.matches(series[s].labels)}
+                else:
+                    hit = self._matching(m)
+                    cands = hit if cands is None else cands & hit
+                if not cands:
+                    return []
+            if cands is None:
+                return list(range(len(self._series)))
+            return sorted(cands)
+
+    def _matching(self, m: LabelMatcher) -> set[int]:
+        values = self._index.get(m.label, {})
+        if m.op is MatchOp.EQ and m.value != "":
+            return set(values.get(m.value, ()))
+        hit: set[int] = set()
+        for v, ids in values.items():
+            if m.matches({m.label: v}):
+                hit |= ids
+        if m.matches({}):  # a missing label counts as "": add the series without the label
+            having: set[int] = set().union(*values.values()) if values else set()
+            hit |= set(range(len(self._series))) - having
+        return hit
+
+    # ------------------------------------------------------------------------------- queries
+
+    def samples(
+        self, series_id: int, start: int = INT64_MIN, end: int = INT64_MAX
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+        """The series' in-memory samples in [start, end] (copies), sealed chunks and open buffer.
+
+        Samples before `memory_start(series_id)` are only in the ColumnStore."""
+        _, ts, vals = self.snapshot(series_id, start, end)
+        return ts, vals
+
+    def snapshot(
+        self, series_id: int, start: int = INT64_MIN, end: int = INT64_MAX
+    ) -> tuple[int | None, npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+        """`(memory_start, ts, values)` taken atomically, so a query can read the ColumnStore
+        for exactly the times before `memory_start` even while chunks are being evicted."""
+        with self._lock:
+            ser = self._series[series_id]
+            mem_start = self._memory_start(ser)
+            records = [
+                c.record
+                for c in ser.chunks
+                if c.record.end_time >= start and c.record.start_time <= end
+            ]
+            n = ser.n
+            open_ts = ser.ts[:n].copy()
+            open_vals = ser.vals[:n].copy()
+        parts = [r.samples() for r in records]  # decode outside the lock
+        parts.append((open_ts, open_vals))
+        ts = np.concatenate([p[0] for p in parts])
+        vals = np.concatenate([p[1] for p in parts])
+        lo = int(np.searchsorted(ts, start, side="left"))
+        hi = int(np.searchsorted(ts, end, side="right"))
+        return mem_start, ts[lo:hi], vals[lo:hi]
+
+    def memory_start(self, series_id: int) -> int | None:
+        """Time of the series' oldest in-memory sample (None if none): memory holds every
+        accepted sample of the series from there on, the ColumnStore everything before."""
+        with self._lock:
+            return self._memory_start(self._series[series_id])
+
+    @staticmethod
+    def _memory_start(ser: _Series) -> int | None:
+        if ser.chunks:
+            return ser.chunks[0].record.start_time
+        return int(ser.ts[0]) if ser.n else None
+
+    def time_range(self, series_id: int) -> tuple[int, int] | None:
+        """(first, last) sample time of the series, stored or in memory; None if none yet."""
+        first = int(self._first_ts[series_id])
+        return None if first == NONE_TS else (first, int(self._last_ts[series_id]))
+
+    # ---------------------------------------------------------------------- sealing, flushing
+
+    def watermark(self, group: int) -> int:
+        """Offset up to which the group's samples are in memory or flushed (-1: none)."""
+        return int(self._watermark[group])
+
+    def seal_group(self, group: int) -> SealedGroup:
+        """Seal the group's open buffers into chunks, for the flusher to write.
+
+        The chunks stay in memory (unflushed, not evictable) until `mark_flushed`."""
+        with self._lock:
+            sealed = SealedGroup(group, int(self._watermark[group]))
+            span, most = self.chunk_span_ms, self.max_chunk_samples
+            for sid in self._group_series[group]:
+                ser = self._series[sid]
+                n = ser.n
+                if not n:
+                    continue
+                ts, vals = ser.ts[:n], ser.vals[:n]
+                cuts = chunk_cuts(ts, span, most)
+                for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True):
+                    rec = ChunkRecord.from_samples(ser.part_key, ts[a:b], vals[a:b])
+                    mem = _MemChunk(sid, rec)
+                    ser.chunks.append(mem)
+                    sealed.chunks.append(rec)
+                    sealed._mem.append(mem)
+                sealed.part_keys.append(
+                    PartKeyRecord(ser.part_key, int(self._first_ts[sid]), int(ts[n - 1]))
+                )
+                sealed.samples += n
+                ser.n = 0
+                ser.hint = max(_INITIAL_CAPACITY, n)
+                ser.ts, ser.vals = _NO_TS, _NO_VALS
+            self._open -= sealed.samples
+            self._sealed_unflushed += sealed.samples
+            return sealed
+
+    def mark_flushed(self, sealed: SealedGroup) -> None:
+        """The sealed chunks are in the ColumnStore: make them evictable, then evict what the
+        in-memory window or the memory bound no longer allows."""
+        with self._lock:
+            for mem in sealed._mem:
+                if not mem.flushed:
+                    mem.flushed = True
+                    heapq.heappush(self._evictable, (mem.record.end_time, next(self._seq), mem))
+                    self._sealed_unflushed -= mem.record.num_samples
+                    self._flushed_in_memory += mem.record.num_samples
+            self._evict(self._max_ts - self.retention_ms if self._max_ts != NONE_TS else None)
+
+    def evict(self, now_ms: int | None = None) -> int:
+        """Evict flushed chunks older than the window before `now_ms` (default: the newest sample
+        time ingested) and, over the memory bound, the oldest flushed ones; returns samples
+        evicted."""
+        with self._lock:
+            ref = self._max_ts if now_ms is None else now_ms
+            return self._evict(ref - self.retention_ms if ref != NONE_TS else None)
+
+    def _evict(self, older_than: int | None) -> int:
+        """Pop flushed chunks oldest-end-first: those ending before `older_than`, then more while
+        over the bound. A series' chunks end in increasing time, so each series keeps a suffix of
+        its samples in memory, which is what `memory_start` promises."""
+        heap = self._evictable
+        target = int(self.max_samples * EVICT_TO)
+        over = self.memory_samples() > self.max_samples
+        freed = 0
+        while heap:
+            end_time, _, mem = heap[0]
+            if older_than is not None and end_time < older_than:
+                pass
+            elif not (over and self.memory_samples() > target):
+                break
+            heapq.heappop(heap)
+            chunks = self._series[mem.sid].chunks
+            assert chunks[0] is mem, "flushed chunks are evicted oldest first"
+            del chunks[0]
+            self._flushed_in_memory -= mem.record.num_samples
+            freed += mem.record.num_samples
+        self.stats.evicted_samples += freed
+        self.pressure = self.memory_samples() > self.max_samples
+        return freed
+
+    # ------------------------------------------------------------------------------- memory
+
+    def memory_samples(self) -> int:
+        """Samples held in memory: open buffers, sealed unflushed and flushed chunks."""
+        return self._open + self._sealed_unflushed + self._flushed_in_memory
+
+    def unflushed_samples(self) -> int:
+        return self._open + self._sealed_unflushed
+
+    def memory_bytes(self) -> int:
+        """Approximate bytes of sample data: buffer capacity and encoded chunk bytes."""
+        with self._lock:
+            total = 0
+            for ser in self._series:
+                total += ser.ts.nbytes + ser.vals.nbytes
+                total += sum(len(c.record.data) for c in ser.chunks)
+            return total
+
+
+def chunk_cuts(ts: npt.NDArray[np.int64], span_ms: int, max_samples: int) -> npt.NDArray[np.intp]:
+    """Chunk boundaries of one sealed segment: indices [0, ..., len(ts)].
+
+    A chunk never crosses a time bucket (`ts // span_ms`), so it spans less than `span_ms`; a
+    bucket's run of samples is cut every `max_samples` counted from the run's first sample. Both
+    depend only on the samples and where the segment starts, never on timing."""
+    n = len(ts)
+    bucket = ts // span_ms
+    starts = np.flatnonzero(bucket[1:] != bucket[:-1]) + 1
+    starts = np.concatenate(([0], starts))
+    lengths = np.diff(np.append(starts, n))
+    if (lengths > max_samples).any():
+        extra = [
+            s + np.arange(max_samples, ln, max_samples)
+            for s, ln in zip(starts.tolist(), lengths.tolist(), strict=True)
+            if ln > max_samples
+        ]
+        starts = np.sort(np.concatenate([starts, *extra]))
+    return np.append(starts, n)
+
+
+def _above_prefix_max(ts: npt.NDArray[np.int64], new_seg: npt.NDArray[np.bool_]) -> np.ndarray:
+    """Per sample: is it greater than every earlier sample of its segment (segments contiguous)?
+
+    Segmented running max without a Python loop: dense-rank the timestamps, offset each segment's
+    ranks above the previous segment's, and run one `maximum.accumulate`."""
+    _, rank = np.unique(ts, return_inverse=True)
+    width = int(rank.max()) + 2
+    seg = np.cumsum(new_seg) - 1
+    key = seg * width + rank.astype(I64) + 1
+    prev = np.empty_like(key)
+    prev[0] = 0
+    prev[1:] = np.maximum.accumulate(key)[:-1]
+    prev[new_seg] = seg[new_seg] * width  # nothing earlier in the segment
+    return key > prev
+
+
+def _grown(a: np.ndarray, cap: int, fill: int) -> np.ndarray:
+    out = np.full(cap, fill, a.dtype)
+    out[: len(a)] = a
+    return out

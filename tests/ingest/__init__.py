@@ -1,0 +1,1 @@
+"""Tests of Kafka ingestion: record formats, gateway, topics, memstore."""
