@@ -42,6 +42,7 @@ from filopy.config import Settings
 from filopy.dataset import Dataset, DatasetRef
 from filopy.shard_status import ShardEvent, ShardMapState
 from filopy.store import MetaStore, open_stores
+from ingest.topics import ensure_topic
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,10 @@ class NodeClusterActor:
         await self._recovered.wait()
         meta = self._meta
         assert meta is not None
+        if self._settings.ingest.source == "kafka":
+            # One partition per shard; a topic with another partition count is refused here
+            # (TopicMismatch) rather than silently mis-routing samples later.
+            await asyncio.to_thread(ensure_topic, dataset)
         # DatasetConflict (same name, other definition) propagates to the caller as is.
         await asyncio.to_thread(meta.create_dataset, dataset)
         return self._deliver(self._mgr.add_dataset(dataset))

@@ -24,8 +24,9 @@ from coordinator.manager import NodeShardMap, SubscriberMessage
 from filopy.config import Settings
 from filopy.dataset import Dataset, DatasetRef
 from filopy.shard_status import Assigned, IngestionStopped, ShardEvent, ShardMapState
-from filopy.store import MetaStore, open_stores
+from filopy.store import ColumnStore, MetaStore, open_stores
 from ingest.base import EventReporter, IngesterFactory, ShardIngester
+from ingest.ingester import KafkaShardIngester
 from ingest.placeholder import EpochClaimingIngester
 
 log = logging.getLogger(__name__)
@@ -53,16 +54,18 @@ class NodeCoordinator:
         self,
         node_id: str,
         settings: Settings,
-        ingester_factory: IngesterFactory = EpochClaimingIngester,
+        ingester_factory: IngesterFactory | None = None,
         reporter: EventReporter | None = None,
     ) -> None:
         self._info = NodeInfo(node_id, time.time(), os.getpid())
         self._settings = settings
-        self._factory = ingester_factory
+        self._factory: IngesterFactory = ingester_factory or (
+            KafkaShardIngester if settings.ingest.source == "kafka" else EpochClaimingIngester
+        )
         self._guardian = NodeGuardian()
         self._maps: dict[DatasetRef, NodeShardMap] = {}
         self._ingesters: dict[tuple[DatasetRef, int], ShardIngester] = {}
-        self._meta: MetaStore | None = None
+        self._stores: tuple[MetaStore, ColumnStore] | None = None
         self._converge_lock = asyncio.Lock()
         self._report: EventReporter = reporter or self._report_to_singleton
 
@@ -137,16 +140,24 @@ class NodeCoordinator:
                 self._report(IngestionStopped(ref, shard, self.node_id))
             if not wanted - running:
                 return
-            meta = await self._meta_store()
+            meta, columns = await self._open_stores()
             for shard in sorted(wanted - running):
-                ingester = self._factory(dataset, shard, self.node_id, meta, self._report)
+                ingester = self._factory(
+                    dataset,
+                    shard,
+                    self.node_id,
+                    meta=meta,
+                    columns=columns,
+                    settings=self._settings,
+                    report=self._report,
+                )
                 self._ingesters[(ref, shard)] = ingester
                 await ingester.start()
 
-    async def _meta_store(self) -> MetaStore:
-        if self._meta is None:
-            self._meta, _ = await asyncio.to_thread(open_stores, self._settings)
-        return self._meta
+    async def _open_stores(self) -> tuple[MetaStore, ColumnStore]:
+        if self._stores is None:
+            self._stores = await asyncio.to_thread(open_stores, self._settings)
+        return self._stores
 
     def _report_to_singleton(self, event: ShardEvent) -> None:
         """Send a shard event to the singleton; fire and forget (the resync heals a loss)."""

@@ -78,6 +78,23 @@ class ClusterSettings(_Section):
         return self
 
 
+class IngestSettings(_Section):
+    source: Literal["kafka", "none"]
+    groups_per_shard: int = Field(ge=1)
+    flush_interval_s: float = Field(gt=0)
+    max_chunk_samples: int = Field(ge=1)
+    chunk_span_ms: int = Field(ge=1)
+    memory_retention_ms: int = Field(ge=0)
+    max_samples_per_shard: int = Field(ge=1)
+    consume_batch: int = Field(ge=1)
+    consume_timeout_s: float = Field(gt=0)
+    fetch_wait_max_ms: int = Field(ge=0)
+    queued_min_messages: int = Field(ge=1)
+    queued_max_messages_kbytes: int = Field(ge=1)
+    fetch_queue_backoff_ms: int = Field(ge=0)
+    bad_record_log_interval_s: float = Field(ge=0)
+
+
 class Settings(BaseSettings):
     """All of FiloPy's settings. Build with `load_settings()`."""
 
@@ -90,6 +107,7 @@ class Settings(BaseSettings):
     cassandra: CassandraSettings
     ray: RaySettings
     cluster: ClusterSettings
+    ingest: IngestSettings
 
     @classmethod
     def settings_customise_sources(

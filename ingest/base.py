@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+from filopy.config import Settings
 from filopy.dataset import Dataset
 from filopy.shard_status import ShardEvent
-from filopy.store import MetaStore
+from filopy.store import ColumnStore, MetaStore
 
 EventReporter = Callable[[ShardEvent], None]
 
@@ -36,5 +37,13 @@ class ShardIngester(Protocol):
 
 class IngesterFactory(Protocol):
     def __call__(
-        self, dataset: Dataset, shard: int, node: str, meta: MetaStore, report: EventReporter
+        self,
+        dataset: Dataset,
+        shard: int,
+        node: str,
+        *,
+        meta: MetaStore,
+        columns: ColumnStore,
+        settings: Settings,
+        report: EventReporter,
     ) -> ShardIngester: ...

@@ -1,22 +1,31 @@
-"""A stand-in ingester: claims the shard's ownership epoch and reports the shard live.
+"""The ingester for `ingest.source = "none"`: claims the shard's epoch and reports it live.
 
 It exercises the whole control path (assignment, epoch fencing, status events) without reading
-Kafka, until the Kafka-partition ingester replaces it.
+Kafka: for control-plane dry runs and the runtime tests.
 """
 
 from __future__ import annotations
 
 import asyncio
 
+from filopy.config import Settings
 from filopy.dataset import Dataset
 from filopy.shard_status import IngestionError, IngestionStarted, ShardEvent
-from filopy.store import MetaStore, StoreError
+from filopy.store import ColumnStore, MetaStore, StoreError
 from ingest.base import EventReporter
 
 
 class EpochClaimingIngester:
     def __init__(
-        self, dataset: Dataset, shard: int, node: str, meta: MetaStore, report: EventReporter
+        self,
+        dataset: Dataset,
+        shard: int,
+        node: str,
+        *,
+        meta: MetaStore,
+        columns: ColumnStore,
+        settings: Settings,
+        report: EventReporter,
     ) -> None:
         self._dataset, self._shard, self._node = dataset, shard, node
         self._meta, self._report = meta, report

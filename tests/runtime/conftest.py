@@ -39,12 +39,18 @@ class FiloPyCluster:
         raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
-def cluster_settings(tmp_path: Path) -> Settings:
+def cluster_settings(tmp_path: Path, source: str = "none", **ingest: Any) -> Settings:
+    """Settings for one test cluster: its own SQLite file and Ray namespace.
+
+    `source="none"` runs the control plane alone (shards are claimed and reported live without
+    reading Kafka); the ingestion tests pass "kafka".
+    """
     base = load_settings()
     return base.model_copy(
         update={
             "store": base.store.model_copy(update={"sqlite_path": tmp_path / "filopy.db"}),
             "ray": base.ray.model_copy(update={"namespace": f"filopy-{uuid.uuid4().hex[:8]}"}),
+            "ingest": base.ingest.model_copy(update={"source": source, **ingest}),
         }
     )
 

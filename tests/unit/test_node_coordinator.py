@@ -24,7 +24,10 @@ def _map(mapper: ShardMapper, node: str = "n1") -> NodeShardMap:
 def test_converges_ignores_stale_and_rereports_lost_events(tmp_path: Path) -> None:
     base = load_settings()
     settings = base.model_copy(
-        update={"store": base.store.model_copy(update={"sqlite_path": tmp_path / "m.db"})}
+        update={
+            "store": base.store.model_copy(update={"sqlite_path": tmp_path / "m.db"}),
+            "ingest": base.ingest.model_copy(update={"source": "none"}),
+        }
     )
     events: list[ShardEvent] = []
     node = NodeCoordinator("n1", settings, reporter=events.append)

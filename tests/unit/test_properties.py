@@ -39,7 +39,13 @@ from filopy import (
     Unassigned,
 )
 from filopy.dataset import SpreadSettings
-from filopy.hashing import ingestion_shard, query_shards, shard_for_series, shards_for_query
+from filopy.hashing import (
+    ingestion_shard,
+    query_shards,
+    shard_for_series,
+    shards_for_query,
+    strip_metric_suffix,
+)
 
 from .support import dataset, ref
 
@@ -70,9 +76,15 @@ LABEL_TEXT = st.text(min_size=1, max_size=8)
 )
 def test_series_route_to_one_of_their_query_shards(ws, ns, metric, suffix, extra, spread) -> None:
     ds = Dataset(name="p", num_shards=32)
-    key = {"_ws_": ws, "_ns_": ns, "_metric_": metric}
-    series = {**extra, **key, "_metric_": metric + suffix}
+    series = {**extra, "_ws_": ws, "_ns_": ns, "_metric_": metric + suffix}
+    # A query names the series' own metric (e.g. `x_bucket`) or, for a histogram, its base `x`.
+    # Only the first matching suffix is trimmed (as in FiloDB), so the base form routes the same
+    # only when the base name does not itself end in a suffix (`_sum` + `_bucket` does not).
+    key = {"_ws_": ws, "_ns_": ns, "_metric_": metric + suffix}
     assert shard_for_series(ds, series, spread) in shards_for_query(ds, key, spread)
+    if strip_metric_suffix(metric) == metric:
+        base = {**key, "_metric_": metric}
+        assert shard_for_series(ds, series, spread) in shards_for_query(ds, base, spread)
 
 
 STATUSES = st.one_of(

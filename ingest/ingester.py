@@ -1,0 +1,237 @@
+"""The Kafka-partition ingester: one shard's partition into its memstore, flushed and checkpointed.
+
+Lifecycle, on its own thread (confluent-kafka's consumer blocks; decoding is NumPy):
+claim the shard's ownership epoch; read checkpoints and stored part keys (`recover_shard`); note the
+partition's end offset; replay from the lowest checkpoint + 1, reporting `RecoveryInProgress` in
+~5% steps, then `IngestionStarted`; from then on consume, ingest and let the flusher write chunks
+and fenced checkpoints. The consumer is `assign()`ed to exactly its partition at an explicit
+offset: no consumer group rebalancing, no offsets committed to Kafka (checkpoints live in the
+MetaStore). A `StaleEpochError` means another node owns the shard now: stop quietly. Any other
+unrecoverable error is reported as `IngestionError` and releases the shard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+
+from filopy.config import Settings
+from filopy.dataset import Dataset
+from filopy.shard_status import (
+    IngestionError,
+    IngestionStarted,
+    RecoveryInProgress,
+    ShardEvent,
+)
+from filopy.store import ColumnStore, MetaStore, StaleEpochError
+from ingest.base import EventReporter
+from ingest.flush import Flusher, recover_shard
+from ingest.memstore import ShardMemstore
+from ingest.records import decoder_for
+
+log = logging.getLogger(__name__)
+
+PROGRESS_STEP_PCT = 5
+
+
+class KafkaShardIngester:
+    """Ingests one shard from its Kafka partition until `stop()`."""
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        shard: int,
+        node: str,
+        *,
+        meta: MetaStore,
+        columns: ColumnStore,
+        settings: Settings,
+        report: EventReporter,
+    ) -> None:
+        self.dataset, self.shard, self.node = dataset, shard, node
+        self._meta, self._columns, self._settings = meta, columns, settings
+        self._report_to = report
+        self._epoch: int | None = None
+        self._last_event: ShardEvent | None = None
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        cfg = settings.ingest
+        self.memstore = ShardMemstore(
+            dataset,
+            shard,
+            groups_per_shard=cfg.groups_per_shard,
+            max_chunk_samples=cfg.max_chunk_samples,
+            chunk_span_ms=cfg.chunk_span_ms,
+            retention_ms=cfg.memory_retention_ms,
+            max_samples=cfg.max_samples_per_shard,
+        )
+        self.bad_records: Counter[str] = Counter()
+        self.messages = 0
+        self.offsets_lost = 0  # offsets retention dropped before they were checkpointed
+
+    @property
+    def epoch(self) -> int | None:
+        return self._epoch
+
+    @property
+    def last_event(self) -> ShardEvent | None:
+        return self._last_event
+
+    def _emit(self, event: ShardEvent) -> None:
+        self._last_event = event
+        self._report_to(event)
+
+    async def start(self) -> None:
+        self._thread = threading.Thread(
+            target=self._run, name=f"ingest-{self.dataset.name}-{self.shard}", daemon=True
+        )
+        self._thread.start()
+
+    async def stop(self) -> None:
+        """Stop consuming, flush what is in memory (a clean handoff), and wait for the thread."""
+        self._stopping.set()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+
+    # ----- the ingestion thread --------------------------------------------------------------
+
+    def _consumer(self) -> Consumer:
+        cfg = self._settings.ingest
+        return Consumer(
+            {
+                "bootstrap.servers": self.dataset.source.bootstrap_servers,
+                # Required by librdkafka even though FiloPy never joins a group or commits.
+                "group.id": f"filopy-{self.dataset.name}",
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "enable.partition.eof": False,
+                "fetch.wait.max.ms": cfg.fetch_wait_max_ms,
+                "queued.min.messages": cfg.queued_min_messages,
+                "queued.max.messages.kbytes": cfg.queued_max_messages_kbytes,
+                "fetch.queue.backoff.ms": cfg.fetch_queue_backoff_ms,
+            }
+        )
+
+    def _run(self) -> None:
+        ref, shard = self.dataset.ref, self.shard
+        consumer: Consumer | None = None
+        try:
+            self._epoch = self._meta.claim_epoch(ref, shard, self.node)
+            consumer = self._consumer()
+            partition = TopicPartition(self.dataset.topic, shard)
+            low, high = consumer.get_watermark_offsets(partition, timeout=10)
+            plan = recover_shard(self.memstore, self._meta, self._columns, ref, shard, high)
+            start = plan.start_offset
+            if start is not None and start < low:
+                self.offsets_lost = low - start
+                log.warning(
+                    "%s shard %d: retention dropped offsets %d..%d before they were checkpointed",
+                    ref.name,
+                    shard,
+                    start,
+                    low - 1,
+                )
+            first = low if start is None else max(start, low)
+            flusher = Flusher(
+                self.memstore,
+                self._columns,
+                self._meta,
+                ref,
+                shard,
+                self._epoch,
+                flush_interval_s=self._settings.ingest.flush_interval_s,
+                checkpoints=plan.checkpoints,
+            )
+            consumer.assign(
+                [
+                    TopicPartition(
+                        self.dataset.topic, shard, OFFSET_BEGINNING if start is None else first
+                    )
+                ]
+            )
+            self._consume(consumer, flusher, first, high)
+            flusher.flush_all()  # a clean handoff: the next owner replays nothing
+        except StaleEpochError as e:
+            log.info("%s shard %d: another node owns it now (%s); stopping", ref.name, shard, e)
+        except Exception as e:
+            log.exception("%s shard %d: ingestion failed", ref.name, shard)
+            self._emit(IngestionError(ref, shard, self.node, f"{type(e).__name__}: {e}"))
+        finally:
+            if consumer is not None:
+                consumer.close()
+
+    def _consume(self, consumer: Consumer, flusher: Flusher, first: int, high: int) -> None:
+        ref, shard, cfg = self.dataset.ref, self.shard, self._settings.ingest
+        decode = decoder_for(self.dataset)
+        backlog = max(0, high - first)
+        replaying = self.memstore.recovering and backlog > 0
+        if replaying:
+            self._emit(RecoveryInProgress(ref, shard, self.node, 0))
+        else:
+            self.memstore.end_recovery()
+            self._emit(IngestionStarted(ref, shard, self.node))
+        reported_pct = 0
+        last_bad_log = 0.0
+        while not self._stopping.is_set():
+            for m in consumer.consume(
+                num_messages=cfg.consume_batch, timeout=cfg.consume_timeout_s
+            ):
+                err = m.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        continue
+                    if err.fatal() or not err.retriable():
+                        raise KafkaException(err)
+                    log.warning("%s shard %d: %s", ref.name, shard, err)
+                    continue
+                decoded = decode(m.value() or b"", m.timestamp()[1])
+                bad = decoded.batch.bad_records
+                if bad:
+                    self.bad_records.update(bad)
+                    now = time.monotonic()
+                    if now - last_bad_log >= cfg.bad_record_log_interval_s:
+                        last_bad_log = now
+                        log.warning(
+                            "%s shard %d: skipped bad records %s at offset %d, e.g. %r",
+                            ref.name,
+                            shard,
+                            dict(bad),
+                            m.offset(),
+                            decoded.first_bad,
+                        )
+                self.memstore.ingest(decoded.batch, m.offset())
+                self.messages += 1
+            if replaying and self.memstore.recovering:
+                position = self._position(consumer)
+                if position is not None and position >= high:
+                    # Covers a backlog ending in offsets that carry no message (e.g. markers).
+                    self.memstore.end_recovery()
+                elif position is not None and backlog > 0:
+                    pct = min(99, int(100 * (position - first) / backlog))
+                    if pct >= reported_pct + PROGRESS_STEP_PCT:
+                        reported_pct = pct - pct % PROGRESS_STEP_PCT
+                        self._emit(RecoveryInProgress(ref, shard, self.node, reported_pct))
+            if replaying and not self.memstore.recovering:  # ingest() ends it at the end offset
+                replaying = False
+                self._emit(IngestionStarted(ref, shard, self.node))
+            flusher.flush_due()
+
+    def _position(self, consumer: Consumer) -> int | None:
+        pos = consumer.position([TopicPartition(self.dataset.topic, self.shard)])[0].offset
+        return None if pos < 0 else int(pos)
+
+    def stats(self) -> dict[str, Any]:
+        s = self.memstore.stats
+        return {
+            "messages": self.messages,
+            "bad_records": dict(self.bad_records),
+            "offsets_lost": self.offsets_lost,
+            "memstore": s,
+            "memory_samples": self.memstore.memory_samples(),
+        }

@@ -1,0 +1,601 @@
+"""Record formats of a dataset's Kafka messages: FiloPy's binary batch and Influx line protocol.
+
+Decoders never raise on bad input: ingestion must not stop for one bad record. They return the
+good samples as a `SampleBatch` whose `bad_records` counts what was skipped, per reason, plus one
+example of a bad record for the log. The binary format is specified byte by byte in
+docs/ingestion-formats.md; decoding it is a handful of `np.frombuffer` calls plus one pass over
+the series table, so its cost is per series, not per sample.
+"""
+
+from __future__ import annotations
+
+import struct
+import sys
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from itertools import islice
+
+import numpy as np
+import numpy.typing as npt
+import zstandard
+from line_protocol_parser import LineFormatError, parse_line
+
+from filopy.dataset import METRIC_COLUMN, Dataset, RecordFormat
+from filopy.hashing import metric_label
+from ingest.batch import Labels, SampleBatch
+
+# ----------------------------------------------------------------------------- shared vocabulary
+
+
+class BadRecord(StrEnum):
+    """Why a record was skipped: short, stable strings, used as metric labels and in logs."""
+
+    UNDECODABLE = "undecodable"  # a whole binary message or one text line could not be parsed
+    NO_METRIC = "no_metric"  # the series has no metric name
+    NON_NUMERIC = "non_numeric"  # a line protocol string or boolean field
+    TIMESTAMP_RANGE = "timestamp_range"  # outside [MIN_TIMESTAMP_MS, MAX_TIMESTAMP_MS]
+
+
+MIN_TIMESTAMP_MS = 0  # 1970-01-01T00:00:00Z
+MAX_TIMESTAMP_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
+DEFAULT_TS_RANGE: tuple[int, int] = (MIN_TIMESTAMP_MS, MAX_TIMESTAMP_MS)
+_BAD_EXAMPLE_CHARS = 200
+
+
+@dataclass(slots=True)
+class Decoded:
+    """A decoder's answer: the good samples, and one bad record's text (None if none) to log."""
+
+    batch: SampleBatch
+    first_bad: str | None = None
+
+
+def _count(bad: dict[str, int], reason: BadRecord, n: int = 1) -> None:
+    if n:
+        bad[reason.value] = bad.get(reason.value, 0) + n
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= _BAD_EXAMPLE_CHARS else text[:_BAD_EXAMPLE_CHARS] + "..."
+
+
+# ----------------------------------------------------------------------------- binary format
+
+MAGIC = b"FPB"
+VERSION = 1
+FLAG_ZSTD = 0x01
+HEADER = struct.Struct("<3sBBBBxIIqI4x")  # 32 bytes, see docs/ingestion-formats.md
+assert HEADER.size == 32
+SEPARATOR = b"\xff"  # never occurs in UTF-8, so label strings need no escaping
+MAX_BODY_BYTES = 256 << 20  # refuse to inflate a (corrupt) header's claim beyond this
+DEFAULT_COMPRESSION_LEVEL = 1  # zstd level 1: ~4x smaller for ~0.05 us/sample to encode
+
+_IDX_DTYPES = {1: np.dtype("<u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4")}
+_TS_DTYPES = {4: np.dtype("<u4"), 8: np.dtype("<u8")}
+_F64 = np.dtype("<f8")
+_U16 = np.dtype("<u2")
+
+_zstd = threading.local()  # zstd contexts are not thread-safe; reuse one per thread
+
+
+def _compressor(level: int) -> zstandard.ZstdCompressor:
+    cache: dict[int, zstandard.ZstdCompressor] = _zstd.__dict__.setdefault("c", {})
+    c = cache.get(level)
+    if c is None:
+        c = cache[level] = zstandard.ZstdCompressor(level=level, write_content_size=True)
+    return c
+
+
+def _decompressor() -> zstandard.ZstdDecompressor:
+    d = getattr(_zstd, "d", None)
+    if d is None:
+        d = _zstd.d = zstandard.ZstdDecompressor()
+    return d
+
+
+class RecordEncodeError(ValueError):
+    """Samples that the binary format cannot carry (e.g. more than 65535 labels on a series)."""
+
+
+def encode_labels(labels: Mapping[str, str]) -> bytes:
+    """One series' entry in the string table: UTF-8 key, value, key, value... joined by 0xFF.
+
+    The gateway caches this per series, since series repeat across scrapes.
+    """
+    if len(labels) > 0xFFFF:
+        raise RecordEncodeError(f"a series has {len(labels)} labels; at most 65535 are allowed")
+    return SEPARATOR.join(s.encode("utf-8") for kv in labels.items() for s in kv)
+
+
+def encode_binary_parts(
+    series_blobs: Sequence[bytes],
+    label_counts: npt.ArrayLike,
+    series_idx: npt.ArrayLike,
+    timestamps: npt.ArrayLike,
+    values: npt.ArrayLike,
+    compression_level: int = DEFAULT_COMPRESSION_LEVEL,
+) -> bytes:
+    """Encode one message from pre-encoded series (`encode_labels`) and columnar samples.
+
+    `series_idx` must index `series_blobs`; `compression_level` 0 leaves the body uncompressed.
+    """
+    idx = np.asarray(series_idx)
+    ts = np.asarray(timestamps, dtype=np.int64)
+    vals = np.asarray(values, dtype=np.float64)
+    counts = np.asarray(label_counts, dtype=np.int64)
+    n, n_series = len(ts), len(series_blobs)
+    if len(idx) != n or len(vals) != n or len(counts) != n_series:
+        raise RecordEncodeError("series_idx, timestamps and values (and label counts) differ")
+    if n > 0xFFFFFFFF or n_series > 0xFFFFFFFF:
+        raise RecordEncodeError("too many samples or series for one message")
+    if n and (idx.min() < 0 or idx.max() >= n_series):
+        raise RecordEncodeError("series_idx out of range of the series table")
+    if n_series and counts.max() > 0xFFFF:
+        raise RecordEncodeError("a series has more than 65535 labels")
+    idx_width = 1 if n_series <= 1 << 8 else 2 if n_series <= 1 << 16 else 4
+    base = int(ts.min()) if n else 0
+    # Offsets from the minimum, modulo 2**64 so any int64 span round-trips exactly.
+    offsets = ts.view(np.uint64) - np.uint64(base & 0xFFFFFFFFFFFFFFFF)
+    ts_width = 4 if n == 0 or int(offsets.max()) <= 0xFFFFFFFF else 8
+    body = b"".join(
+        (
+            vals.astype(_F64, copy=False).tobytes(),
+            offsets.astype(_TS_DTYPES[ts_width]).tobytes(),
+            idx.astype(_IDX_DTYPES[idx_width]).tobytes(),
+            counts.astype(_U16).tobytes(),
+            SEPARATOR.join(b for b in series_blobs if b),  # label-less series add no strings
+        )
+    )
+    body_len = len(body)
+    if body_len > MAX_BODY_BYTES:
+        raise RecordEncodeError(f"a body of {body_len} bytes exceeds {MAX_BODY_BYTES}")
+    flags = 0
+    if compression_level > 0:
+        body = _compressor(compression_level).compress(body)
+        flags |= FLAG_ZSTD
+    header = HEADER.pack(MAGIC, VERSION, flags, idx_width, ts_width, n_series, n, base, body_len)
+    return header + body
+
+
+def encode_binary(batch: SampleBatch, compression_level: int = DEFAULT_COMPRESSION_LEVEL) -> bytes:
+    """Encode a whole batch as one message (the gateway splits by shard and size first)."""
+    blobs = [encode_labels(s) for s in batch.series]
+    counts = [len(s) for s in batch.series]
+    return encode_binary_parts(
+        blobs, counts, batch.series_idx, batch.timestamps, batch.values, compression_level
+    )
+
+
+class _Undecodable(Exception):
+    pass
+
+
+def _parse_binary(data: bytes) -> SampleBatch:
+    """Structural decode; raises `_Undecodable` saying what is wrong."""
+    if len(data) < HEADER.size:
+        raise _Undecodable(f"{len(data)} bytes is shorter than the {HEADER.size}-byte header")
+    magic, version, flags, idx_width, ts_width, n_series, n, base, body_len = HEADER.unpack_from(
+        data
+    )
+    if magic != MAGIC:
+        raise _Undecodable(f"bad magic {magic!r}")
+    if version != VERSION:
+        raise _Undecodable(f"unsupported version {version}")
+    if flags & ~FLAG_ZSTD:
+        raise _Undecodable(f"unknown flags 0x{flags:02x}")
+    if idx_width not in _IDX_DTYPES or ts_width not in _TS_DTYPES:
+        raise _Undecodable(f"bad widths: index {idx_width}, timestamp {ts_width}")
+    if body_len > MAX_BODY_BYTES:
+        raise _Undecodable(f"body of {body_len} bytes exceeds {MAX_BODY_BYTES}")
+    body = memoryview(data)[HEADER.size :]
+    if flags & FLAG_ZSTD:
+        try:
+            if zstandard.frame_content_size(body) != body_len:
+                raise _Undecodable("zstd frame size does not match the header")
+            body = memoryview(_decompressor().decompress(body))
+        except zstandard.ZstdError as e:
+            raise _Undecodable(f"zstd: {e}") from None
+    if len(body) != body_len:
+        raise _Undecodable(f"body is {len(body)} bytes, header says {body_len}")
+    fixed = n * (8 + ts_width + idx_width) + 2 * n_series
+    if fixed > body_len:
+        raise _Undecodable(f"{n} samples of {n_series} series do not fit in {body_len} bytes")
+    pos = 0
+    values = np.frombuffer(body, _F64, n, pos).astype(np.float64)
+    pos += 8 * n
+    offsets = np.frombuffer(body, _TS_DTYPES[ts_width], n, pos)
+    timestamps = (offsets.astype(np.uint64) + np.uint64(base & 0xFFFFFFFFFFFFFFFF)).view(np.int64)
+    pos += ts_width * n
+    series_idx = np.frombuffer(body, _IDX_DTYPES[idx_width], n, pos).astype(np.int32)
+    pos += idx_width * n
+    counts = np.frombuffer(body, _U16, n_series, pos)
+    pos += 2 * n_series
+    # (u4 indexes above 2**31 wrap negative in int32: caught by the min check)
+    if n and (int(series_idx.max()) >= n_series or int(series_idx.min()) < 0):
+        raise _Undecodable("series index beyond the series table")
+    n_strings = 2 * int(counts.sum())
+    table = body[pos:].tobytes()
+    parts = table.split(SEPARATOR) if table else []
+    if len(parts) != n_strings:
+        raise _Undecodable(f"series table has {len(parts)} strings, expected {n_strings}")
+    try:
+        strings = [p.decode("utf-8") for p in parts]
+    except UnicodeDecodeError as e:
+        raise _Undecodable(f"label is not UTF-8: {e}") from None
+    it = iter(strings)
+    pairs = zip(it, it, strict=False)
+    series = [dict(islice(pairs, c)) for c in counts.tolist()]
+    return SampleBatch(series, series_idx, timestamps, values)
+
+
+def decode_binary(
+    data: bytes,
+    metric_column: str = METRIC_COLUMN,
+    ts_range: tuple[int, int] = DEFAULT_TS_RANGE,
+) -> Decoded:
+    """Decode one FiloPy binary message; never raises.
+
+    A message that cannot be parsed counts once as "undecodable". Samples of series without a
+    metric name ("no_metric") or with timestamps outside `ts_range` ("timestamp_range") are
+    dropped one by one; the rest are returned.
+    """
+    try:
+        batch = _parse_binary(data)
+    except _Undecodable as e:
+        head = bytes(data[:16]).hex()
+        return Decoded(
+            SampleBatch([], *_empty_cols(), {BadRecord.UNDECODABLE.value: 1}),
+            f"undecodable binary message ({len(data)} bytes, starts {head}): {e}",
+        )
+    except Exception as e:  # a decoder bug must not stop ingestion either
+        return Decoded(
+            SampleBatch([], *_empty_cols(), {BadRecord.UNDECODABLE.value: 1}),
+            f"undecodable binary message ({len(data)} bytes): {type(e).__name__}: {e}",
+        )
+    return _drop_bad(batch, metric_column, ts_range)
+
+
+def _empty_cols() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return np.empty(0, np.int32), np.empty(0, np.int64), np.empty(0, np.float64)
+
+
+def _drop_bad(batch: SampleBatch, metric_column: str, ts_range: tuple[int, int]) -> Decoded:
+    """Drop samples of metric-less series and out-of-range timestamps, counting them."""
+    bad: dict[str, int] = {}
+    first_bad: str | None = None
+    no_metric = [i for i, s in enumerate(batch.series) if metric_label(s, metric_column) is None]
+    keep: npt.NDArray[np.bool_] | None = None
+    if no_metric:
+        series_ok = np.ones(len(batch.series), np.bool_)
+        series_ok[no_metric] = False
+        keep = series_ok[batch.series_idx]
+        dropped = len(batch) - int(keep.sum())
+        _count(bad, BadRecord.NO_METRIC, dropped)
+        if dropped:
+            first_bad = _clip(f"no_metric: series {batch.series[no_metric[0]]}")
+    lo, hi = ts_range
+    ts = batch.timestamps
+    in_range = (ts >= lo) & (ts <= hi)
+    if not in_range.all():
+        out = ~in_range if keep is None else keep & ~in_range
+        n_out = int(out.sum())
+        if n_out:
+            _count(bad, BadRecord.TIMESTAMP_RANGE, n_out)
+            if first_bad is None:
+                i = int(np.flatnonzero(out)[0])
+                first_bad = _clip(
+                    f"timestamp_range: {int(ts[i])} ms for {batch.series[batch.series_idx[i]]}"
+                )
+        keep = in_range if keep is None else keep & in_range
+    if keep is None:
+        return Decoded(batch)
+    idx = batch.series_idx[keep]
+    # Keep only referenced series, so a consumer never sees a series without samples.
+    used, new_idx = np.unique(idx, return_inverse=True)
+    series = [batch.series[i] for i in used.tolist()]
+    out_batch = SampleBatch(
+        series,
+        new_idx.astype(np.int32).reshape(-1),
+        batch.timestamps[keep],
+        batch.values[keep],
+        bad,
+    )
+    return Decoded(out_batch, first_bad)
+
+
+# ----------------------------------------------------------------------------- line protocol
+
+_TS_UNITS_PER_MS: dict[str, tuple[int, int]] = {
+    # precision -> (divide by, multiply by) to get milliseconds
+    "ns": (1_000_000, 1),
+    "us": (1_000, 1),
+    "ms": (1, 1),
+    "s": (1, 1_000),
+}
+_BOOLEANS = frozenset({"t", "T", "true", "True", "TRUE", "f", "F", "false", "False", "FALSE"})
+_FLOAT_CHARS = "0123456789.eE-"
+_INT64_MIN, _INT64_MAX, _UINT64_MAX = -(1 << 63), (1 << 63) - 1, (1 << 64) - 1
+_FLOAT_MIN, _FLOAT_MAX = sys.float_info.min, sys.float_info.max  # normal float64 range
+VALUE_FIELD = "value"  # a field of this name maps to the bare measurement name
+
+
+def _nonzero_mantissa(v: str) -> bool:
+    return bool(v.lower().partition("e")[0].strip("0.-"))
+
+
+class _Fallback(Exception):
+    """The fast path met something it does not handle; the full parser decides the line."""
+
+
+_Entry = tuple[str, dict[str, str], dict[str, int]]  # measurement, tags, field -> series index
+
+
+class _InfluxBuilder:
+    """Accumulates samples of one message, with each (series, field) interned once."""
+
+    __slots__ = ("bad", "cache", "first_bad", "idx", "metric_column", "series", "ts", "vals")
+
+    def __init__(self, metric_column: str) -> None:
+        self.metric_column = metric_column
+        # raw series key text, and (measurement, sorted tags), -> the series' entry
+        self.cache: dict[object, _Entry] = {}
+        self.series: list[Labels] = []
+        self.idx: list[int] = []
+        self.ts: list[int] = []
+        self.vals: list[float] = []
+        self.bad: dict[str, int] = {}
+        self.first_bad: str | None = None
+
+    def bad_line(self, reason: BadRecord, line: str, n: int = 1, why: str = "") -> None:
+        _count(self.bad, reason, n)
+        if self.first_bad is None:
+            self.first_bad = _clip(f"{reason.value}: {why + ': ' if why else ''}{line}")
+
+    def entry(self, measurement: str, tags: dict[str, str]) -> _Entry:
+        """The series entry shared by every line of this measurement and tag set."""
+        canonical = (measurement, tuple(sorted(tags.items())))
+        entry = self.cache.get(canonical)
+        if entry is None:
+            entry = self.cache[canonical] = (measurement, tags, {})
+        return entry
+
+    def new_series(self, entry: _Entry, field: str) -> int:
+        measurement, tags, field_idx = entry
+        labels = dict(tags)
+        labels[self.metric_column] = (
+            measurement if field == VALUE_FIELD else f"{measurement}_{field}"
+        )
+        i = field_idx[field] = len(self.series)
+        self.series.append(labels)
+        return i
+
+    def add(self, entry: _Entry, fields: list[tuple[str, float | None]], t: int, line: str) -> None:
+        """Add one parsed line's fields: a sample each, or a bad record if not numeric."""
+        field_idx = entry[2]
+        for f, x in fields:
+            if x is None:
+                self.bad_line(BadRecord.NON_NUMERIC, line, why=f"field {f!r}")
+                continue
+            i = field_idx.get(f)
+            if i is None:
+                i = self.new_series(entry, f)
+            self.idx.append(i)
+            self.ts.append(t)
+            self.vals.append(x)
+
+
+def _fast_entry(b: _InfluxBuilder, key: str) -> _Entry:
+    """Parse `measurement,k=v,...` without escapes, validated like the parser."""
+    measurement, *tag_items = key.split(",")
+    if not measurement or "=" in measurement or measurement[0] == "#":
+        raise _Fallback
+    tags: dict[str, str] = {}
+    for item in tag_items:
+        k, _, v = item.partition("=")
+        if not k or not v or "=" in v or k in tags:
+            raise _Fallback
+        tags[k] = v
+    return b.entry(measurement, tags)
+
+
+def _decode_lines(
+    b: _InfluxBuilder,
+    lines: Sequence[str | bytes],
+    default_ts: int,
+    lo: int,
+    hi: int,
+    fast_path: bool,
+) -> None:
+    """Decode lines in order; plain lines inline, the rest through `_full_line`.
+
+    The fast path handles lines without escapes, quotes or tabs by splitting on separators,
+    validating like the parser; anything unusual raises `_Fallback`, undoes the line's samples
+    and leaves the line to the parser. It is one loop with local names because per-line Python
+    overhead is the whole cost here.
+    """
+    cache, series, idx, ts, vals = b.cache, b.series, b.idx, b.ts, b.vals
+    line_of: list[int] = []  # per series: the last line that gave it a sample (duplicates)
+    for n_line, line in enumerate(lines):
+        mark, series_mark, non_numeric = len(idx), len(series), 0
+        try:
+            if isinstance(line, bytes):
+                line = line.decode("utf-8")
+            if not fast_path or "\\" in line or '"' in line or "\t" in line:
+                raise _Fallback
+            parts = line.split(" ")
+            if len(parts) == 3:
+                key, fields, ts_text = parts
+                if not (
+                    ts_text.isascii()
+                    and (ts_text.isdigit() or (ts_text[:1] == "-" and ts_text[1:].isdigit()))
+                ):
+                    raise _Fallback
+                t = int(ts_text)
+                if not lo <= t <= hi:
+                    raise _Fallback  # rare: the parser tells non-int64 (undecodable) from range
+            elif len(parts) == 2:
+                key, fields = parts
+                t = default_ts
+            else:
+                raise _Fallback
+            entry = cache.get(key)
+            if entry is None:
+                entry = cache[key] = _fast_entry(b, key)
+            field_idx = entry[2]
+            for item in fields.split(","):
+                f, _, v = item.partition("=")
+                if not f:
+                    raise _Fallback
+                last = v[-1:]
+                if last == "i" or last == "u":
+                    digits = v[:-1]
+                    body = digits[1:] if last == "i" and digits[:1] == "-" else digits
+                    if not (body.isascii() and body.isdigit()):
+                        raise _Fallback
+                    n = int(digits)
+                    if not (_INT64_MIN <= n <= _INT64_MAX if last == "i" else n <= _UINT64_MAX):
+                        raise _Fallback
+                    x = float(n)
+                else:
+                    try:
+                        x = float(v)
+                    except ValueError:
+                        # (a repeated field name, maybe: the parser keeps the first)
+                        if v not in _BOOLEANS or fields.count(f + "=") > 1:
+                            raise _Fallback from None
+                        non_numeric += 1
+                        continue
+                    # float() also takes "nan", "+1", "1_0", " 1" and under/overflows that the
+                    # parser (strtod, strict grammar) rejects: only plain finite normals pass.
+                    if (v.strip(_FLOAT_CHARS) or not _FLOAT_MIN <= abs(x) <= _FLOAT_MAX) and (
+                        x != 0 or v.strip(_FLOAT_CHARS) or _nonzero_mantissa(v)
+                    ):
+                        raise _Fallback
+                i = field_idx.get(f)
+                if i is None:
+                    i = b.new_series(entry, f)
+                    line_of.append(n_line)
+                elif line_of[i] == n_line:
+                    raise _Fallback  # a duplicate field: the parser keeps the first
+                else:
+                    line_of[i] = n_line
+                idx.append(i)
+                ts.append(t)
+                vals.append(x)
+            if non_numeric:
+                b.bad_line(BadRecord.NON_NUMERIC, line, non_numeric)
+        except (_Fallback, UnicodeDecodeError):
+            if len(idx) > mark:  # undo the fast path's partial line
+                del idx[mark:], ts[mark:], vals[mark:]
+            if len(series) > series_mark:  # new series of this line: all in `field_idx`
+                for f in [f for f, i in field_idx.items() if i >= series_mark]:
+                    del field_idx[f]
+                del series[series_mark:]
+            if not line or line.isspace():
+                continue
+            try:
+                _full_line(b, line, default_ts, lo, hi)
+            except Exception as e:  # a parser bug must not stop ingestion
+                text = line if isinstance(line, str) else line.decode("utf-8", "replace")
+                b.bad_line(BadRecord.UNDECODABLE, text, why=f"{type(e).__name__}: {e}")
+            del line_of[len(series) :]
+            line_of.extend([n_line] * (len(series) - len(line_of)))
+
+
+def _full_line(b: _InfluxBuilder, line: str | bytes, default_ts: int, lo: int, hi: int) -> None:
+    """Any line, through the maintained C parser (escapes, quoted strings, odd whitespace)."""
+    text = line if isinstance(line, str) else line.decode("utf-8", "replace")
+    try:
+        point = parse_line(line)
+    except (LineFormatError, UnicodeDecodeError, ValueError, OverflowError) as e:
+        b.bad_line(BadRecord.UNDECODABLE, text, why=str(e))
+        return
+    if point is None:  # a comment
+        return
+    fields: list[tuple[str, float | None]] = [
+        (f, None if isinstance(v, bool | str) else float(v)) for f, v in point["fields"].items()
+    ]
+    t = point["time"]
+    t = default_ts if t is None else t
+    if not lo <= t <= hi:
+        b.bad_line(BadRecord.TIMESTAMP_RANGE, text, len(fields))
+        return
+    b.add(b.entry(point["measurement"], point["tags"]), fields, t, text)
+
+
+def decode_influx(
+    data: bytes | str,
+    default_ts_ms: int,
+    metric_column: str = METRIC_COLUMN,
+    precision: str = "ns",
+    ts_range: tuple[int, int] = DEFAULT_TS_RANGE,
+    fast_path: bool = True,
+) -> Decoded:
+    """Decode Influx line protocol (one or many lines); never raises.
+
+    Each numeric field is a sample of series `tags + {metric_column: measurement_field}` (just
+    `measurement` for a field named "value"); integers become floats; strings and booleans are
+    "non_numeric"; a line outside `ts_range` counts each of its fields as "timestamp_range".
+    Lines without a timestamp get `default_ts_ms` (e.g. the Kafka message time).
+    Plain lines take a split-based fast path; lines with escapes or quoted strings (and any
+    line the fast path doubts) go to `line_protocol_parser`, which has the last word.
+    `fast_path=False` sends every line to the parser (for tests and benchmarks).
+    """
+    try:
+        div, mul = _TS_UNITS_PER_MS[precision]
+    except KeyError:
+        raise ValueError(
+            f"unknown precision {precision!r}; use one of {sorted(_TS_UNITS_PER_MS)}"
+        ) from None
+    lo_ms, hi_ms = ts_range
+    # Bounds and default in the input unit: t is in range iff its (floored) millisecond value is.
+    if mul == 1:
+        lo, hi = lo_ms * div, hi_ms * div + div - 1
+        default_ts = default_ts_ms * div
+    else:
+        lo, hi = -(-lo_ms // mul), hi_ms // mul
+        default_ts = default_ts_ms // mul
+    lo, hi = max(lo, _INT64_MIN), min(hi, _INT64_MAX)  # the parser's limits
+    b = _InfluxBuilder(metric_column)
+    lines: Sequence[str | bytes]
+    if isinstance(data, str):
+        lines = data.split("\n")
+    else:
+        try:
+            lines = bytes(data).decode("utf-8").split("\n")
+        except UnicodeDecodeError:
+            lines = bytes(data).split(b"\n")  # the parser reports the bad lines
+    _decode_lines(b, lines, default_ts, lo, hi, fast_path)
+    ts = np.array(b.ts, dtype=np.int64)
+    ts = ts // div if mul == 1 else ts * mul
+    batch = SampleBatch(
+        b.series,
+        np.array(b.idx, dtype=np.int32),
+        ts,
+        np.array(b.vals, dtype=np.float64),
+        b.bad,
+    )
+    return Decoded(batch, b.first_bad)
+
+
+# ----------------------------------------------------------------------------- by dataset
+
+Decoder = Callable[[bytes, int], Decoded]
+
+
+def decoder_for(dataset: Dataset, ts_range: tuple[int, int] = DEFAULT_TS_RANGE) -> Decoder:
+    """The dataset's decoder: `decode(message_value, message_timestamp_ms) -> Decoded`."""
+    column = dataset.metric_column
+    if dataset.source.record_format == RecordFormat.BINARY:
+
+        def binary(data: bytes, _ts_ms: int) -> Decoded:
+            return decode_binary(data, column, ts_range)
+
+        return binary
+
+    def influx(data: bytes, ts_ms: int) -> Decoded:
+        return decode_influx(data, ts_ms, column, ts_range=ts_range)
+
+    return influx

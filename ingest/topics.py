@@ -1,0 +1,178 @@
+"""A dataset's Kafka topic: one partition per shard, created at SetupDataset if missing.
+
+The partition count is the shard count, so a topic that exists with another count would route
+samples to the wrong shards: that is a setup error, never silently accepted. Every call is
+bounded by a timeout, so an unreachable Kafka is a clear error rather than a hang.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic
+
+from filopy.dataset import Dataset
+
+DEFAULT_TIMEOUT_S = 15.0
+_log = logging.getLogger("filopy.kafka")
+
+
+class TopicSetupError(Exception):
+    """The dataset's topic cannot be used for ingestion."""
+
+
+class KafkaUnavailable(TopicSetupError):
+    """Kafka did not answer within the timeout."""
+
+
+class TopicMissing(TopicSetupError):
+    """The topic does not exist (SetupDataset creates it; the gateway does not)."""
+
+    def __init__(self, topic: str) -> None:
+        super().__init__(
+            f"Kafka topic {topic!r} does not exist; set the dataset up first (ensure_topic)"
+        )
+        self.topic = topic
+
+
+class TopicMismatch(TopicSetupError):
+    """The topic exists with a partition count other than the dataset's shard count."""
+
+    def __init__(self, topic: str, expected: int, actual: int) -> None:
+        super().__init__(
+            f"Kafka topic {topic!r} has {actual} partitions but the dataset has {expected} "
+            f"shards (one partition per shard); use another topic or recreate this one with "
+            f"{expected} partitions"
+        )
+        self.topic = topic
+        self.expected = expected
+        self.actual = actual
+
+
+def _admin(bootstrap_servers: str, timeout_s: float) -> AdminClient:
+    ms = str(max(int(timeout_s * 1000), 1))
+    return AdminClient(
+        {
+            "bootstrap.servers": bootstrap_servers,
+            "socket.timeout.ms": ms,
+            "socket.connection.setup.timeout.ms": ms,
+            "log.connection.close": False,
+            "logger": _log,  # librdkafka's connection errors go to logging, not raw stderr
+        }
+    )
+
+
+def _metadata(admin: AdminClient, bootstrap: str, timeout_s: float) -> ClusterMetadata:
+    try:
+        return admin.list_topics(timeout=max(timeout_s, 0.001))
+    except KafkaException as e:
+        raise KafkaUnavailable(
+            f"Kafka at {bootstrap} did not answer within {timeout_s:.1f} s: {e}"
+        ) from None
+
+
+def _partitions(md: ClusterMetadata, topic: str) -> int | None:
+    t = md.topics.get(topic)
+    if t is None or (t.error is not None and t.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
+        return None
+    if t.error is not None:
+        raise TopicSetupError(f"Kafka topic {topic!r}: {t.error}")
+    return len(t.partitions)
+
+
+def topic_partitions(
+    topic: str, bootstrap_servers: str, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> int | None:
+    """The topic's partition count, or None if it does not exist."""
+    return _partitions(
+        _metadata(_admin(bootstrap_servers, timeout_s), bootstrap_servers, timeout_s),
+        topic,
+    )
+
+
+def check_topic(
+    dataset: Dataset, bootstrap_servers: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> None:
+    """Raise unless the dataset's topic exists with exactly `num_shards` partitions."""
+    bootstrap = bootstrap_servers or dataset.source.bootstrap_servers
+    actual = topic_partitions(dataset.topic, bootstrap, timeout_s)
+    if actual is None:
+        raise TopicMissing(dataset.topic)
+    if actual != dataset.num_shards:
+        raise TopicMismatch(dataset.topic, dataset.num_shards, actual)
+
+
+def ensure_topic(
+    dataset: Dataset,
+    bootstrap_servers: str | None = None,
+    *,
+    replication_factor: int = 1,
+    topic_config: Mapping[str, str] | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> bool:
+    """Create the dataset's topic with `num_shards` partitions unless it exists; idempotent.
+
+    Returns True if this call created it. Raises `TopicMismatch` if it exists with another
+    partition count and `KafkaUnavailable` if Kafka does not answer within `timeout_s`.
+    Returns only once the new topic's partitions are visible in the cluster metadata, so the
+    caller can produce and consume right away.
+    """
+    bootstrap = bootstrap_servers or dataset.source.bootstrap_servers
+    topic, expected = dataset.topic, dataset.num_shards
+    deadline = time.monotonic() + timeout_s
+
+    def left() -> float:
+        return deadline - time.monotonic()
+
+    admin = _admin(bootstrap, timeout_s)
+    actual = _partitions(_metadata(admin, bootstrap, left()), topic)
+    created = False
+    if actual is None:
+        new = NewTopic(
+            topic,
+            num_partitions=expected,
+            replication_factor=replication_factor,
+            config=dict(topic_config or {}),
+        )
+        wait = max(left(), 0.001)
+        future = admin.create_topics([new], operation_timeout=wait, request_timeout=wait)[topic]
+        try:
+            future.result(timeout=wait)
+            created = True
+        except KafkaException as e:
+            err = e.args[0] if e.args else None
+            if not (isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS):
+                raise _create_error(topic, bootstrap, timeout_s, e) from None
+        except TimeoutError:
+            raise KafkaUnavailable(
+                f"creating Kafka topic {topic!r} at {bootstrap} took more than {timeout_s:.1f} s"
+            ) from None
+    # Confirm (after creating, or after losing a creation race) what the cluster now says.
+    while True:
+        actual = _partitions(_metadata(admin, bootstrap, left()), topic)
+        if actual is not None and actual != expected:
+            raise TopicMismatch(topic, expected, actual)
+        if actual == expected:
+            return created
+        if left() <= 0:
+            raise KafkaUnavailable(
+                f"Kafka topic {topic!r} was not visible in the metadata of {bootstrap} "
+                f"within {timeout_s:.1f} s"
+            )
+        time.sleep(0.05)
+
+
+def _create_error(topic: str, bootstrap: str, timeout_s: float, e: KafkaException) -> Exception:
+    err = e.args[0] if e.args else None
+    if isinstance(err, KafkaError) and err.code() in (
+        KafkaError._TIMED_OUT,
+        KafkaError._TRANSPORT,
+        KafkaError.REQUEST_TIMED_OUT,
+    ):
+        return KafkaUnavailable(
+            f"creating Kafka topic {topic!r} at {bootstrap} failed within {timeout_s:.1f} s: {e}"
+        )
+    return TopicSetupError(f"creating Kafka topic {topic!r} at {bootstrap} failed: {e}")
