@@ -16,6 +16,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import ray
 
@@ -119,6 +120,22 @@ class NodeCoordinator:
         for (ref, shard), ing in self._ingesters.items():
             out.setdefault(ref.name, {})[shard] = ing.epoch
         return out
+
+    async def series_samples(self, ref: DatasetRef) -> dict[str, Any]:
+        """Per series of this node's shards: its timestamps in store + memory (exactness checks)."""
+        out: dict[str, Any] = {}
+        for (r, _), ing in list(self._ingesters.items()):
+            if r == ref and isinstance(ing, KafkaShardIngester):
+                out.update(await asyncio.to_thread(ing.series_samples))
+        return out
+
+    async def ingest_stats(self, ref: DatasetRef) -> dict[int, dict[str, Any]]:
+        """Per shard of this node: messages, bad records by reason, memstore counters."""
+        return {
+            shard: ing.stats()
+            for (r, shard), ing in list(self._ingesters.items())
+            if r == ref and isinstance(ing, KafkaShardIngester)
+        }
 
     # ----- convergence -----------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ import time
 from collections import Counter
 from typing import Any
 
+import numpy as np
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from filopy.config import Settings
@@ -31,7 +32,7 @@ from filopy.shard_status import (
 )
 from filopy.store import ColumnStore, MetaStore, StaleEpochError
 from ingest.base import EventReporter
-from ingest.flush import Flusher, recover_shard
+from ingest.flush import Flusher, read_merged, recover_shard
 from ingest.memstore import ShardMemstore
 from ingest.records import decoder_for
 
@@ -74,6 +75,7 @@ class KafkaShardIngester:
         self.bad_records: Counter[str] = Counter()
         self.messages = 0
         self.offsets_lost = 0  # offsets retention dropped before they were checkpointed
+        self.replayed_from: int | None = None  # first offset read at start; > 0: checkpoints used
 
     @property
     def epoch(self) -> int | None:
@@ -138,6 +140,7 @@ class KafkaShardIngester:
                     low - 1,
                 )
             first = low if start is None else max(start, low)
+            self.replayed_from = first
             flusher = Flusher(
                 self.memstore,
                 self._columns,
@@ -226,12 +229,22 @@ class KafkaShardIngester:
         pos = consumer.position([TopicPartition(self.dataset.topic, self.shard)])[0].offset
         return None if pos < 0 else int(pos)
 
+    def series_samples(self) -> dict[str, np.ndarray]:
+        """Every series' timestamps, from the ColumnStore and memory, as a query would see them
+        (nothing de-duplicated: a duplicate would show). For exactness checks and debugging."""
+        ref, mem = self.dataset.ref, self.memstore
+        return {
+            mem.part_key(sid): read_merged(mem, self._columns, ref, self.shard, sid)[0]
+            for sid in range(mem.num_series)
+        }
+
     def stats(self) -> dict[str, Any]:
         s = self.memstore.stats
         return {
             "messages": self.messages,
             "bad_records": dict(self.bad_records),
             "offsets_lost": self.offsets_lost,
+            "replayed_from": self.replayed_from,
             "memstore": s,
             "memory_samples": self.memstore.memory_samples(),
         }
