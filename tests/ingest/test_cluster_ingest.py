@@ -195,3 +195,38 @@ def test_malformed_messages_are_counted_and_skipped(kafka_cluster, kafka_bootstr
         for stats in ray.get(h.ingest_stats.remote(ds.ref)).values():
             undecodable += stats["bad_records"].get("undecodable", 0)
     assert undecodable == ds.num_shards * (n_samples // 5)
+
+
+def test_stopped_shard_restarted_elsewhere_catches_up_exactly(
+    kafka_cluster, kafka_bootstrap: str
+) -> None:
+    c = kafka_cluster
+    ds = dataset(kafka_bootstrap)
+    start_three(c, ds)
+    n_series = 300
+    with Gateway(ds, kafka_bootstrap) as gw:
+        for b in batches(n_series, 50, per_call=10):
+            gw.send_batch(b)
+    wait_exact(c, ds, expected(n_series, 50))
+
+    before = c.client.shard_map(ds.name)
+    shard = 0
+    owner = before.owner(shard)
+    c.client.stop_shards(ds.name, [shard])
+    c.wait_for("shard 0 down", lambda: c.client.shard_map(ds.name).owner(shard) is None)
+    with Gateway(ds, kafka_bootstrap) as gw:  # shard 0's partition grows while nobody reads it
+        for b in batches(n_series, 50, per_call=10, start=50):
+            gw.send_batch(b)
+    other = next(n for n in c.client.members() if n != owner and before.shards_for_node(n))
+    # Make room on the other node, then start shard 0 there.
+    room = before.shards_for_node(other)[-1]
+    c.client.stop_shards(ds.name, [room])
+    c.wait_for("room made", lambda: c.client.shard_map(ds.name).owner(room) is None)
+    c.client.start_shards(ds.name, other, [shard])
+    c.client.start_shards(ds.name, owner, [room])
+    c.wait_for(
+        "shard 0 active on the other node",
+        lambda: (m := c.client.shard_map(ds.name)).owner(shard) == other and m.is_healthy(),
+        60,
+    )
+    wait_exact(c, ds, expected(n_series, 100))
