@@ -4,9 +4,10 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: help venv services-up services-down services-status lint format test unit bench clean
+.PHONY: help demo venv services-up services-down services-status lint format test unit bench clean
 
 help:
+	@echo "make demo            the main job: a local cluster ingesting, losing a node, recovering"
 	@echo "make test            lint, start Kafka + Cassandra, run the whole test suite"
 	@echo "make unit            only the tests that need no service"
 	@echo "make services-up     start local Kafka (KRaft) and Cassandra (scripts/services.sh)"
@@ -15,6 +16,10 @@ help:
 	@echo "make lint | format   ruff check / ruff format"
 
 venv: $(VENV)/.installed
+
+# Kafka is fetched and started by the demo itself (scripts/services.sh); the store is SQLite.
+demo: venv
+	$(BIN)/filopy demo
 
 # Reinstall when the dependencies change; the project itself is installed editable.
 $(VENV)/.installed: pyproject.toml
