@@ -18,6 +18,8 @@ app = typer.Typer(
 )
 dataset_app = typer.Typer(help="Datasets: list and show.", no_args_is_help=True)
 app.add_typer(dataset_app, name="dataset")
+shards_app = typer.Typer(help="Stop shards, or start them on a chosen node.", no_args_is_help=True)
+app.add_typer(shards_app, name="shards")
 
 console = Console()
 err = Console(stderr=True)
@@ -121,6 +123,74 @@ def dataset_show(
             console.print_json(ds.model_dump_json())
             return
     raise typer.BadParameter(f"unknown dataset {name!r}")
+
+
+@app.command()
+@_clean_errors
+def ingest(
+    dataset: Annotated[str, typer.Argument(help="Dataset name.")],
+    series: Annotated[int, typer.Option(min=1, help="How many series.")] = 1000,
+    scrapes: Annotated[int, typer.Option(min=1, help="Scrapes of every series, 15 s apart.")] = 100,
+    start_ms: Annotated[
+        int | None, typer.Option(help="First timestamp (ms); default: now minus the span.")
+    ] = None,
+    address: RayAddress = "auto",
+) -> None:
+    """Send a synthetic Prometheus-like workload through the gateway, with a progress bar."""
+    import time
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    from ingest.gateway import Gateway
+    from ingest.workload import SCRAPE_MS
+    from ingest.workload import scrapes as workload
+
+    ds = next((d for d in _client(address).datasets() if d.name == dataset), None)
+    if ds is None:
+        raise typer.BadParameter(f"unknown dataset {dataset!r}")
+    total = series * scrapes
+    start = start_ms if start_ms is not None else int(time.time() * 1000) - scrapes * SCRAPE_MS
+    columns = (*Progress.get_default_columns()[:1], BarColumn(), MofNCompleteColumn())
+    with Progress(*columns, TimeRemainingColumn(), console=console) as bar:
+        task = bar.add_task("acked samples", total=total)
+
+        def show(p: Any) -> None:
+            bar.update(task, completed=p.samples_acked)
+
+        with Gateway(ds, progress=show, progress_interval_s=0.2) as gw:
+            for batch in workload(series, scrapes, per_batch=10, start_ms=start):
+                gw.send_batch(batch)
+        final = gw.progress(final=True)
+        bar.update(task, completed=final.samples_acked)
+    console.print(
+        f"sent {final.samples_acked:,} samples in {final.messages_acked:,} messages "
+        f"({final.samples_per_s:,.0f} samples/s)"
+    )
+
+
+@shards_app.command("stop")
+@_clean_errors
+def shards_stop(
+    dataset: Annotated[str, typer.Argument(help="Dataset name.")],
+    shards: Annotated[list[int], typer.Argument(help="Shard numbers.")],
+    address: RayAddress = "auto",
+) -> None:
+    """Stop ingesting shards; they stay unowned until started again or reassigned."""
+    reply = _client(address).stop_shards(dataset, shards)
+    console.print(f"stopped shards {list(reply.shards)} of {dataset}")
+
+
+@shards_app.command("start")
+@_clean_errors
+def shards_start(
+    dataset: Annotated[str, typer.Argument(help="Dataset name.")],
+    node: Annotated[str, typer.Argument(help="Node id (see `filopy status`).")],
+    shards: Annotated[list[int], typer.Argument(help="Shard numbers.")],
+    address: RayAddress = "auto",
+) -> None:
+    """Start shards on a chosen node (stop them first if another node owns them)."""
+    reply = _client(address).start_shards(dataset, node, shards)
+    console.print(f"started shards {list(reply.shards)} of {dataset} on {reply.node}")
 
 
 if __name__ == "__main__":

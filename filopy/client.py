@@ -10,12 +10,17 @@ singleton drops the subscription on its next delivery or liveness check.
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, Self
 
+from filopy import ray_env
+
+# isort: split
 import ray
 from ray.actor import ActorHandle
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -31,6 +36,7 @@ from coordinator.manager import (
     ShardsStopped,
     SubscriberMessage,
 )
+from coordinator.node_coordinator import node_actor_name
 from filopy.config import Settings, load_settings
 from filopy.dataset import Dataset, DatasetRef
 from filopy.mapper import ShardMapper
@@ -61,13 +67,38 @@ def _ref(dataset: str | DatasetRef) -> DatasetRef:
     return dataset if isinstance(dataset, DatasetRef) else DatasetRef(name=dataset)
 
 
+def _reachable(address: str) -> str:
+    """Resolve `auto` and check that something listens there, so a wrong address fails in
+    seconds with a clear message instead of `ray.init` retrying forever."""
+    if address == "auto":
+        from ray._private.utils import read_ray_address
+
+        resolved = os.environ.get("RAY_ADDRESS") or read_ray_address()
+        if not resolved:
+            raise FiloPyError(
+                "no running Ray cluster found on this machine; start one or pass its address"
+            )
+        address = resolved
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=3).close()
+    except (OSError, ValueError) as e:
+        raise FiloPyError(f"no Ray cluster answers at {address} ({e})") from None
+    return address
+
+
 def connect(
     address: str = "auto", *, settings: Settings | None = None, timeout_s: float = 60.0
 ) -> FiloPyClient:
     """Connect to the FiloPy cluster on the Ray cluster at `address` (a no-op join if already)."""
     settings = settings or load_settings()
     if not ray.is_initialized():
-        ray.init(address=address, namespace=settings.ray.namespace, logging_level="WARNING")
+        ray_env.check_loopback()
+        ray.init(
+            address=_reachable(address),
+            namespace=settings.ray.namespace,
+            logging_level="WARNING",
+        )
     try:
         handle = cluster_actor(settings)
     except ValueError:
@@ -152,6 +183,37 @@ class FiloPyClient:
         if isinstance(reply, ShardRequestRejected):
             raise ShardRequestError(reply)
         return reply
+
+    def reassignment_stats(self) -> dict[str, tuple[int, int]]:
+        """Per dataset: (shards moved after an ingestion error, such moves skipped as too soon)."""
+        return dict(self._call("reassignment_stats"))
+
+    def ingest_stats(self, dataset: str | DatasetRef) -> dict[str, dict[int, dict[str, Any]]]:
+        """Per member node, per shard it ingests from Kafka: its ingester's counters.
+
+        For monitoring: a node that fails or does not answer within the timeout is left out
+        rather than failing the whole call.
+        """
+        ref = _ref(dataset)
+        calls: dict[str, ray.ObjectRef] = {}
+        for node in self.members():
+            try:
+                actor = ray.get_actor(node_actor_name(node), namespace=self._settings.ray.namespace)
+            except ValueError:
+                continue
+            calls[node] = actor.ingest_stats.remote(ref)
+        if not calls:
+            return {}
+        ready, _ = ray.wait(list(calls.values()), num_returns=len(calls), timeout=self.timeout_s)
+        done = set(ready)
+        out: dict[str, dict[int, dict[str, Any]]] = {}
+        for node, call in calls.items():
+            if call in done:
+                try:
+                    out[node] = ray.get(call)
+                except ray.exceptions.RayError:
+                    continue
+        return out
 
     def subscribe(self, dataset: str | DatasetRef) -> Subscription:
         """SubscribeShardUpdates: iterate for the snapshot, then every event, in order."""

@@ -36,12 +36,11 @@ from filopy.client import FiloPyClient
 from filopy.dataset import Dataset, SourceSettings
 from filopy.mapper import ShardMapper
 from filopy.shard_status import ShardEvent
-from ingest.batch import SampleBatch
 from ingest.gateway import Gateway
+from ingest.workload import scrapes
 
 ROOT = Path(__file__).resolve().parent.parent
 T0 = 1_700_000_000_000
-SCRAPE_MS = 15_000
 
 
 @dataclass(frozen=True)
@@ -59,16 +58,6 @@ class DemoPlan:
 
 
 QUICK = DemoPlan(series=500, scrapes=120, quick=True)
-
-
-def _labels(i: int) -> dict[str, str]:
-    job = ("node", "api", "db", "cache")[i % 4]
-    return {
-        "_metric_": ("cpu_seconds_total", "http_requests_total", "memory_bytes")[i % 3],
-        "_ws_": "demo",
-        "_ns_": job,
-        "instance": f"{job}-{i // 4:04d}",
-    }
 
 
 def _status_table(mapper: ShardMapper, rate: float, produced: int, plan: DemoPlan) -> Table:
@@ -195,16 +184,11 @@ class Demo:
 
     def _produce(self, ds: Dataset) -> None:
         plan = self.plan
-        series = [_labels(i) for i in range(plan.series)]
-        rng = np.random.default_rng(42)
         started = time.monotonic()
         with Gateway(ds, self.settings.kafka.bootstrap_servers) as gw:
-            for k in range(0, plan.scrapes, plan.scrapes_per_send):
-                m = min(plan.scrapes_per_send, plan.scrapes - k)
-                idx = np.tile(np.arange(plan.series, dtype=np.int32), m)
-                ts = np.repeat(T0 + SCRAPE_MS * np.arange(k, k + m, dtype=np.int64), plan.series)
-                gw.send_batch(SampleBatch(series, idx, ts, rng.random(len(ts)) * 100))
-                self.produced += len(ts)
+            for batch in scrapes(plan.series, plan.scrapes, plan.scrapes_per_send, T0):
+                gw.send_batch(batch)
+                self.produced += len(batch)
                 self.rate = self.produced / max(1e-9, time.monotonic() - started)
                 time.sleep(0.05 if plan.quick else 0.1)  # a steady stream, not one burst
 

@@ -7,21 +7,13 @@ would. Everything binds to 127.0.0.1: left alone, Ray picks the host's network a
 
 from __future__ import annotations
 
-import os
-import sys
 from typing import Any
 
-# Ray rewrites a loopback address given to ray.init() into the host's "reachable" address
-# (ray._private.services.resolve_ip_for_localhost), so a driver of a cluster bound to 127.0.0.1
-# would dial the host IP and hang. With this switch off, Ray resolves its own address to loopback.
-# It is read when Ray is imported, hence before the import below.
-_LOOPBACK_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
-if "ray" not in sys.modules:
-    os.environ.setdefault(_LOOPBACK_SWITCH, "0")
+from filopy import ray_env
 
-import ray  # noqa: E402
-from ray._private import ray_constants  # noqa: E402
-from ray.cluster_utils import Cluster  # noqa: E402
+# isort: split
+import ray
+from ray.cluster_utils import Cluster
 
 LOOPBACK = "127.0.0.1"
 
@@ -45,12 +37,7 @@ class LocalRayCluster:
         namespace: str | None = None,
         system_config: dict[str, Any] | None = None,
     ) -> None:
-        if ray_constants.ENABLE_RAY_CLUSTER:
-            raise RuntimeError(
-                f"Ray was imported before filopy.testing without {_LOOPBACK_SWITCH}=0 in the "
-                "environment, so it would dial the host's address instead of 127.0.0.1; import "
-                "filopy.testing first or set the variable"
-            )
+        ray_env.check_loopback()
         self._cluster = Cluster(
             initialize_head=True,
             head_node_args={

@@ -1,0 +1,58 @@
+"""The `filopy` CLI against a real cluster: output, and one-line errors with a non-zero exit."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from filopy.cli import app
+from filopy.dataset import Dataset
+
+pytestmark = pytest.mark.ray
+runner = CliRunner()
+
+
+def test_unreachable_cluster_is_one_clear_line() -> None:
+    result = runner.invoke(app, ["status", "metrics", "--address", "127.0.0.1:1"])
+    assert result.exit_code == 1
+    assert "no Ray cluster answers at 127.0.0.1:1" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_cli_against_a_running_cluster(filopy_cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    c = filopy_cluster
+    monkeypatch.setenv("FILOPY_RAY__NAMESPACE", c.settings.ray.namespace)
+    nodes = [c.add_node() for _ in range(2)]
+    c.wait_for("2 members", lambda: len(c.client.members()) == 2)
+    c.client.setup_dataset(Dataset(name="metrics", num_shards=4, min_num_nodes=2))
+    c.wait_for("healthy", lambda: c.client.shard_map("metrics").is_healthy())
+    addr = ["--address", c.ray.address]
+
+    listed = runner.invoke(app, ["dataset", "list", *addr])
+    assert listed.exit_code == 0, listed.output
+    assert listed.output.split() == ["metrics"]
+    shown = runner.invoke(app, ["dataset", "show", "metrics", *addr])
+    assert json.loads(shown.output)["num_shards"] == 4
+
+    status = runner.invoke(app, ["status", "metrics", "--json", *addr])
+    shards = json.loads(status.output)["shards"]
+    assert [s["status"] for s in shards] == ["Active"] * 4
+    assert {s["address"] for s in shards} == {n.node_id for n in nodes}
+
+    grid = runner.invoke(app, ["status", "metrics", *addr])
+    assert "AAAA" in grid.output
+
+    stopped = runner.invoke(app, ["shards", "stop", "metrics", "1", *addr])
+    assert stopped.exit_code == 0 and "stopped shards [1]" in stopped.output
+    bad = runner.invoke(app, ["shards", "stop", "metrics", "9", *addr])
+    assert bad.exit_code == 1
+    assert "error:" in bad.output and "Traceback" not in bad.output
+    unknown = runner.invoke(app, ["status", "nope", *addr])
+    assert unknown.exit_code == 1 and "unknown dataset 'nope'" in unknown.output
+    owner = c.client.shard_map("metrics").shards_for_node(nodes[0].node_id)
+    target = nodes[0].node_id if len(owner) < 2 else nodes[1].node_id
+    started = runner.invoke(app, ["shards", "start", "metrics", target, "1", *addr])
+    assert started.exit_code == 0, started.output
+    c.wait_for("shard 1 back", lambda: c.client.shard_map("metrics").owner(1) == target)
