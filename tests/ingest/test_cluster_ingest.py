@@ -230,3 +230,23 @@ def test_stopped_shard_restarted_elsewhere_catches_up_exactly(
         60,
     )
     wait_exact(c, ds, expected(n_series, 100))
+
+
+def test_cli_ingest_sends_the_synthetic_workload_exactly(
+    kafka_cluster, kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from filopy.cli import app
+    from ingest.workload import series_labels
+
+    c = kafka_cluster
+    ds = dataset(kafka_bootstrap)
+    start_three(c, ds)
+    monkeypatch.setenv("FILOPY_RAY__NAMESPACE", c.settings.ray.namespace)
+    args = ["ingest", ds.name, "--series", "120", "--scrapes", "30", "--start-ms", str(T0)]
+    result = CliRunner().invoke(app, [*args, "--address", c.ray.address])
+    assert result.exit_code == 0, result.output
+    assert "sent 3,600 samples" in result.output
+    ts = T0 + 15_000 * np.arange(30, dtype=np.int64)
+    wait_exact(c, ds, {encode_part_key(series_labels(i)): ts for i in range(120)})
