@@ -49,3 +49,16 @@ def test_missing_user_file_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("FILOPY_CONFIG", "/nonexistent/filopy.toml")
     with pytest.raises(FileNotFoundError, match="FILOPY_CONFIG"):
         load_settings()
+
+
+def test_configuration_reference_matches_the_code() -> None:
+    from filopy.config_doc import documented_settings, model_settings, render
+
+    documented = documented_settings()
+    assert set(documented) == model_settings()
+    undocumented = [name for name, (_, meaning) in documented.items() if not meaning]
+    assert undocumented == [], f"settings without a comment in config/filopy.toml: {undocumented}"
+    reference = DEFAULT_CONFIG_FILE.parent.parent / "docs" / "configuration.md"
+    assert reference.read_text() == render(), (
+        "docs/configuration.md is stale: run `python -m filopy.config_doc > docs/configuration.md`"
+    )
