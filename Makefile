@@ -4,7 +4,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: help demo venv services-up services-down services-status lint format test unit bench clean
+.PHONY: help demo venv system-deps services-up services-down services-status lint format test unit bench clean
 
 help:
 	@echo "make demo            the main job: a local cluster ingesting, losing a node, recovering"
@@ -28,6 +28,9 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $@
 
+system-deps:
+	scripts/system-deps.sh
+
 services-up: venv
 	scripts/services.sh up
 
@@ -45,7 +48,7 @@ format: venv
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-test: lint services-up
+test: lint system-deps services-up
 	$(BIN)/pytest --durations=15
 
 unit: venv

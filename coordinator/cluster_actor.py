@@ -112,6 +112,16 @@ class NodeClusterActor:
         await self._recovered.wait()
         return list(self._mgr.members)
 
+    async def reassignment_stats(self) -> dict[str, tuple[int, int]]:
+        """Per dataset name: shards moved after an ingestion error, and moves skipped because
+        the shard had moved too recently (read-only, for metrics)."""
+        await self._recovered.wait()
+        return {
+            ref.name: (s.done, s.skipped)
+            for ref in self._mgr.datasets
+            for s in [self._mgr.error_reassignments(ref)]
+        }
+
     async def subscribers(self, ref: DatasetRef | None = None) -> list[str]:
         await self._recovered.wait()
         return list(self._mgr.watchers if ref is None else self._mgr.subscribers(ref))

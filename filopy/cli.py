@@ -68,6 +68,38 @@ def demo(
 
 @app.command()
 @_clean_errors
+def serve(
+    address: RayAddress = "auto",
+    host: Annotated[str, typer.Option(help="Interface the REST API listens on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="REST API port.")] = 8080,
+) -> None:
+    """Run the cluster singleton on a Ray cluster (if not running yet) and serve the REST API."""
+    import uvicorn
+
+    from filopy import ray_env
+
+    # isort: split
+    import ray
+
+    from coordinator.cluster_actor import start_cluster_actor
+    from filopy.client import FiloPyClient, resolve_address
+    from filopy.config import load_settings
+    from filopy.rest import create_app
+
+    settings = load_settings()
+    ray_env.check_loopback()
+    ray.init(
+        address=resolve_address(address), namespace=settings.ray.namespace, logging_level="WARNING"
+    )
+    actor = start_cluster_actor(settings)
+    ray.get(actor.ready.remote(), timeout=120)
+    client = FiloPyClient(actor, settings)
+    console.print(f"FiloPy singleton ready; REST API on http://{host}:{port} (OpenAPI at /docs)")
+    uvicorn.run(create_app(client, settings), host=host, port=port, log_level="warning")
+
+
+@app.command()
+@_clean_errors
 def status(
     dataset: Annotated[str, typer.Argument(help="Dataset name.")],
     address: RayAddress = "auto",

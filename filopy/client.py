@@ -67,7 +67,7 @@ def _ref(dataset: str | DatasetRef) -> DatasetRef:
     return dataset if isinstance(dataset, DatasetRef) else DatasetRef(name=dataset)
 
 
-def _reachable(address: str) -> str:
+def resolve_address(address: str) -> str:
     """Resolve `auto` and check that something listens there, so a wrong address fails in
     seconds with a clear message instead of `ray.init` retrying forever."""
     if address == "auto":
@@ -95,7 +95,7 @@ def connect(
     if not ray.is_initialized():
         ray_env.check_loopback()
         ray.init(
-            address=_reachable(address),
+            address=resolve_address(address),
             namespace=settings.ray.namespace,
             logging_level="WARNING",
         )

@@ -1,0 +1,20 @@
+# FiloPy image: one image for the head (Ray head, cluster singleton, REST API) and the workers
+# (Ray nodes offering the filopy_node resource). Built from this repository.
+FROM python:3.11-slim
+
+WORKDIR /opt/filopy
+# Installed editable so the code finds config/filopy.toml beside it.
+COPY pyproject.toml README.md ./
+COPY filopy ./filopy
+COPY coordinator ./coordinator
+COPY ingest ./ingest
+COPY query ./query
+COPY config ./config
+RUN pip install --no-cache-dir -e .
+
+# Containers talk over the compose network, not loopback.
+ENV FILOPY_RAY_LOOPBACK=0 \
+    RAY_USAGE_STATS_ENABLED=0
+
+EXPOSE 8080 6379
+CMD ["filopy", "--help"]

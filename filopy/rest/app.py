@@ -1,0 +1,399 @@
+"""The REST API of a FiloPy cluster: datasets, shard status and control, events, health, metrics.
+
+`create_app(client, settings)` builds the FastAPI app; the CLI serves it with uvicorn. Every call
+into the cluster goes through the blocking `FiloPyClient` on a worker thread, so the event loop
+stays free for the SSE streams. The reference, with examples, is docs/rest.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Annotated, Any, TypeVar
+
+import anyio
+import ray.exceptions
+from fastapi import Body, FastAPI, Path, Response
+from fastapi.openapi.utils import get_openapi
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from sse_starlette import EventSourceResponse, ServerSentEvent
+
+from filopy.client import FiloPyClient, Subscription
+from filopy.config import Settings
+from filopy.dataset import _NAME_RE, Dataset
+from filopy.mapper import ShardEventError, ShardMapper
+from filopy.rest.errors import (
+    INTERNAL,
+    NOT_FOUND,
+    UNAVAILABLE,
+    ApiError,
+    api_error,
+    error_response,
+    install_handlers,
+    log,
+)
+from filopy.rest.metrics import ClusterCollector
+from filopy.rest.models import (
+    AddressStatusData,
+    DatasetHealth,
+    DatasetRemovedData,
+    ErrorBody,
+    HealthData,
+    NodeShardStatus,
+    ShardsStartedData,
+    ShardsStoppedData,
+    ShardStatusData,
+    StartShardsRequest,
+    StopShardsRequest,
+    Success,
+    event_data,
+    shard_statuses,
+    snapshot_data,
+)
+from filopy.shard_status import Active, CurrentShardSnapshot, Recovery
+from filopy.store import DatasetConflict
+from ingest.topics import TopicMismatch, topic_partitions
+
+R = TypeVar("R")
+
+DatasetName = Annotated[
+    str,
+    Path(
+        pattern=_NAME_RE.pattern,
+        description="Dataset name: a letter, then up to 127 letters, digits, '_' or '-'.",
+    ),
+]
+
+
+def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    return {code: {"model": ErrorBody} for code in codes}
+
+
+def create_app(client: FiloPyClient, settings: Settings) -> FastAPI:
+    """The REST server for the cluster `client` talks to."""
+    timeout_s = client.timeout_s
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ClusterCollector(client))
+
+    app = FastAPI(
+        title="FiloPy",
+        summary="Datasets, shard status and control, shard events, health and metrics.",
+        version="1",
+    )
+    app.state.settings = settings
+    app.state.client = client
+    install_handlers(app, timeout_s)
+
+    async def call(fn: Callable[..., R], *args: Any) -> R:
+        """Run a blocking client call on a worker thread; its failures become API errors."""
+        try:
+            return await anyio.to_thread.run_sync(fn, *args)
+        except Exception as e:
+            raise api_error(e, timeout_s) from None
+
+    # ----- datasets --------------------------------------------------------------------------
+
+    @app.post(
+        "/api/v1/datasets",
+        tags=["datasets"],
+        status_code=201,
+        response_model=Success[Dataset],
+        responses={
+            200: {"model": Success[Dataset], "description": "The same definition existed."},
+            **_errors(400, 409, 503),
+        },
+    )
+    async def setup_dataset(dataset: Annotated[Dataset, Body()], response: Response) -> Any:
+        """SetupDataset: register a dataset and assign its shards.
+
+        201 when created; 200 when the identical definition already exists; 409 when a dataset
+        of that name exists with another definition, or its Kafka topic has another partition
+        count. With `ingest.source = "kafka"` the topic is created here.
+        """
+        existing = await find_dataset(dataset.name, missing_ok=True)
+        if existing is not None and existing != dataset:
+            raise api_error(DatasetConflict(existing, dataset), timeout_s)
+        try:
+            created = await anyio.to_thread.run_sync(client.setup_dataset, dataset)
+        except ray.exceptions.UnserializableException as e:
+            raise await diagnose_setup_failure(dataset, e) from None
+        except Exception as e:
+            raise api_error(e, timeout_s) from None
+        response.status_code = 201 if created else 200
+        response.headers["Location"] = f"/api/v1/datasets/{dataset.name}"
+        return Success(data=dataset)
+
+    @app.get(
+        "/api/v1/datasets",
+        tags=["datasets"],
+        response_model=Success[list[Dataset]],
+        responses=_errors(503),
+    )
+    async def list_datasets() -> Any:
+        """Every dataset definition, by name."""
+        datasets = await call(client.datasets)
+        return Success(data=sorted(datasets, key=lambda d: d.name))
+
+    async def find_dataset(ds: str, *, missing_ok: bool = False) -> Dataset | None:
+        for d in await call(client.datasets):
+            if d.name == ds:
+                return d
+        if missing_ok:
+            return None
+        raise ApiError(404, NOT_FOUND, f"unknown dataset {ds!r}")
+
+    async def diagnose_setup_failure(dataset: Dataset, exc: Exception) -> ApiError:
+        """SetupDataset failed with an exception Ray could not carry back (DatasetConflict
+        and TopicMismatch do not survive pickling): find out again which one it was."""
+        existing = await find_dataset(dataset.name, missing_ok=True)
+        if existing is not None and existing != dataset:
+            return api_error(DatasetConflict(existing, dataset), timeout_s)
+        if settings.ingest.source == "kafka":
+            bootstrap = dataset.source.bootstrap_servers
+            try:
+                actual = await anyio.to_thread.run_sync(
+                    topic_partitions, dataset.topic, bootstrap, min(timeout_s, 15.0)
+                )
+            except Exception as e:
+                return api_error(e, timeout_s)
+            if actual is not None and actual != dataset.num_shards:
+                return api_error(
+                    TopicMismatch(dataset.topic, dataset.num_shards, actual), timeout_s
+                )
+        log.error("SetupDataset of %s failed in the cluster: %s", dataset.name, exc)
+        return ApiError(
+            500, INTERNAL, "SetupDataset failed inside the cluster; see the singleton's log"
+        )
+
+    @app.get(
+        "/api/v1/datasets/{ds}",
+        tags=["datasets"],
+        response_model=Success[Dataset],
+        responses=_errors(400, 404, 503),
+    )
+    async def get_dataset(ds: DatasetName) -> Any:
+        """One dataset's definition."""
+        dataset = await find_dataset(ds)
+        return Success(data=dataset)
+
+    @app.delete(
+        "/api/v1/datasets/{ds}",
+        tags=["datasets"],
+        response_model=Success[DatasetRemovedData],
+        responses=_errors(400, 404, 503),
+    )
+    async def remove_dataset(ds: DatasetName) -> Any:
+        """Stop ingesting the dataset and forget its definition (stored data stays)."""
+        await call(client.remove_dataset, ds)
+        return Success(data=DatasetRemovedData(name=ds))
+
+    # ----- cluster -----------------------------------------------------------------------------
+
+    @app.get(
+        "/api/v1/cluster",
+        tags=["cluster"],
+        response_model=Success[list[str]],
+        responses=_errors(503),
+    )
+    async def cluster() -> Any:
+        """The names of the datasets the cluster ingests."""
+        return Success(data=sorted(d.name for d in await call(client.datasets)))
+
+    @app.get(
+        "/api/v1/cluster/{ds}/status",
+        tags=["cluster"],
+        response_model=Success[list[ShardStatusData]],
+        responses=_errors(400, 404, 503),
+    )
+    async def shard_status(ds: DatasetName) -> Any:
+        """Every shard's status and owner (address: a node id; empty when unowned)."""
+        mapper: ShardMapper = await call(client.shard_map, ds)
+        return Success(data=shard_statuses(mapper))
+
+    @app.get(
+        "/api/v1/cluster/{ds}/statusByAddress",
+        tags=["cluster"],
+        response_model=Success[list[AddressStatusData]],
+        responses=_errors(400, 404, 503),
+    )
+    async def status_by_address(ds: DatasetName) -> Any:
+        """Shards grouped by owner: every member (oldest first, maybe with no shards), then
+        the unowned shards under address ""."""
+        mapper: ShardMapper = await call(client.shard_map, ds)
+        members: list[str] = await call(client.members)
+        owners = list(members) + sorted(mapper.all_nodes() - set(members))
+
+        def group(address: str, shards: list[int]) -> AddressStatusData:
+            statuses = [NodeShardStatus(shard=s, status=str(mapper.status(s))) for s in shards]
+            return AddressStatusData(address=address, shards=statuses)
+
+        out = [group(node, mapper.shards_for_node(node)) for node in owners]
+        unowned = mapper.unassigned_shards()
+        if unowned:
+            out.append(group("", unowned))
+        return Success(data=out)
+
+    @app.post(
+        "/api/v1/cluster/{ds}/startshards",
+        tags=["cluster"],
+        response_model=Success[ShardsStartedData],
+        responses=_errors(400, 404, 503),
+    )
+    async def start_shards(ds: DatasetName, request: StartShardsRequest) -> Any:
+        """Start unowned shards on a node. Nothing changes unless every shard can start."""
+        done = await call(client.start_shards, ds, request.address, request.shardList)
+        return Success(data=ShardsStartedData(address=done.node, shardList=list(done.shards)))
+
+    @app.post(
+        "/api/v1/cluster/{ds}/stopshards",
+        tags=["cluster"],
+        response_model=Success[ShardsStoppedData],
+        responses=_errors(400, 404, 503),
+    )
+    async def stop_shards(ds: DatasetName, request: StopShardsRequest) -> Any:
+        """Take shards from their nodes (status Down); they stay unowned until started again
+        or until membership changes."""
+        done = await call(client.stop_shards, ds, request.shardList)
+        return Success(data=ShardsStoppedData(shardList=list(done.shards)))
+
+    @app.get(
+        "/api/v1/cluster/{ds}/events",
+        tags=["cluster"],
+        response_class=EventSourceResponse,
+        responses={
+            200: {
+                "description": "An SSE stream: a `snapshot` event, then a `shard_event` per "
+                "change, and `dataset_removed` when the dataset goes away.",
+                "content": {"text/event-stream": {}},
+            },
+            **_errors(400, 404, 503),
+        },
+    )
+    async def events(ds: DatasetName) -> EventSourceResponse:
+        """SubscribeShardUpdates as Server-Sent Events, for clients in any language."""
+        sub: Subscription = await call(client.subscribe, ds)
+        return EventSourceResponse(_stream(sub), ping=15)
+
+    async def _stream(sub: Subscription) -> AsyncIterator[ServerSentEvent]:
+        mapper: ShardMapper | None = None
+        try:
+            async for update in sub:
+                if isinstance(update, CurrentShardSnapshot):
+                    mapper = ShardMapper.from_state(update.state)
+                    yield ServerSentEvent(data=_json(snapshot_data(update)), event="snapshot")
+                    continue
+                if mapper is not None:
+                    try:
+                        mapper.update_from_event(update)
+                    except ShardEventError:
+                        mapper = None  # out of step: report events without statuses
+                yield ServerSentEvent(data=_json(event_data(update, mapper)), event="shard_event")
+            yield ServerSentEvent(data=_json({"dataset": sub.ref.name}), event="dataset_removed")
+        finally:
+            # Also on client disconnect (cancellation): drop the subscription in the cluster.
+            with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+                await anyio.to_thread.run_sync(sub.unsubscribe)
+
+    # ----- operations ----------------------------------------------------------------------------
+
+    @app.get(
+        "/__health",
+        tags=["operations"],
+        response_model=Success[HealthData],
+        responses=_errors(503),
+    )
+    async def health() -> Any:
+        """200 when every shard of every dataset is Active or in Recovery, else 503 naming the
+        shards that are not."""
+        datasets = await call(client.datasets)
+        report: dict[str, DatasetHealth] = {}
+        problems: list[str] = []
+        for d in sorted(datasets, key=lambda d: d.name):
+            try:
+                mapper: ShardMapper = await call(client.shard_map, d.name)
+            except ApiError as e:
+                if e.status == 404:
+                    continue  # removed meanwhile
+                raise
+            active = len(mapper.active_shards())
+            live = mapper.active_or_recovering_shards()
+            report[d.name] = DatasetHealth(
+                shards=mapper.num_shards, active=active, recovering=len(live) - active
+            )
+            if len(live) < mapper.num_shards:
+                problems.append(f"dataset {d.name!r}: {_unhealthy(mapper)}")
+        if problems:
+            return error_response(503, UNAVAILABLE, "unhealthy shards: " + "; ".join(problems))
+        return Success(data=HealthData(healthy=True, datasets=report))
+
+    @app.get("/__liveness", tags=["operations"], response_model=Success[str])
+    async def liveness() -> Any:
+        """200 while this server runs; it does not ask the cluster."""
+        return Success(data="ok")
+
+    @app.get(
+        "/metrics",
+        tags=["operations"],
+        response_class=Response,
+        responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text."}},
+    )
+    async def metrics() -> Response:
+        """Prometheus exposition format; see docs/rest.md for the metric families."""
+        body = await anyio.to_thread.run_sync(generate_latest, registry)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    def openapi() -> dict[str, Any]:
+        """FastAPI documents request validation as 422; this API answers 400 (as the spec
+        asks), so the schema says so too."""
+        if app.openapi_schema is None:
+            schema = get_openapi(
+                title=app.title, version=app.version, summary=app.summary, routes=app.routes
+            )
+            for item in schema.get("paths", {}).values():
+                for op in item.values():
+                    responses = op.get("responses", {})
+                    if responses.pop("422", None) is not None and "400" not in responses:
+                        responses["400"] = {
+                            "description": "Bad Request",
+                            "content": {
+                                "application/json": {
+                                    "schema": {"$ref": "#/components/schemas/ErrorBody"}
+                                }
+                            },
+                        }
+            schemas = schema.get("components", {}).get("schemas", {})
+            for name in ("HTTPValidationError", "ValidationError"):
+                schemas.pop(name, None)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+    return app
+
+
+def _json(data: Any) -> str:
+    return json.dumps(data, separators=(",", ":"))
+
+
+def _ranges(shards: list[int]) -> str:
+    parts: list[str] = []
+    start = prev = None
+    for s in [*shards, None]:
+        if s is not None and prev is not None and s == prev + 1:
+            prev = s
+            continue
+        if start is not None:
+            parts.append(str(start) if start == prev else f"{start}-{prev}")
+        start = prev = s
+    return ", ".join(parts)
+
+
+def _unhealthy(mapper: ShardMapper) -> str:
+    """`Down: 3, 5-7; Unassigned: 9`: the shards not Active or in Recovery, by status."""
+    by_status: dict[str, list[int]] = {}
+    for s in range(mapper.num_shards):
+        st = mapper.status(s)
+        if not isinstance(st, Active | Recovery):
+            by_status.setdefault(type(st).__name__, []).append(s)
+    return "; ".join(f"{k}: {_ranges(v)}" for k, v in sorted(by_status.items()))

@@ -1,0 +1,177 @@
+"""Every failure as a JSON envelope with the right HTTP status and a message a human can act on.
+
+Exceptions raised inside the cluster reach us wrapped by Ray (`RayTaskError`, whose `str()` is a
+remote traceback): they are unwrapped to their cause first, so no stack trace ever reaches a
+client. Anything unexpected is logged here and answered with a generic 500.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import ray.exceptions
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from filopy.client import DatasetUnknownError, FiloPyError, ShardRequestError
+from filopy.dataset import _check_name
+from filopy.store import DatasetConflict, StoreError
+from ingest.topics import KafkaUnavailable, TopicMismatch, TopicSetupError
+
+log = logging.getLogger("filopy.rest")
+
+# errorType values (stable; documented in docs/rest.md).
+BAD_DATA = "bad_data"
+NOT_FOUND = "not_found"
+CONFLICT = "conflict"
+UNAVAILABLE = "unavailable"
+TIMEOUT = "timeout"
+INTERNAL = "internal"
+METHOD_NOT_ALLOWED = "method_not_allowed"
+
+
+class ApiError(Exception):
+    """An error answer: HTTP status, errorType and message."""
+
+    def __init__(self, status: int, error_type: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.error_type = error_type
+        self.message = message
+
+
+def error_response(status: int, error_type: str, message: str) -> JSONResponse:
+    body = {"status": "error", "errorType": error_type, "error": message}
+    return JSONResponse(body, status_code=status)
+
+
+def _cause(exc: BaseException) -> BaseException:
+    """The exception raised inside the actor, not Ray's wrapper around it."""
+    while isinstance(exc, ray.exceptions.RayTaskError) and exc.cause is not None:
+        exc = exc.cause
+    return exc
+
+
+def api_error(exc: BaseException, timeout_s: float) -> ApiError:
+    """Map an exception from the client or the cluster to its HTTP answer."""
+    if isinstance(exc, ApiError):
+        return exc
+    cause = _cause(exc)
+    if isinstance(cause, DatasetUnknownError):
+        return ApiError(404, NOT_FOUND, str(cause))
+    if isinstance(cause, ShardRequestError):
+        return ApiError(400, str(cause.reason), str(cause))
+    if isinstance(cause, DatasetConflict | TopicMismatch):
+        return ApiError(409, CONFLICT, str(cause))
+    if isinstance(cause, KafkaUnavailable):
+        return ApiError(503, UNAVAILABLE, str(cause))
+    if isinstance(cause, TopicSetupError):
+        return ApiError(503, UNAVAILABLE, f"Kafka topic setup failed: {cause}")
+    if isinstance(cause, StoreError):
+        return ApiError(503, UNAVAILABLE, f"the dataset store failed: {cause}")
+    if isinstance(cause, ValidationError):
+        return ApiError(400, BAD_DATA, validation_message(cause.errors()))
+    if isinstance(cause, ray.exceptions.GetTimeoutError):
+        return ApiError(
+            503, TIMEOUT, f"the FiloPy cluster singleton did not answer within {timeout_s:.0f} s"
+        )
+    if isinstance(cause, ray.exceptions.RayActorError | ray.exceptions.ActorUnavailableError):
+        return ApiError(
+            503,
+            UNAVAILABLE,
+            "the FiloPy cluster singleton is unavailable (it may be restarting); retry shortly",
+        )
+    if isinstance(cause, FiloPyError):
+        return ApiError(400, BAD_DATA, str(cause))
+    log.error("unexpected error", exc_info=(type(exc), exc, exc.__traceback__))
+    return ApiError(500, INTERNAL, f"internal error ({type(cause).__name__}); see the server log")
+
+
+def _path(loc: Sequence[Any]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def _one(err: Any) -> str:
+    loc = list(err.get("loc", ()))
+    kind = err.get("type", "")
+    msg = str(err.get("msg", "invalid"))
+    msg = msg.removeprefix("Value error, ").removeprefix("Assertion failed, ")
+    where = ""
+    if loc and loc[0] == "body":
+        if kind == "json_invalid":
+            detail = (err.get("ctx") or {}).get("error", "")
+            return f"request body is not valid JSON: {detail}".rstrip(": ")
+        where = _path(loc[1:])
+        if not where:
+            if kind == "missing":
+                return "a JSON request body is required"
+            if kind in ("dict_type", "model_type", "model_attributes_type"):
+                return "the request body must be a JSON object (Content-Type: application/json)"
+            return msg
+    elif loc[:2] == ["path", "ds"]:
+        try:
+            _check_name(str(err.get("input", "")))
+        except ValueError as e:
+            return str(e)
+        where = "path parameter ds"
+    elif loc and loc[0] in ("path", "query", "header"):
+        where = f"{loc[0]} parameter {_path(loc[1:])}"
+    else:
+        where = _path(loc)
+    if kind == "extra_forbidden":
+        return f"unknown field {where!r}"
+    if kind == "missing":
+        return f"{where}: required"
+    if where and not msg.startswith(where.split(" ")[-1]):
+        return f"{where}: {msg}"
+    return msg
+
+
+def validation_message(errors: Sequence[Any]) -> str:
+    """Pydantic's errors as one line per problem, naming the field (`spread.default: ...`)."""
+    seen: list[str] = []
+    for err in errors:
+        m = _one(err)
+        if m not in seen:
+            seen.append(m)
+    return "; ".join(seen) or "invalid request"
+
+
+def install_handlers(app: FastAPI, timeout_s: float) -> None:
+    """Envelope every error: validation (400, not FastAPI's 422), HTTP and unexpected ones."""
+
+    async def on_api_error(_: Request, exc: Exception) -> JSONResponse:
+        e = api_error(exc, timeout_s)
+        return error_response(e.status, e.error_type, e.message)
+
+    async def on_validation(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        return error_response(400, BAD_DATA, validation_message(exc.errors()))
+
+    async def on_http(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        kind = {404: NOT_FOUND, 405: METHOD_NOT_ALLOWED}.get(exc.status_code, BAD_DATA)
+        message = {
+            404: "no such endpoint",
+            400: f"the request body could not be read as JSON ({exc.detail})",
+        }.get(exc.status_code, str(exc.detail))
+        response = error_response(exc.status_code, kind, message)
+        if exc.headers:
+            response.headers.update(exc.headers)
+        return response
+
+    app.add_exception_handler(ApiError, on_api_error)
+    app.add_exception_handler(RequestValidationError, on_validation)
+    app.add_exception_handler(StarletteHTTPException, on_http)
+    app.add_exception_handler(Exception, on_api_error)

@@ -1,0 +1,117 @@
+"""Prometheus metrics of a FiloPy cluster, gathered from the cluster at scrape time.
+
+Shard statuses and reassignment counts come from the singleton; ingestion counters from each
+node coordinator's ingesters. Nothing is cached between scrapes, so every value is as fresh as
+the scrape, and a value the cluster does not track is not exported (docs/rest.md lists them).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from filopy.client import DatasetUnknownError, FiloPyClient
+
+log = logging.getLogger("filopy.rest")
+
+STATUSES = ("Unassigned", "Assigned", "Recovery", "Active", "Error", "Stopped", "Down")
+
+
+class ClusterCollector(Collector):
+    """Asks the cluster for its state on every scrape (blocking: run `generate_latest` in a
+    worker thread). If the singleton does not answer, only `filopy_cluster_up 0` is exported."""
+
+    def __init__(self, client: FiloPyClient) -> None:
+        self._client = client
+
+    def describe(self) -> list[Metric]:
+        return []  # collected live; describing would call the cluster at registration
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily(
+            "filopy_cluster_up", "1 if the cluster singleton answered this scrape, else 0."
+        )
+        try:
+            families = self._collect()
+        except Exception as e:  # a scrape must not fail: report the cluster as down instead
+            log.warning("metrics: the cluster did not answer: %s", e)
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        yield from families
+
+    def _collect(self) -> list[Metric]:
+        c = self._client
+        members = GaugeMetricFamily("filopy_cluster_members", "FiloPy nodes in the cluster.")
+        members.add_metric([], len(c.members()))
+        shards = GaugeMetricFamily(
+            "filopy_shards", "Shards per status per dataset.", labels=["dataset", "status"]
+        )
+        moves = CounterMetricFamily(
+            "filopy_shard_reassignments",
+            "Shards offered to another node after an ingestion error (done), and such moves "
+            "skipped because the shard had moved within cluster.reassignment_min_interval_s "
+            "(skipped). Counted by the singleton since it last started.",
+            labels=["dataset", "outcome"],
+        )
+        per_shard = ["dataset", "shard", "node"]
+        samples = CounterMetricFamily(
+            "filopy_ingested_samples",
+            "Samples ingested into the memstore by this shard's ingester on this node.",
+            labels=per_shard,
+        )
+        messages = CounterMetricFamily(
+            "filopy_ingested_messages", "Kafka messages consumed by the ingester.", labels=per_shard
+        )
+        bad = CounterMetricFamily(
+            "filopy_bad_records",
+            "Records skipped as malformed, by reason.",
+            labels=[*per_shard, "reason"],
+        )
+        dropped = CounterMetricFamily(
+            "filopy_dropped_samples",
+            "Samples not ingested: out_of_order (older than the series' last sample) or "
+            "invalid_series (labels that cannot form a shard key).",
+            labels=[*per_shard, "reason"],
+        )
+        memory = GaugeMetricFamily(
+            "filopy_memstore_samples", "Samples held in memory by the shard.", labels=per_shard
+        )
+        lost = CounterMetricFamily(
+            "filopy_offsets_lost",
+            "Kafka offsets that retention dropped before they were checkpointed.",
+            labels=per_shard,
+        )
+        names = sorted(d.name for d in c.datasets())
+        reassigned = c.reassignment_stats()
+        for name in names:
+            try:
+                mapper = c.shard_map(name)
+            except DatasetUnknownError:
+                continue  # removed during the scrape
+            counts = dict.fromkeys(STATUSES, 0)
+            for s in range(mapper.num_shards):
+                counts[type(mapper.status(s)).__name__] += 1
+            for status, n in counts.items():
+                shards.add_metric([name, status], n)
+            done, skipped = reassigned.get(name, (0, 0))
+            moves.add_metric([name, "done"], done)
+            moves.add_metric([name, "skipped"], skipped)
+            for node, by_shard in sorted(c.ingest_stats(name).items()):
+                for shard, st in sorted(by_shard.items()):
+                    labels = [name, str(shard), node]
+                    mem = st["memstore"]
+                    samples.add_metric(labels, mem.ingested)
+                    messages.add_metric(labels, st["messages"])
+                    memory.add_metric(labels, st["memory_samples"])
+                    lost.add_metric(labels, st["offsets_lost"])
+                    dropped.add_metric([*labels, "out_of_order"], mem.out_of_order)
+                    dropped.add_metric([*labels, "invalid_series"], mem.invalid_series)
+                    for reason, n in sorted(st["bad_records"].items()):
+                        bad.add_metric([*labels, reason], n)
+        return [members, shards, moves, samples, messages, bad, dropped, memory, lost]

@@ -1,0 +1,122 @@
+"""Request and response shapes of the REST API, as pydantic models so /docs shows them exactly.
+
+Every success is `{"status": "success", "data": ...}` and every error
+`{"status": "error", "errorType": ..., "error": ...}`, the envelope of Prometheus' HTTP API.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Generic, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from filopy.mapper import ShardMapper
+from filopy.shard_status import (
+    CurrentShardSnapshot,
+    IngestionError,
+    RecoveryInProgress,
+    ShardEvent,
+)
+
+T = TypeVar("T")
+
+ShardNumber = Annotated[int, Field(ge=0, description="A shard number, 0 .. num_shards - 1.")]
+
+
+class Success(BaseModel, Generic[T]):
+    status: Literal["success"] = "success"
+    data: T
+
+
+class ErrorBody(BaseModel):
+    status: Literal["error"] = "error"
+    errorType: str = Field(description="A stable, machine-readable category; see docs/rest.md.")
+    error: str = Field(description="What went wrong, for a human.")
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StartShardsRequest(_Request):
+    address: str = Field(min_length=1, description="The node id (Ray node id) to start them on.")
+    shardList: list[ShardNumber] = Field(description="The shards to start; each must be unowned.")
+
+
+class StopShardsRequest(_Request):
+    shardList: list[ShardNumber] = Field(description="The shards to stop; each must be owned.")
+
+
+class ShardsStartedData(BaseModel):
+    address: str
+    shardList: list[int]
+
+
+class ShardsStoppedData(BaseModel):
+    shardList: list[int]
+
+
+class DatasetRemovedData(BaseModel):
+    name: str
+
+
+class ShardStatusData(BaseModel):
+    shard: int
+    status: str = Field(description="E.g. Active, Recovery(40), Down, Unassigned, Error(...).")
+    address: str = Field(description="Id of the node that owns the shard; empty when none.")
+
+
+class NodeShardStatus(BaseModel):
+    shard: int
+    status: str
+
+
+class AddressStatusData(BaseModel):
+    address: str = Field(description="A node id; empty for the shards no node owns.")
+    shards: list[NodeShardStatus]
+
+
+class DatasetHealth(BaseModel):
+    shards: int
+    active: int
+    recovering: int
+
+
+class HealthData(BaseModel):
+    healthy: bool
+    datasets: dict[str, DatasetHealth]
+
+
+def shard_statuses(mapper: ShardMapper) -> list[ShardStatusData]:
+    return [
+        ShardStatusData(shard=s, status=str(mapper.status(s)), address=mapper.owner(s) or "")
+        for s in range(mapper.num_shards)
+    ]
+
+
+def snapshot_data(snapshot: CurrentShardSnapshot) -> dict[str, Any]:
+    """The `snapshot` SSE event: the whole map, shaped like GET .../status."""
+    mapper = ShardMapper.from_state(snapshot.state)
+    return {
+        "dataset": snapshot.ref.name,
+        "version": snapshot.state.version,
+        "shards": [s.model_dump() for s in shard_statuses(mapper)],
+    }
+
+
+def event_data(event: ShardEvent, mapper: ShardMapper | None) -> dict[str, Any]:
+    """A `shard_event` SSE event. `mapper` (the subscriber's copy of the map, updated with the
+    event) supplies the shard's resulting status, so clients need not re-implement transitions."""
+    out: dict[str, Any] = {
+        "dataset": event.ref.name,
+        "shard": event.shard,
+        "event": type(event).__name__,
+        "address": event.node or "",
+    }
+    if isinstance(event, RecoveryInProgress):
+        out["progressPct"] = event.progress_pct
+    if isinstance(event, IngestionError):
+        out["message"] = event.message
+    if mapper is not None:
+        out["status"] = str(mapper.status(event.shard))
+    return out

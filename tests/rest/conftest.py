@@ -1,0 +1,101 @@
+"""A real FiloPy cluster (local multi-node Ray, source "none") served over real HTTP by uvicorn.
+
+The app runs in a uvicorn server on a thread of the test process (the Ray driver), so requests
+and SSE streams go over real HTTP, as they do when the CLI serves the app. One cluster per test
+module keeps the suite fast; tests use their own dataset names.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import ray
+import uvicorn
+
+import filopy.testing  # binds Ray to loopback; must precede any `import ray` elsewhere
+from coordinator.cluster_actor import start_cluster_actor
+from filopy.client import FiloPyClient
+from filopy.config import Settings
+from filopy.rest import create_app
+from tests.runtime.conftest import FiloPyCluster, cluster_settings
+
+
+class ServerThread:
+    """uvicorn serving `app` on a free loopback port, on a daemon thread."""
+
+    def __init__(self, app: Any) -> None:
+        config = uvicorn.Config(
+            app, host="127.0.0.1", port=0, log_level="warning", timeout_graceful_shutdown=5
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name="rest-server", daemon=True)
+
+    def __enter__(self) -> str:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("the REST server did not start")
+            time.sleep(0.02)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}"
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(15)
+
+
+@dataclass
+class Rest:
+    """The cluster, its REST server's base URL and an HTTP client bound to it."""
+
+    cluster: FiloPyCluster
+    url: str
+    http: httpx.Client
+    nodes: list[str]
+
+    @property
+    def client(self) -> FiloPyClient:
+        return self.cluster.client
+
+    def wait_for(self, what: str, check: Any, timeout_s: float = 30.0) -> Any:
+        return self.cluster.wait_for(what, check, timeout_s)
+
+    def all_active(self, name: str) -> bool:
+        return self.client.shard_map(name).is_healthy()
+
+
+def start_rest(tmp_path: Path, nodes: int, settings: Settings | None = None) -> Iterator[Rest]:
+    ray_cluster = filopy.testing.LocalRayCluster()
+    try:
+        settings = settings or cluster_settings(tmp_path)
+        actor = start_cluster_actor(settings)
+        ray.get(actor.ready.remote(), timeout=60)
+        cluster = FiloPyCluster(ray_cluster, settings, FiloPyClient(actor, settings), actor)
+        ids = [cluster.add_node().node_id for _ in range(nodes)]
+        cluster.wait_for(f"{nodes} members", lambda: set(cluster.client.members()) == set(ids))
+        app = create_app(cluster.client, settings)
+        with ServerThread(app) as url, httpx.Client(base_url=url, timeout=30) as http:
+            yield Rest(cluster, url, http, ids)
+    finally:
+        ray_cluster.shutdown()
+
+
+@pytest.fixture(scope="module")
+def rest(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rest]:
+    """A two-node cluster with its REST server, shared by the tests of one module."""
+    yield from start_rest(tmp_path_factory.mktemp("rest"), nodes=2)
+
+
+@pytest.fixture
+def name() -> str:
+    """A fresh dataset name."""
+    return f"ds{uuid.uuid4().hex[:8]}"

@@ -1,0 +1,111 @@
+"""REST on a cluster ingesting from the real Kafka: topic mismatch is a 409, ingestion metrics."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from confluent_kafka import Producer
+
+from filopy import Dataset
+from filopy.dataset import RecordFormat, SourceSettings
+from filopy.hashing import shard_for_series
+from ingest.topics import ensure_topic
+from tests.rest.conftest import Rest, start_rest
+from tests.rest.test_cluster import all_active
+from tests.rest.test_datasets import error_of
+from tests.rest.test_operations import metrics, value
+from tests.runtime.conftest import cluster_settings
+
+pytestmark = [pytest.mark.kafka, pytest.mark.ray]
+
+T0_NS = 1_700_000_000_000 * 1_000_000
+
+
+@pytest.fixture(scope="module")
+def rest(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str) -> Iterator[Rest]:
+    settings = cluster_settings(tmp_path_factory.mktemp("rest-kafka"), "kafka")
+    settings = settings.model_copy(
+        update={"kafka": settings.kafka.model_copy(update={"bootstrap_servers": kafka_bootstrap})}
+    )
+    yield from start_rest(tmp_path_factory.mktemp("rest-kafka"), nodes=2, settings=settings)
+
+
+def test_a_topic_with_another_partition_count_is_409(rest, kafka_bootstrap: str) -> None:
+    name = f"ds{uuid.uuid4().hex[:8]}"
+    source = {"bootstrap_servers": kafka_bootstrap, "topic": f"rest-{name}"}
+    ensure_topic(Dataset(name=name, num_shards=2, source=SourceSettings(**source)), timeout_s=30)
+    resp = rest.http.post(
+        "/api/v1/datasets", json={"name": name, "num_shards": 4, "source": source}
+    )
+    message = error_of(resp, 409, "conflict")
+    assert message == (
+        f"Kafka topic 'rest-{name}' has 2 partitions but the dataset has 4 shards (one partition "
+        "per shard); use another topic or recreate this one with 4 partitions"
+    )
+    assert name not in rest.http.get("/api/v1/cluster").json()["data"]
+
+
+def test_ingestion_counters_per_shard(rest, kafka_bootstrap: str) -> None:
+    name = f"ds{uuid.uuid4().hex[:8]}"
+    source = {"bootstrap_servers": kafka_bootstrap, "record_format": "influx-line"}
+    body = {"name": name, "num_shards": 2, "min_num_nodes": 2, "source": source}
+    assert rest.http.post("/api/v1/datasets", json=body).status_code == 201
+    rest.wait_for("all shards active", lambda: all_active(rest, name))
+    ds = Dataset(
+        name=name,
+        num_shards=2,
+        min_num_nodes=2,
+        source=SourceSettings(bootstrap_servers=kafka_bootstrap, record_format=RecordFormat.INFLUX),
+    )
+    producer = Producer({"bootstrap.servers": kafka_bootstrap, "acks": "all"})
+    expected = {0: 0, 1: 0}
+    for i in range(20):
+        labels = {"_ws_": "demo", "_ns_": f"app{i}", "_metric_": "up"}
+        shard = shard_for_series(ds, labels)
+        lines = [
+            f"up,_ns_=app{i},_ws_=demo value={k} {T0_NS + k * 15_000_000_000}" for k in range(5)
+        ]
+        producer.produce(ds.topic, "\n".join(lines).encode(), partition=shard)
+        expected[shard] += 5
+    producer.produce(ds.topic, b'up,_ns_=x,_ws_=demo value="text" 1', partition=0)
+    assert producer.flush(30) == 0
+    assert all(expected.values()), expected  # both shards got samples
+
+    def ingested() -> dict | None:
+        m = metrics(rest)
+        got = {
+            int(s.labels["shard"]): s.value
+            for s in m["filopy_ingested_samples"]
+            if s.labels["dataset"] == name
+        }
+        return m if got == expected else None
+
+    m = rest.wait_for("every sample counted", ingested)
+    owners = {
+        s["shard"]: s["address"]
+        for s in rest.http.get(f"/api/v1/cluster/{name}/status").json()["data"]
+    }
+    for shard in (0, 1):
+        labels = {"dataset": name, "shard": str(shard), "node": owners[shard]}
+        assert (
+            value(m["filopy_ingested_samples"], "filopy_ingested_samples_total", **labels)
+            == expected[shard]
+        )
+        assert (
+            value(m["filopy_memstore_samples"], "filopy_memstore_samples", **labels)
+            == expected[shard]
+        )
+        assert value(m["filopy_offsets_lost"], "filopy_offsets_lost_total", **labels) == 0
+    bad = m["filopy_bad_records"]
+    assert (
+        value(bad, "filopy_bad_records_total", dataset=name, shard="0", reason="non_numeric") == 1
+    )
+    messages = {
+        int(s.labels["shard"]): s.value
+        for s in m["filopy_ingested_messages"]
+        if s.labels["dataset"] == name
+    }
+    assert sum(messages.values()) == 21
+    rest.http.delete(f"/api/v1/datasets/{name}")
