@@ -35,6 +35,28 @@ class ShardIngester(Protocol):
     async def stop(self) -> None: ...
 
 
+class ReportingIngester:
+    """What every ingester keeps alike: the epoch it claimed and the last event it reported
+    (the node coordinator re-sends that event when the singleton's map shows it was lost)."""
+
+    def __init__(self, report: EventReporter) -> None:
+        self._report_to = report
+        self._epoch: int | None = None
+        self._last_event: ShardEvent | None = None
+
+    @property
+    def epoch(self) -> int | None:
+        return self._epoch
+
+    @property
+    def last_event(self) -> ShardEvent | None:
+        return self._last_event
+
+    def _emit(self, event: ShardEvent) -> None:
+        self._last_event = event
+        self._report_to(event)
+
+
 class IngesterFactory(Protocol):
     def __call__(
         self,

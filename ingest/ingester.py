@@ -28,10 +28,9 @@ from filopy.shard_status import (
     IngestionError,
     IngestionStarted,
     RecoveryInProgress,
-    ShardEvent,
 )
 from filopy.store import ColumnStore, MetaStore, StaleEpochError
-from ingest.base import EventReporter
+from ingest.base import EventReporter, ReportingIngester
 from ingest.flush import Flusher, read_merged, recover_shard
 from ingest.memstore import ShardMemstore
 from ingest.records import decoder_for
@@ -41,7 +40,7 @@ log = logging.getLogger(__name__)
 PROGRESS_STEP_PCT = 5
 
 
-class KafkaShardIngester:
+class KafkaShardIngester(ReportingIngester):
     """Ingests one shard from its Kafka partition until `stop()`."""
 
     def __init__(
@@ -57,9 +56,7 @@ class KafkaShardIngester:
     ) -> None:
         self.dataset, self.shard, self.node = dataset, shard, node
         self._meta, self._columns, self._settings = meta, columns, settings
-        self._report_to = report
-        self._epoch: int | None = None
-        self._last_event: ShardEvent | None = None
+        super().__init__(report)
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         cfg = settings.ingest
@@ -76,18 +73,6 @@ class KafkaShardIngester:
         self.messages = 0
         self.offsets_lost = 0  # offsets retention dropped before they were checkpointed
         self.replayed_from: int | None = None  # first offset read at start; > 0: checkpoints used
-
-    @property
-    def epoch(self) -> int | None:
-        return self._epoch
-
-    @property
-    def last_event(self) -> ShardEvent | None:
-        return self._last_event
-
-    def _emit(self, event: ShardEvent) -> None:
-        self._last_event = event
-        self._report_to(event)
 
     async def start(self) -> None:
         self._thread = threading.Thread(

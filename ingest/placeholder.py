@@ -10,12 +10,12 @@ import asyncio
 
 from filopy.config import Settings
 from filopy.dataset import Dataset
-from filopy.shard_status import IngestionError, IngestionStarted, ShardEvent
+from filopy.shard_status import IngestionError, IngestionStarted
 from filopy.store import ColumnStore, MetaStore, StoreError
-from ingest.base import EventReporter
+from ingest.base import EventReporter, ReportingIngester
 
 
-class EpochClaimingIngester:
+class EpochClaimingIngester(ReportingIngester):
     def __init__(
         self,
         dataset: Dataset,
@@ -27,22 +27,9 @@ class EpochClaimingIngester:
         settings: Settings,
         report: EventReporter,
     ) -> None:
+        super().__init__(report)
         self._dataset, self._shard, self._node = dataset, shard, node
-        self._meta, self._report = meta, report
-        self._epoch: int | None = None
-        self._last_event: ShardEvent | None = None
-
-    @property
-    def epoch(self) -> int | None:
-        return self._epoch
-
-    @property
-    def last_event(self) -> ShardEvent | None:
-        return self._last_event
-
-    def _emit(self, event: ShardEvent) -> None:
-        self._last_event = event
-        self._report(event)
+        self._meta = meta
 
     async def start(self) -> None:
         ref = self._dataset.ref

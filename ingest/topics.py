@@ -37,6 +37,10 @@ class TopicMissing(TopicSetupError):
         )
         self.topic = topic
 
+    def __reduce__(self) -> tuple[type, tuple[str]]:
+        # Errors cross process boundaries (Ray pickles them); rebuild from the real arguments.
+        return (type(self), (self.topic,))
+
 
 class TopicMismatch(TopicSetupError):
     """The topic exists with a partition count other than the dataset's shard count."""
@@ -50,6 +54,9 @@ class TopicMismatch(TopicSetupError):
         self.topic = topic
         self.expected = expected
         self.actual = actual
+
+    def __reduce__(self) -> tuple[type, tuple[str, int, int]]:
+        return (type(self), (self.topic, self.expected, self.actual))
 
 
 def _admin(bootstrap_servers: str, timeout_s: float) -> AdminClient:

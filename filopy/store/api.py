@@ -72,6 +72,10 @@ class DatasetConflict(StoreError):
         self.existing = existing
         self.proposed = proposed
 
+    def __reduce__(self) -> tuple[type, tuple[Dataset, Dataset]]:
+        # Errors cross process boundaries (Ray pickles them); rebuild from the real arguments.
+        return (type(self), (self.existing, self.proposed))
+
 
 class StaleEpochError(StoreError):
     """The writer's ownership epoch is not the shard's current one: it has lost the shard."""
@@ -85,6 +89,9 @@ class StaleEpochError(StoreError):
         self.shard = shard
         self.epoch = epoch
         self.current_epoch = current_epoch
+
+    def __reduce__(self) -> tuple[type, tuple[str, int, int, int]]:
+        return (type(self), (self.dataset, self.shard, self.epoch, self.current_epoch))
 
 
 # --------------------------------------------------------------------------- labels and matchers

@@ -1,0 +1,23 @@
+"""Store and topic errors survive pickling, as they must when Ray carries them to a caller."""
+
+from __future__ import annotations
+
+import pickle
+
+from filopy.dataset import Dataset
+from filopy.store import DatasetConflict, StaleEpochError
+from ingest.topics import TopicMismatch, TopicMissing
+
+
+def test_errors_round_trip_with_their_fields_and_message() -> None:
+    a, b = Dataset(name="m", num_shards=4), Dataset(name="m", num_shards=8)
+    for err in (
+        DatasetConflict(a, b),
+        StaleEpochError("m", 3, 1, 2),
+        TopicMismatch("t", 8, 4),
+        TopicMissing("t"),
+    ):
+        back = pickle.loads(pickle.dumps(err))
+        assert type(back) is type(err)
+        assert str(back) == str(err)
+        assert vars(back) == vars(err)
