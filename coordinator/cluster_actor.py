@@ -23,8 +23,10 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from coordinator.failure_detector import PingFailureDetector
 from coordinator.guardian import GuardianState, merged_subscriptions, newest_maps
+from coordinator.inbox import Sequencer
 from coordinator.manager import (
     DatasetUnknown,
+    EventIgnored,
     NodeShardMap,
     Reply,
     Result,
@@ -70,6 +72,9 @@ class NodeClusterActor:
         self._meta: MetaStore | None = None
         self._recovered = asyncio.Event()
         self._started_at = time.time()
+        # Async actors may run calls out of order: stamp deliveries so receivers can reorder them.
+        self._sequencer = Sequencer(self._started_at)
+        self._last_event_seq: dict[tuple[str, DatasetRef, int], int] = {}
         self._tasks = [asyncio.get_running_loop().create_task(self._main())]
 
     # ----- public API (through filopy.client) ------------------------------------------------
@@ -135,9 +140,10 @@ class NodeClusterActor:
         return self._deliver(self._mgr.stop_shards(ref, shards))
 
     async def subscribe(self, subscriber: str, handle: ActorHandle, ref: DatasetRef) -> Reply:
-        """`handle.deliver(list[SubscriberMessage])` gets a snapshot now, then every event."""
+        """`handle.deliver(Delivery)` gets a snapshot now, then every event, stamped for order."""
         await self._recovered.wait()
         self._subscribers[subscriber] = handle
+        self._sequencer.register(subscriber)
         return self._deliver(self._mgr.subscribe(subscriber, ref))
 
     async def unsubscribe(self, subscriber: str, ref: DatasetRef | None = None) -> Reply:
@@ -147,9 +153,15 @@ class NodeClusterActor:
             self._subscribers.pop(subscriber, None)
         return reply
 
-    async def shard_event(self, node: str, event: ShardEvent) -> Reply:
-        """A node's report on one of its shards."""
+    async def shard_event(self, node: str, event: ShardEvent, seq: int | None = None) -> Reply:
+        """A node's report on one of its shards. `seq` grows with every report a node sends:
+        a report older than one already applied for the same shard arrived late and is stale."""
         await self._recovered.wait()
+        if seq is not None:
+            key = (node, event.ref, event.shard)
+            if seq <= self._last_event_seq.get(key, 0):
+                return EventIgnored(event, f"stale report {seq} from {node}")
+            self._last_event_seq[key] = seq
         return self._deliver(self._mgr.update_from_external_shard_event(node, event))
 
     # ----- delivery --------------------------------------------------------------------------
@@ -166,7 +178,8 @@ class NodeClusterActor:
         for sub, msgs in batches.items():
             handle = self._subscribers.get(sub)
             if handle is not None:
-                self._watch(handle.deliver.remote(msgs), on_dead=lambda s=sub: self._drop(s))
+                delivery = self._sequencer.stamp(sub, tuple(msgs))
+                self._watch(handle.deliver.remote(delivery), on_dead=lambda s=sub: self._drop(s))
         return result.reply
 
     def _node_handle(self, node: str) -> ActorHandle | None:
@@ -200,6 +213,9 @@ class NodeClusterActor:
         self._members[node] = handle
         self._joined_at[node] = info.joined_at
         self._subscribers[guardian_id(node)] = handle
+        self._sequencer.register(guardian_id(node))
+        # A (new) coordinator process numbers its reports from 1 again.
+        self._last_event_seq = {k: v for k, v in self._last_event_seq.items() if k[0] != node}
         self._detector.watch(node)
         log.info("node %s joined", node)
         self._deliver(self._mgr.add_member(node))

@@ -12,6 +12,7 @@ The actor is detached: it outlives a singleton restart, so ingestion never stops
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import time
@@ -21,7 +22,8 @@ from typing import Any
 import ray
 
 from coordinator.guardian import GuardianState, NodeGuardian
-from coordinator.manager import NodeShardMap, SubscriberMessage
+from coordinator.inbox import Delivery, OrderedInbox
+from coordinator.manager import NodeShardMap
 from filopy.config import Settings
 from filopy.dataset import Dataset, DatasetRef
 from filopy.shard_status import Assigned, IngestionStopped, ShardEvent, ShardMapState
@@ -64,6 +66,8 @@ class NodeCoordinator:
             KafkaShardIngester if settings.ingest.source == "kafka" else EpochClaimingIngester
         )
         self._guardian = NodeGuardian()
+        self._inbox = OrderedInbox()
+        self._report_seq = itertools.count(1)  # orders this process's reports at the singleton
         self._maps: dict[DatasetRef, NodeShardMap] = {}
         self._ingesters: dict[tuple[DatasetRef, int], ShardIngester] = {}
         self._stores: tuple[MetaStore, ColumnStore] | None = None
@@ -93,9 +97,10 @@ class NodeCoordinator:
         await self._converge(message.ref, message.dataset, set(message.ingesting_shards()))
         return True
 
-    async def deliver(self, messages: list[SubscriberMessage]) -> None:
-        """The guardian's feed: every dataset's snapshots and events, and subscription lists."""
-        for m in messages:
+    async def deliver(self, delivery: Delivery) -> None:
+        """The guardian's feed: every dataset's snapshots and events, and subscription lists,
+        applied in the order the singleton sent them."""
+        for m in self._inbox.push(delivery):
             self._guardian.apply(m)
 
     async def guardian_state(self) -> GuardianState:
@@ -185,4 +190,4 @@ class NodeCoordinator:
                 "no %s to report %s to; the next resync will heal", CLUSTER_ACTOR_NAME, event
             )
             return
-        cluster.shard_event.remote(self.node_id, event)
+        cluster.shard_event.remote(self.node_id, event, next(self._report_seq))

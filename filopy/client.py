@@ -26,6 +26,7 @@ from ray.actor import ActorHandle
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from coordinator.cluster_actor import cluster_actor
+from coordinator.inbox import Delivery, OrderedInbox
 from coordinator.manager import (
     DatasetExists,
     DatasetRemoved,
@@ -229,14 +230,19 @@ class ShardEventSink:
     def __init__(self) -> None:
         self._messages: dict[str, list[SubscriberMessage]] = {}
         self._arrived: dict[str, asyncio.Event] = {}
+        self._inboxes: dict[str, OrderedInbox] = {}  # deliveries may run out of order
 
     def _event(self, subscription: str) -> asyncio.Event:
         return self._arrived.setdefault(subscription, asyncio.Event())
 
-    async def deliver(self, messages: list[SubscriberMessage]) -> None:
-        for m in messages:
-            self._messages.setdefault(m.subscriber, []).append(m)
-            self._event(m.subscriber).set()
+    async def deliver(self, delivery: Delivery) -> None:
+        if not delivery.messages:
+            return
+        subscription = delivery.messages[0].subscriber  # one batch, one subscription
+        ready = self._inboxes.setdefault(subscription, OrderedInbox()).push(delivery)
+        if ready:
+            self._messages.setdefault(subscription, []).extend(ready)
+            self._event(subscription).set()
 
     async def ping(self) -> bool:
         return True
@@ -255,6 +261,7 @@ class ShardEventSink:
     async def forget(self, subscription: str) -> None:
         self._messages.pop(subscription, None)
         self._arrived.pop(subscription, None)
+        self._inboxes.pop(subscription, None)
 
 
 class Subscription:
