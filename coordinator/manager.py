@@ -25,9 +25,11 @@ from coordinator.strategy import DefaultShardAssignmentStrategy, ShardAssignment
 from filopy.dataset import Dataset, DatasetRef
 from filopy.mapper import ShardMapper
 from filopy.shard_status import (
+    Assigned,
     CurrentShardSnapshot,
     IngestionError,
     IngestionStarted,
+    IngestionStopped,
     RecoveryInProgress,
     ShardAssignmentStarted,
     ShardDown,
@@ -595,6 +597,12 @@ class ShardManager:
         if owner != sender:
             return Result(
                 reply=EventIgnored(event, f"shard {shard} is owned by {owner}, not by {sender}")
+            )
+        if isinstance(event, IngestionStopped) and isinstance(mapper.status(shard), Assigned):
+            # The shard was assigned (again) after the ingester that stopped: this report is
+            # about an ingester from before the assignment and must not stop the new one.
+            return Result(
+                reply=EventIgnored(event, f"shard {shard} was reassigned after that ingester")
             )
         if isinstance(event, _OWNER_SETTING) and event.node != sender:
             return Result(

@@ -120,3 +120,30 @@ def test_async_subscription_and_no_false_moves_on_a_busy_machine(filopy_cluster)
     assert isinstance(got[0], CurrentShardSnapshot)
     assert isinstance(got[-1], ShardDown) and got[-1].shard == 2
     assert got[-1].node == before.owner(2) and before.owner(2) in {n.node_id for n in nodes}
+
+
+def test_events_arrive_in_order_for_a_brand_new_subscriber(filopy_cluster) -> None:
+    """Subscribe and immediately stop + restart a shard, repeatedly: every fresh subscriber must
+    see the snapshot first and then ShardDown before the shard is assigned again."""
+    c = filopy_cluster
+    nodes = [c.add_node() for _ in range(2)]
+    c.wait_for("2 members", lambda: len(c.client.members()) == 2)
+    c.client.setup_dataset(Dataset(name="metrics", num_shards=4, min_num_nodes=2))
+    c.wait_for("healthy", lambda: _all_active(c, "metrics"))
+    for round_ in range(5):
+        shard = round_ % 4
+        owner = c.client.shard_map("metrics").owner(shard)
+        sub = c.client.subscribe("metrics")
+        c.client.stop_shards("metrics", [shard])
+        c.client.start_shards("metrics", owner, [shard])
+        first = sub.next(timeout_s=10)
+        assert isinstance(first, CurrentShardSnapshot), first
+        kinds = []
+        while ShardAssignmentStarted not in kinds:
+            update = sub.next(timeout_s=10)
+            if update.shard == shard:
+                kinds.append(type(update))
+        assert kinds[0] is ShardDown, kinds
+        sub.unsubscribe()
+        c.wait_for("healthy again", lambda: _all_active(c, "metrics"))
+    assert {n.node_id for n in nodes} == set(c.client.members())

@@ -641,3 +641,20 @@ def test_node_map_helpers() -> None:
     assert isinstance(m, NodeShardMap) and m.version == m.state.version
     gone = NodeShardMap("a", ref(), ds, m.state, removed=True)
     assert gone.shards() == [] and gone.ingesting_shards() == []
+
+
+def test_late_ingestion_stopped_after_a_restart_on_the_same_node_is_ignored() -> None:
+    mgr = ShardManager()
+    mgr.add_member("a")
+    mgr.add_dataset(dataset("one", num_shards=4, min_num_nodes=1))
+    mgr.update_from_external_shard_event("a", IngestionStarted(ref("one"), 0, "a"))
+    mgr.stop_shards(ref("one"), [0])
+    mgr.start_shards(ref("one"), "a", [0])
+    late = mgr.update_from_external_shard_event("a", IngestionStopped(ref("one"), 0, "a"))
+    assert isinstance(late.reply, EventIgnored)
+    assert isinstance(mgr.mapper(ref("one")).status(0), Assigned)
+    mgr.update_from_external_shard_event("a", IngestionStarted(ref("one"), 0, "a"))
+    assert isinstance(mgr.mapper(ref("one")).status(0), Active)
+    # A real stop of a live shard still counts.
+    mgr.update_from_external_shard_event("a", IngestionStopped(ref("one"), 0, "a"))
+    assert str(mgr.mapper(ref("one")).status(0)) == "Stopped"
