@@ -190,24 +190,29 @@ class FiloPyClient:
         return dict(self._call("reassignment_stats"))
 
     def ingest_stats(self, dataset: str | DatasetRef) -> dict[str, dict[int, dict[str, Any]]]:
-        """Per member node, per shard it ingests from Kafka: its ingester's counters.
+        """Per member node, per shard it ingests from Kafka: its ingester's counters."""
+        return self._per_member("ingest_stats", _ref(dataset))
 
-        For monitoring: a node that fails or does not answer within the timeout is left out
-        rather than failing the whole call.
-        """
-        ref = _ref(dataset)
+    def series_samples(self, dataset: str | DatasetRef) -> dict[str, dict[str, Any]]:
+        """Per member node, per series of its shards: the series' timestamps in the ColumnStore
+        and memory, nothing de-duplicated (for exactness checks and debugging)."""
+        return self._per_member("series_samples", _ref(dataset))
+
+    def _per_member(self, method: str, *args: Any) -> dict[str, Any]:
+        """Call a node coordinator method on every member at once. A node that fails or does
+        not answer within the timeout is left out rather than failing the whole call."""
         calls: dict[str, ray.ObjectRef] = {}
         for node in self.members():
             try:
                 actor = ray.get_actor(node_actor_name(node), namespace=self._settings.ray.namespace)
             except ValueError:
                 continue
-            calls[node] = actor.ingest_stats.remote(ref)
+            calls[node] = getattr(actor, method).remote(*args)
         if not calls:
             return {}
         ready, _ = ray.wait(list(calls.values()), num_returns=len(calls), timeout=self.timeout_s)
         done = set(ready)
-        out: dict[str, dict[int, dict[str, Any]]] = {}
+        out: dict[str, Any] = {}
         for node, call in calls.items():
             if call in done:
                 try:

@@ -31,7 +31,6 @@ from filopy.testing import LocalRayCluster
 import ray
 
 from coordinator.cluster_actor import start_cluster_actor
-from coordinator.node_coordinator import node_actor_name
 from filopy.client import FiloPyClient
 from filopy.dataset import Dataset, SourceSettings
 from filopy.mapper import ShardMapper
@@ -197,9 +196,8 @@ class Demo:
         total, per_series = 0, {}
         while time.monotonic() < deadline:
             per_series = {}
-            for node in client.members():
-                h = ray.get_actor(node_actor_name(node), namespace=self.settings.ray.namespace)
-                per_series.update(ray.get(h.series_samples.remote(ds.ref), timeout=60))
+            for held in client.series_samples(ds.ref).values():
+                per_series.update(held)
             total = sum(len(ts) for ts in per_series.values())
             if total >= self.plan.samples:
                 break

@@ -80,9 +80,8 @@ def expected(n_series: int, n_samples: int) -> dict[str, np.ndarray]:
 
 def read_back(c: FiloPyCluster, ds: Dataset) -> dict[str, np.ndarray]:
     out: dict[str, np.ndarray] = {}
-    for node in c.client.members():
-        h = ray.get_actor(node_actor_name(node), namespace=c.settings.ray.namespace)
-        for key, ts in ray.get(h.series_samples.remote(ds.ref), timeout=60).items():
+    for held in c.client.series_samples(ds.ref).values():
+        for key, ts in held.items():
             assert key not in out, f"series {key} held by two nodes"
             out[key] = ts
     return out
@@ -189,11 +188,11 @@ def test_malformed_messages_are_counted_and_skipped(kafka_cluster, kafka_bootstr
                 producer.produce(ds.topic, f"not a batch {k}".encode(), partition=shard)
             assert producer.flush(30) == 0
     wait_exact(c, ds, expected(n_series, n_samples))
-    undecodable = 0
-    for node in c.client.members():
-        h = ray.get_actor(node_actor_name(node), namespace=c.settings.ray.namespace)
-        for stats in ray.get(h.ingest_stats.remote(ds.ref)).values():
-            undecodable += stats["bad_records"].get("undecodable", 0)
+    undecodable = sum(
+        stats["bad_records"].get("undecodable", 0)
+        for per_shard in c.client.ingest_stats(ds.ref).values()
+        for stats in per_shard.values()
+    )
     assert undecodable == ds.num_shards * (n_samples // 5)
 
 
