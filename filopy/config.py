@@ -93,6 +93,7 @@ class IngestSettings(_Section):
     queued_max_messages_kbytes: int = Field(ge=1)
     fetch_queue_backoff_ms: int = Field(ge=0)
     bad_record_log_interval_s: float = Field(ge=0)
+    kafka_retry_timeout_s: float = Field(gt=0)
 
 
 class Settings(BaseSettings):

@@ -6,8 +6,10 @@ partition's end offset; replay from the lowest checkpoint + 1, reporting `Recove
 ~5% steps, then `IngestionStarted`; from then on consume, ingest and let the flusher write chunks
 and fenced checkpoints. The consumer is `assign()`ed to exactly its partition at an explicit
 offset: no consumer group rebalancing, no offsets committed to Kafka (checkpoints live in the
-MetaStore). A `StaleEpochError` means another node owns the shard now: stop quietly. Any other
-unrecoverable error is reported as `IngestionError` and releases the shard.
+MetaStore). A `StaleEpochError` means another node owns the shard now: stop quietly. Transient
+Kafka errors (no partition leader yet, lost connection) are retried for
+`ingest.kafka_retry_timeout_s`; any other unrecoverable error is reported as `IngestionError` and
+releases the shard.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import logging
 import threading
 import time
 from collections import Counter
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
@@ -38,6 +41,34 @@ from ingest.records import decoder_for
 log = logging.getLogger(__name__)
 
 PROGRESS_STEP_PCT = 5
+T = TypeVar("T")
+
+# Errors a healthy cluster passes through: a partition without a leader (just created, or during
+# an election), a topic not yet in the broker's metadata, a lost connection. librdkafka does not
+# flag all of them retriable() when a synchronous call such as get_watermark_offsets fails.
+_TRANSIENT = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.NOT_ENOUGH_REPLICAS,
+        KafkaError._TRANSPORT,
+        KafkaError._TIMED_OUT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError._UNKNOWN_PARTITION,
+        KafkaError._UNKNOWN_TOPIC,
+    }
+)
+
+
+def is_transient(err: KafkaError) -> bool:
+    """Whether a Kafka error may clear up by itself, so the call is worth retrying."""
+    return not err.fatal() and (err.retriable() or err.code() in _TRANSIENT)
+
+
+class _Stopped(Exception):
+    """Told to stop while waiting for Kafka."""
 
 
 class KafkaShardIngester(ReportingIngester):
@@ -112,7 +143,10 @@ class KafkaShardIngester(ReportingIngester):
             self._epoch = self._meta.claim_epoch(ref, shard, self.node)
             consumer = self._consumer()
             partition = TopicPartition(self.dataset.topic, shard)
-            low, high = consumer.get_watermark_offsets(partition, timeout=10)
+            low, high = self._retrying(
+                "reading the partition's offsets",
+                lambda: consumer.get_watermark_offsets(partition, timeout=5),
+            )
             plan = recover_shard(self.memstore, self._meta, self._columns, ref, shard, high)
             start = plan.start_offset
             if start is not None and start < low:
@@ -147,6 +181,8 @@ class KafkaShardIngester(ReportingIngester):
             flusher.flush_all()  # a clean handoff: the next owner replays nothing
         except StaleEpochError as e:
             log.info("%s shard %d: another node owns it now (%s); stopping", ref.name, shard, e)
+        except _Stopped:
+            pass
         except Exception as e:
             log.exception("%s shard %d: ingestion failed", ref.name, shard)
             self._emit(IngestionError(ref, shard, self.node, f"{type(e).__name__}: {e}"))
@@ -174,7 +210,7 @@ class KafkaShardIngester(ReportingIngester):
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
                         continue
-                    if err.fatal() or not err.retriable():
+                    if not is_transient(err):
                         raise KafkaException(err)
                     log.warning("%s shard %d: %s", ref.name, shard, err)
                     continue
@@ -209,6 +245,25 @@ class KafkaShardIngester(ReportingIngester):
                 replaying = False
                 self._emit(IngestionStarted(ref, shard, self.node))
             flusher.flush_due()
+
+    def _retrying(self, what: str, call: Callable[[], T]) -> T:
+        """`call()`, retried with backoff while it fails with a transient Kafka error, for at
+        most `kafka_retry_timeout_s`; raises `_Stopped` if told to stop meanwhile."""
+        deadline = time.monotonic() + self._settings.ingest.kafka_retry_timeout_s
+        delay = 0.05
+        while True:
+            try:
+                return call()
+            except KafkaException as e:
+                err = e.args[0] if e.args else None
+                if not isinstance(err, KafkaError) or not is_transient(err):
+                    raise
+                if time.monotonic() + delay > deadline:
+                    raise
+                log.info("%s shard %d: %s: %s; retrying", self.dataset.name, self.shard, what, err)
+            if self._stopping.wait(delay):
+                raise _Stopped
+            delay = min(delay * 2, 2.0)
 
     def _position(self, consumer: Consumer) -> int | None:
         pos = consumer.position([TopicPartition(self.dataset.topic, self.shard)])[0].offset

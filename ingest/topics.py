@@ -90,6 +90,13 @@ def _partitions(md: ClusterMetadata, topic: str) -> int | None:
     return len(t.partitions)
 
 
+def _leaders_elected(md: ClusterMetadata, topic: str) -> bool:
+    """Whether every partition of the topic has a leader (right after creation some do not, and
+    reading their offsets fails with NOT_LEADER_FOR_PARTITION)."""
+    t = md.topics.get(topic)
+    return t is not None and all(p.leader >= 0 and p.error is None for p in t.partitions.values())
+
+
 def topic_partitions(
     topic: str, bootstrap_servers: str, timeout_s: float = DEFAULT_TIMEOUT_S
 ) -> int | None:
@@ -124,8 +131,8 @@ def ensure_topic(
 
     Returns True if this call created it. Raises `TopicMismatch` if it exists with another
     partition count and `KafkaUnavailable` if Kafka does not answer within `timeout_s`.
-    Returns only once the new topic's partitions are visible in the cluster metadata, so the
-    caller can produce and consume right away.
+    Returns only once the topic's partitions are in the cluster metadata with a leader each, so
+    the caller can produce and consume right away.
     """
     bootstrap = bootstrap_servers or dataset.source.bootstrap_servers
     topic, expected = dataset.topic, dataset.num_shards
@@ -159,14 +166,15 @@ def ensure_topic(
             ) from None
     # Confirm (after creating, or after losing a creation race) what the cluster now says.
     while True:
-        actual = _partitions(_metadata(admin, bootstrap, left()), topic)
+        md = _metadata(admin, bootstrap, left())
+        actual = _partitions(md, topic)
         if actual is not None and actual != expected:
             raise TopicMismatch(topic, expected, actual)
-        if actual == expected:
+        if actual == expected and _leaders_elected(md, topic):
             return created
         if left() <= 0:
             raise KafkaUnavailable(
-                f"Kafka topic {topic!r} was not visible in the metadata of {bootstrap} "
+                f"Kafka topic {topic!r} did not get a leader for every partition at {bootstrap} "
                 f"within {timeout_s:.1f} s"
             )
         time.sleep(0.05)

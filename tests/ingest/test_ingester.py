@@ -1,0 +1,116 @@
+"""One KafkaShardIngester against the real broker, outside a cluster: transient Kafka errors."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from confluent_kafka import KafkaError
+from confluent_kafka.admin import AdminClient
+
+from filopy.config import load_settings
+from filopy.dataset import Dataset, SourceSettings
+from filopy.shard_status import IngestionError, IngestionStarted, ShardEvent
+from filopy.store import open_stores
+from ingest.gateway import Gateway
+from ingest.ingester import KafkaShardIngester, is_transient
+from ingest.topics import ensure_topic
+
+pytestmark = pytest.mark.kafka
+
+
+def test_leaderless_and_unknown_partitions_are_transient_but_bad_requests_are_not() -> None:
+    for code in (
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError._TRANSPORT,
+    ):
+        assert is_transient(KafkaError(code)), code
+    for code in (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.INVALID_REQUEST):
+        assert not is_transient(KafkaError(code)), code
+    assert not is_transient(KafkaError(KafkaError._TRANSPORT, fatal=True))
+
+
+def test_an_ingester_waits_for_a_topic_that_appears_late_then_ingests(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    base = load_settings()
+    settings = base.model_copy(
+        update={
+            "store": base.store.model_copy(update={"sqlite_path": tmp_path / "f.db"}),
+            "ingest": base.ingest.model_copy(update={"kafka_retry_timeout_s": 60.0}),
+        }
+    )
+    topic = f"late-{uuid.uuid4().hex[:10]}"
+    ds = Dataset(
+        name="late",
+        num_shards=2,
+        source=SourceSettings(topic=topic, bootstrap_servers=kafka_bootstrap),
+    )
+    meta, columns = open_stores(settings)
+    meta.create_dataset(ds)
+    events: list[ShardEvent] = []
+    started = threading.Event()
+
+    def report(e: ShardEvent) -> None:
+        events.append(e)
+        if isinstance(e, (IngestionStarted, IngestionError)):
+            started.set()
+
+    ingester = KafkaShardIngester(
+        ds, 0, "n1", meta=meta, columns=columns, settings=settings, report=report
+    )
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    try:
+        asyncio.run(ingester.start())
+        assert not started.wait(2.0), events  # no topic yet: still waiting, no error
+        assert ensure_topic(ds) is True
+        assert started.wait(30), events
+        assert isinstance(events[-1], IngestionStarted), events
+        labels = {"_metric_": "up", "_ws_": "w", "_ns_": "n", "instance": "a"}
+        with Gateway(ds) as gw:
+            gw.send([(labels, 1_700_000_000_000 + 1000 * i, float(i)) for i in range(100)])
+        deadline = time.monotonic() + 30
+        while ingester.memstore.memory_samples() < 100 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ingester.memstore.memory_samples() == 100
+    finally:
+        asyncio.run(ingester.stop())
+        meta.close()
+        admin.delete_topics([topic])[topic].result(timeout=30)
+
+
+def test_told_to_stop_while_waiting_for_kafka_stops_without_an_error(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    base = load_settings()
+    settings = base.model_copy(
+        update={"store": base.store.model_copy(update={"sqlite_path": tmp_path / "f.db"})}
+    )
+    ds = Dataset(
+        name="never",
+        num_shards=2,
+        source=SourceSettings(
+            topic=f"never-{uuid.uuid4().hex[:10]}", bootstrap_servers=kafka_bootstrap
+        ),
+    )
+    meta, columns = open_stores(settings)
+    meta.create_dataset(ds)
+    events: list[ShardEvent] = []
+    ingester = KafkaShardIngester(
+        ds, 0, "n1", meta=meta, columns=columns, settings=settings, report=events.append
+    )
+    try:
+        asyncio.run(ingester.start())
+        time.sleep(1.0)
+        t0 = time.monotonic()
+        asyncio.run(ingester.stop())
+        assert time.monotonic() - t0 < 5
+        assert events == []
+    finally:
+        meta.close()
