@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -43,12 +44,16 @@ from coordinator.node_coordinator import (
 from filopy.config import Settings
 from filopy.dataset import Dataset, DatasetRef
 from filopy.shard_status import ShardEvent, ShardMapState
-from filopy.store import MetaStore, open_stores
+from filopy.store import MetaStore, StoreUnavailable, open_stores
 from ingest.topics import ensure_topic
 
 log = logging.getLogger(__name__)
 
 GUARDIAN_PREFIX = "guardian:"
+# Recovery retries an unreachable MetaStore with backoff between these bounds, indefinitely:
+# the singleton is useless without its state, and the store usually comes back.
+RECOVERY_RETRY_MIN_S = 0.5
+RECOVERY_RETRY_MAX_S = 10.0
 
 
 def guardian_id(node_id: str) -> str:
@@ -71,6 +76,8 @@ class NodeClusterActor:
         self._subscribers: dict[str, ActorHandle] = {}  # subscriber id -> its handle
         self._meta: MetaStore | None = None
         self._recovered = asyncio.Event()
+        self._first_attempt = asyncio.Event()  # set once the first recovery attempt has ended
+        self._recovery_error: str | None = None
         self._started_at = time.time()
         # Async actors may run calls out of order: stamp deliveries so receivers can reorder them.
         self._sequencer = Sequencer(self._started_at)
@@ -81,14 +88,27 @@ class NodeClusterActor:
 
     async def ready(self) -> float:
         """Returns once recovery is done; the value is when this incarnation started."""
-        await self._recovered.wait()
+        await self._ready()
         return self._started_at
+
+    async def _ready(self) -> None:
+        """Wait for recovery; if it failed (and is being retried), fail the call clearly rather
+        than serve state the singleton has not recovered, or keep the caller waiting."""
+        await self._first_attempt.wait()
+        if not self._recovered.is_set():
+            raise StoreUnavailable(
+                "the cluster singleton could not recover its state from the MetaStore "
+                f"({self._recovery_error}); it keeps retrying, so retry shortly"
+            )
+
+    def _store(self) -> MetaStore:
+        assert self._meta is not None, "used before recovery"
+        return self._meta
 
     async def setup_dataset(self, dataset: Dataset) -> Reply:
         """Persist the definition first (so a restart remembers it), then assign its shards."""
-        await self._recovered.wait()
-        meta = self._meta
-        assert meta is not None
+        await self._ready()
+        meta = self._store()
         if self._settings.ingest.source == "kafka":
             # One partition per shard; a topic with another partition count is refused here
             # (TopicMismatch) rather than silently mis-routing samples later.
@@ -98,29 +118,28 @@ class NodeClusterActor:
         return self._deliver(self._mgr.add_dataset(dataset))
 
     async def remove_dataset(self, ref: DatasetRef) -> Reply:
-        await self._recovered.wait()
-        meta = self._meta
-        assert meta is not None
+        await self._ready()
+        meta = self._store()
         await asyncio.to_thread(meta.delete_dataset, ref)
         return self._deliver(self._mgr.remove_dataset(ref))
 
     async def datasets(self) -> list[Dataset]:
-        await self._recovered.wait()
+        await self._ready()
         return list(self._mgr.datasets.values())
 
     async def shard_map(self, ref: DatasetRef) -> ShardMapState | None:
-        await self._recovered.wait()
+        await self._ready()
         snap = self._mgr.snapshot(ref)
         return None if isinstance(snap, DatasetUnknown) else snap.state
 
     async def members(self) -> list[str]:
-        await self._recovered.wait()
+        await self._ready()
         return list(self._mgr.members)
 
     async def reassignment_stats(self) -> dict[str, tuple[int, int]]:
         """Per dataset name: shards moved after an ingestion error, and moves skipped because
         the shard had moved too recently (read-only, for metrics)."""
-        await self._recovered.wait()
+        await self._ready()
         return {
             ref.name: (s.done, s.skipped)
             for ref in self._mgr.datasets
@@ -128,26 +147,26 @@ class NodeClusterActor:
         }
 
     async def subscribers(self, ref: DatasetRef | None = None) -> list[str]:
-        await self._recovered.wait()
+        await self._ready()
         return list(self._mgr.watchers if ref is None else self._mgr.subscribers(ref))
 
     async def start_shards(self, ref: DatasetRef, node: str, shards: list[int]) -> Reply:
-        await self._recovered.wait()
+        await self._ready()
         return self._deliver(self._mgr.start_shards(ref, node, shards))
 
     async def stop_shards(self, ref: DatasetRef, shards: list[int]) -> Reply:
-        await self._recovered.wait()
+        await self._ready()
         return self._deliver(self._mgr.stop_shards(ref, shards))
 
     async def subscribe(self, subscriber: str, handle: ActorHandle, ref: DatasetRef) -> Reply:
         """`handle.deliver(Delivery)` gets a snapshot now, then every event, stamped for order."""
-        await self._recovered.wait()
+        await self._ready()
         self._subscribers[subscriber] = handle
         self._sequencer.register(subscriber)
         return self._deliver(self._mgr.subscribe(subscriber, ref))
 
     async def unsubscribe(self, subscriber: str, ref: DatasetRef | None = None) -> Reply:
-        await self._recovered.wait()
+        await self._ready()
         reply = self._deliver(self._mgr.unsubscribe(subscriber, ref))
         if ref is None:
             self._subscribers.pop(subscriber, None)
@@ -156,7 +175,7 @@ class NodeClusterActor:
     async def shard_event(self, node: str, event: ShardEvent, seq: int | None = None) -> Reply:
         """A node's report on one of its shards. `seq` grows with every report a node sends:
         a report older than one already applied for the same shard arrived late and is stale."""
-        await self._recovered.wait()
+        await self._ready()
         if seq is not None:
             key = (node, event.ref, event.shard)
             if seq <= self._last_event_seq.get(key, 0):
@@ -323,13 +342,26 @@ class NodeClusterActor:
     # ----- loops and recovery ----------------------------------------------------------------
 
     async def _main(self) -> None:
+        delay = RECOVERY_RETRY_MIN_S
+        while True:
+            try:
+                datasets = await self._load_datasets()
+                break
+            except Exception as e:  # the store is down or unreachable: retry, do not give up
+                self._recovery_error = f"{type(e).__name__}: {e}"
+                log.warning("singleton recovery failed (%s); retrying in %.1f s", e, delay)
+                self._first_attempt.set()
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RECOVERY_RETRY_MAX_S)
         try:
-            await self._recover()
+            await self._recover(datasets)
         except Exception:
-            log.exception("singleton recovery failed")
-            raise
-        finally:
-            self._recovered.set()
+            # A bug, not an outage: leave the process so Ray restarts the singleton afresh
+            # rather than serve a half-recovered state.
+            log.exception("singleton recovery failed unexpectedly; exiting to be restarted")
+            os._exit(1)
+        self._recovered.set()
+        self._first_attempt.set()
         c = self._settings.cluster
         await asyncio.gather(
             self._every(c.membership_interval_s, self._sync_membership),
@@ -348,10 +380,14 @@ class NodeClusterActor:
                 log.exception("periodic step %s failed", getattr(step, "__name__", step))
             await asyncio.sleep(interval)
 
-    async def _recover(self) -> None:
+    async def _load_datasets(self) -> list[Dataset]:
+        """Open the MetaStore and read the datasets: the part of recovery that can fail."""
+        if self._meta is None:
+            self._meta, _ = await asyncio.to_thread(open_stores, self._settings)
+        return await asyncio.to_thread(self._meta.list_datasets)
+
+    async def _recover(self, datasets: list[Dataset]) -> None:
         """Rebuild state: datasets from the MetaStore, maps and subscriptions from guardians."""
-        self._meta, _ = await asyncio.to_thread(open_stores, self._settings)
-        datasets = await asyncio.to_thread(self._meta.list_datasets)
         live = await self._live_filopy_nodes()
         existing: dict[str, ActorHandle] = {}
         for node in live:

@@ -212,3 +212,42 @@ def test_killed_coordinator_process_moves_shards_and_the_node_rejoins(filopy_clu
     c.wait_for("the node to rejoin", lambda: c.client.members()[-1] == victim.node_id)
     fresh = ray.get(_node(c, victim.node_id).ping.remote())
     assert fresh.pid != pid
+
+
+def test_unreachable_store_at_start_is_a_clear_error_then_recovery_retries(
+    ray_cluster, tmp_path
+) -> None:
+    from coordinator.cluster_actor import start_cluster_actor
+    from filopy.client import FiloPyClient
+    from filopy.store import StoreUnavailable
+
+    from .conftest import cluster_settings
+
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file where the store's directory should be")
+    base = cluster_settings(tmp_path)
+    settings = base.model_copy(
+        update={"store": base.store.model_copy(update={"sqlite_path": blocker / "filopy.db"})}
+    )
+    actor = start_cluster_actor(settings)
+    client = FiloPyClient(actor, settings)
+    try:
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable, match=r"could not recover its state.*blocker"):
+            client.datasets()
+        assert time.monotonic() - started < 10  # an answer, not a hang
+        with pytest.raises(StoreUnavailable, match="could not recover"):
+            client.setup_dataset(Dataset(name="metrics", num_shards=4, min_num_nodes=1))
+        blocker.unlink()  # the store becomes reachable: the singleton's retry recovers
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                assert client.datasets() == []
+                break
+            except StoreUnavailable:
+                assert time.monotonic() < deadline, "recovery was not retried"
+                time.sleep(0.2)
+        assert client.setup_dataset(Dataset(name="metrics", num_shards=4, min_num_nodes=1))
+        assert [d.name for d in client.datasets()] == ["metrics"]
+    finally:
+        ray.kill(actor, no_restart=True)
