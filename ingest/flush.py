@@ -240,6 +240,20 @@ class Flusher:
             return 0.0
         return max(0.0, self._next_due - now)
 
+    def totals(self) -> GroupFlushStats:
+        """The shard's flush costs summed over its groups (checkpoint: the lowest committed)."""
+        stats = list(self.group_stats.values())
+        done = [s.checkpoint for s in stats if s.checkpoint is not None]
+        return GroupFlushStats(
+            checkpoint=min(done) if len(done) == len(stats) else None,
+            flushes=sum(s.flushes for s in stats),
+            failures=sum(s.failures for s in stats),
+            samples=sum(s.samples for s in stats),
+            chunks=sum(s.chunks for s in stats),
+            last_duration_s=max((s.last_duration_s for s in stats), default=0.0),
+            total_duration_s=sum(s.total_duration_s for s in stats),
+        )
+
     @property
     def checkpoints(self) -> dict[int, int]:
         """Committed checkpoints known to this flusher."""

@@ -104,6 +104,12 @@ class KafkaShardIngester(ReportingIngester):
         self.messages = 0
         self.offsets_lost = 0  # offsets retention dropped before they were checkpointed
         self.replayed_from: int | None = None  # first offset read at start; > 0: checkpoints used
+        self.flusher: Flusher | None = None
+        # Consumer lag = end of the partition (as of the last fetch) - the next offset to read.
+        self.end_offset: int | None = None
+        self.next_offset: int | None = None
+        self.recovery_s: float | None = None  # from start to IngestionStarted
+        self._started = time.monotonic()
 
     async def start(self) -> None:
         self._thread = threading.Thread(
@@ -160,7 +166,8 @@ class KafkaShardIngester(ReportingIngester):
                 )
             first = low if start is None else max(start, low)
             self.replayed_from = first
-            flusher = Flusher(
+            self.end_offset, self.next_offset = high, first
+            self.flusher = flusher = Flusher(
                 self.memstore,
                 self._columns,
                 self._meta,
@@ -199,7 +206,7 @@ class KafkaShardIngester(ReportingIngester):
             self._emit(RecoveryInProgress(ref, shard, self.node, 0))
         else:
             self.memstore.end_recovery()
-            self._emit(IngestionStarted(ref, shard, self.node))
+            self._live()
         reported_pct = 0
         last_bad_log = 0.0
         while not self._stopping.is_set():
@@ -231,6 +238,13 @@ class KafkaShardIngester(ReportingIngester):
                         )
                 self.memstore.ingest(decoded.batch, m.offset())
                 self.messages += 1
+                self.next_offset = m.offset() + 1
+            # The end offset librdkafka learnt from its last fetch: no request to the broker.
+            _, end = consumer.get_watermark_offsets(
+                TopicPartition(self.dataset.topic, shard), cached=True
+            )
+            if end >= 0:
+                self.end_offset = end
             if replaying and self.memstore.recovering:
                 position = self._position(consumer)
                 if position is not None and position >= high:
@@ -243,8 +257,12 @@ class KafkaShardIngester(ReportingIngester):
                         self._emit(RecoveryInProgress(ref, shard, self.node, reported_pct))
             if replaying and not self.memstore.recovering:  # ingest() ends it at the end offset
                 replaying = False
-                self._emit(IngestionStarted(ref, shard, self.node))
+                self._live()
             flusher.flush_due()
+
+    def _live(self) -> None:
+        self.recovery_s = time.monotonic() - self._started
+        self._emit(IngestionStarted(self.dataset.ref, self.shard, self.node))
 
     def _retrying(self, what: str, call: Callable[[], T]) -> T:
         """`call()`, retried with backoff while it fails with a transient Kafka error, for at
@@ -287,4 +305,14 @@ class KafkaShardIngester(ReportingIngester):
             "replayed_from": self.replayed_from,
             "memstore": s,
             "memory_samples": self.memstore.memory_samples(),
+            "lag": self.lag,
+            "recovery_s": self.recovery_s,
+            "flush": self.flusher.totals() if self.flusher is not None else None,
         }
+
+    @property
+    def lag(self) -> int | None:
+        """Offsets in the partition not yet read (None until the first offsets are known)."""
+        if self.end_offset is None or self.next_offset is None:
+            return None
+        return max(0, self.end_offset - self.next_offset)

@@ -10,7 +10,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+    SummaryMetricFamily,
+)
 from prometheus_client.registry import Collector
 
 from filopy.client import DatasetUnknownError, FiloPyClient
@@ -87,6 +92,31 @@ class ClusterCollector(Collector):
             "Kafka offsets that retention dropped before they were checkpointed.",
             labels=per_shard,
         )
+        lag = GaugeMetricFamily(
+            "filopy_consumer_lag_offsets",
+            "Kafka offsets of the shard's partition not yet read by its ingester (end offset as "
+            "of the ingester's last fetch minus its next offset).",
+            labels=per_shard,
+        )
+        recovery = GaugeMetricFamily(
+            "filopy_recovery_duration_seconds",
+            "How long the shard's ingester took from start (epoch claim, checkpoint recovery, "
+            "replay) to IngestionStarted on this node.",
+            labels=per_shard,
+        )
+        flush = SummaryMetricFamily(
+            "filopy_flush_duration_seconds",
+            "Flush group writes (chunks, part keys, fenced checkpoint) of the shard.",
+            labels=per_shard,
+        )
+        flush_failures = CounterMetricFamily(
+            "filopy_flush_failures",
+            "Flushes that failed (store errors; retried at the next turn).",
+            labels=per_shard,
+        )
+        flushed = CounterMetricFamily(
+            "filopy_flushed_samples", "Samples written to the ColumnStore.", labels=per_shard
+        )
         names = sorted(d.name for d in c.datasets())
         reassigned = c.reassignment_stats()
         for name in names:
@@ -114,4 +144,28 @@ class ClusterCollector(Collector):
                     dropped.add_metric([*labels, "invalid_series"], mem.invalid_series)
                     for reason, n in sorted(st["bad_records"].items()):
                         bad.add_metric([*labels, reason], n)
-        return [members, shards, moves, samples, messages, bad, dropped, memory, lost]
+                    if st.get("lag") is not None:
+                        lag.add_metric(labels, st["lag"])
+                    if st.get("recovery_s") is not None:
+                        recovery.add_metric(labels, st["recovery_s"])
+                    f = st.get("flush")
+                    if f is not None:
+                        flush.add_metric(labels, f.flushes, f.total_duration_s)
+                        flush_failures.add_metric(labels, f.failures)
+                        flushed.add_metric(labels, f.samples)
+        return [
+            members,
+            shards,
+            moves,
+            samples,
+            messages,
+            bad,
+            dropped,
+            memory,
+            lost,
+            lag,
+            recovery,
+            flush,
+            flush_failures,
+            flushed,
+        ]

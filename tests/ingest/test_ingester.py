@@ -9,7 +9,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from confluent_kafka import KafkaError
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from filopy.config import load_settings
@@ -79,6 +79,15 @@ def test_an_ingester_waits_for_a_topic_that_appears_late_then_ingests(
         while ingester.memstore.memory_samples() < 100 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert ingester.memstore.memory_samples() == 100
+        # Lag: the partition's end offset (as of the last fetch) minus the next offset to read.
+        consumer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": "lag-check"})
+        _, end = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+        consumer.close()
+        assert end >= 1
+        while ingester.end_offset != end and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (ingester.end_offset, ingester.next_offset, ingester.lag) == (end, end, 0)
+        assert ingester.recovery_s is not None and ingester.recovery_s > 2.0  # waited for the topic
     finally:
         asyncio.run(ingester.stop())
         meta.close()

@@ -25,7 +25,10 @@ T0_NS = 1_700_000_000_000 * 1_000_000
 
 @pytest.fixture(scope="module")
 def rest(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str) -> Iterator[Rest]:
-    settings = cluster_settings(tmp_path_factory.mktemp("rest-kafka"), "kafka")
+    # Flushing every second, so the flush metrics move within the test.
+    settings = cluster_settings(
+        tmp_path_factory.mktemp("rest-kafka"), "kafka", flush_interval_s=1.0
+    )
     settings = settings.model_copy(
         update={"kafka": settings.kafka.model_copy(update={"bootstrap_servers": kafka_bootstrap})}
     )
@@ -108,4 +111,32 @@ def test_ingestion_counters_per_shard(rest, kafka_bootstrap: str) -> None:
         if s.labels["dataset"] == name
     }
     assert sum(messages.values()) == 21
+
+    def flushed_and_caught_up() -> dict | None:
+        m = metrics(rest)
+        mine = [s for fam in m.values() for s in fam if s.labels.get("dataset") == name]
+        got = {
+            (s.name, int(s.labels["shard"])): s.value
+            for s in mine
+            if s.name in ("filopy_flushed_samples_total", "filopy_consumer_lag_offsets")
+        }
+        want = {("filopy_flushed_samples_total", s): n for s, n in expected.items()}
+        want |= {("filopy_consumer_lag_offsets", s): 0 for s in expected}
+        return m if got == want else None
+
+    m = rest.wait_for("everything flushed, no lag", flushed_and_caught_up)
+    for shard in (0, 1):
+        labels = {"dataset": name, "shard": str(shard), "node": owners[shard]}
+        flushes = value(
+            m["filopy_flush_duration_seconds"], "filopy_flush_duration_seconds_count", **labels
+        )
+        took = value(
+            m["filopy_flush_duration_seconds"], "filopy_flush_duration_seconds_sum", **labels
+        )
+        assert flushes >= 1 and took > 0
+        assert value(m["filopy_flush_failures"], "filopy_flush_failures_total", **labels) == 0
+        recovery = value(
+            m["filopy_recovery_duration_seconds"], "filopy_recovery_duration_seconds", **labels
+        )
+        assert 0 < recovery < 30
     rest.http.delete(f"/api/v1/datasets/{name}")
