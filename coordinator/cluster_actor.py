@@ -42,7 +42,7 @@ from coordinator.node_coordinator import (
     node_actor_name,
 )
 from filopy.config import Settings
-from filopy.dataset import Dataset, DatasetRef
+from filopy.dataset import Dataset, DatasetInvalid, DatasetRef
 from filopy.shard_status import ShardEvent, ShardMapState
 from filopy.store import MetaStore, StoreUnavailable, open_stores
 from ingest.topics import ensure_topic
@@ -109,6 +109,12 @@ class NodeClusterActor:
         """Persist the definition first (so a restart remembers it), then assign its shards."""
         await self._ready()
         meta = self._store()
+        span = dataset.store.chunk_span_ms
+        if span is not None and span > self._settings.store.max_chunk_span_ms:
+            raise DatasetInvalid(
+                f"store.chunk_span_ms is {span}, more than this cluster's store.max_chunk_span_ms "
+                f"({self._settings.store.max_chunk_span_ms}): queries would miss such chunks"
+            )
         if self._settings.ingest.source == "kafka":
             # One partition per shard; a topic with another partition count is refused here
             # (TopicMismatch) rather than silently mis-routing samples later.

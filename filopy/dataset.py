@@ -76,16 +76,56 @@ class SpreadSettings(_Frozen):
     overrides: tuple[SpreadOverride, ...] = ()
 
 
+class StoreOptions(_Frozen):
+    """How the dataset's shards are kept in memory and flushed; unset: the node's `[ingest]`
+    setting of the same name. Part of the definition, so every node treats the dataset alike and
+    a restart never reads checkpoints written under another flush-group layout."""
+
+    groups_per_shard: Annotated[int, Field(ge=1, le=1024)] | None = Field(
+        default=None, description="Flush groups per shard (checkpoints are per group)."
+    )
+    flush_interval_s: Annotated[float, Field(gt=0, le=86400)] | None = Field(
+        default=None,
+        description="Every group flushes once per interval: the most a restart replays.",
+    )
+    max_chunk_samples: Annotated[int, Field(ge=2, le=100_000)] | None = Field(
+        default=None, description="At most this many samples of one series per chunk."
+    )
+    chunk_span_ms: Annotated[int, Field(ge=1)] | None = Field(
+        default=None,
+        description="Chunks never cross a bucket of this many ms; at most the cluster's "
+        "store.max_chunk_span_ms (checked at SetupDataset).",
+    )
+    memory_retention_ms: Annotated[int, Field(ge=0)] | None = Field(
+        default=None, description="Samples newer than this stay in memory for queries."
+    )
+
+    def overrides(self) -> dict[str, int | float]:
+        """The options set, by `[ingest]` setting name."""
+        return self.model_dump(exclude_none=True)
+
+
+class DatasetInvalid(ValueError):
+    """A definition that is valid on its own but not on this cluster (e.g. chunk span)."""
+
+
 class Dataset(_Frozen):
     """A dataset definition, validated so that a bad one never reaches the shard manager."""
 
-    name: str
-    num_shards: Annotated[int, Field(ge=1, le=1 << 16)]
+    name: str = Field(
+        description="Letters, digits, '_' and '-', a letter first, at most 128 characters.",
+        json_schema_extra={"pattern": _NAME_RE.pattern},
+    )
+    num_shards: Annotated[int, Field(ge=1, le=1 << 16)] = Field(
+        description="A power of two (one Kafka partition per shard); fixed once created.",
+        json_schema_extra={"enum": [1 << i for i in range(17)]},
+    )
     min_num_nodes: Annotated[int, Field(ge=1)] = 1
     shard_key_columns: tuple[str, ...] = DEFAULT_SHARD_KEY_COLUMNS
     metric_column: str = METRIC_COLUMN
     spread: SpreadSettings = SpreadSettings()
     source: SourceSettings = SourceSettings()
+    store: StoreOptions = StoreOptions()
 
     @field_validator("name")
     @classmethod

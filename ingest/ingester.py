@@ -90,7 +90,8 @@ class KafkaShardIngester(ReportingIngester):
         super().__init__(report)
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
-        cfg = settings.ingest
+        # The dataset's own store options win over the node's [ingest] defaults.
+        self._ingest = cfg = settings.ingest.model_copy(update=dataset.store.overrides())
         self.memstore = ShardMemstore(
             dataset,
             shard,
@@ -126,7 +127,7 @@ class KafkaShardIngester(ReportingIngester):
     # ----- the ingestion thread --------------------------------------------------------------
 
     def _consumer(self) -> Consumer:
-        cfg = self._settings.ingest
+        cfg = self._ingest
         return Consumer(
             {
                 "bootstrap.servers": self.dataset.source.bootstrap_servers,
@@ -174,7 +175,7 @@ class KafkaShardIngester(ReportingIngester):
                 ref,
                 shard,
                 self._epoch,
-                flush_interval_s=self._settings.ingest.flush_interval_s,
+                flush_interval_s=self._ingest.flush_interval_s,
                 checkpoints=plan.checkpoints,
             )
             consumer.assign(
@@ -198,7 +199,7 @@ class KafkaShardIngester(ReportingIngester):
                 consumer.close()
 
     def _consume(self, consumer: Consumer, flusher: Flusher, first: int, high: int) -> None:
-        ref, shard, cfg = self.dataset.ref, self.shard, self._settings.ingest
+        ref, shard, cfg = self.dataset.ref, self.shard, self._ingest
         decode = decoder_for(self.dataset)
         backlog = max(0, high - first)
         replaying = self.memstore.recovering and backlog > 0
@@ -267,7 +268,7 @@ class KafkaShardIngester(ReportingIngester):
     def _retrying(self, what: str, call: Callable[[], T]) -> T:
         """`call()`, retried with backoff while it fails with a transient Kafka error, for at
         most `kafka_retry_timeout_s`; raises `_Stopped` if told to stop meanwhile."""
-        deadline = time.monotonic() + self._settings.ingest.kafka_retry_timeout_s
+        deadline = time.monotonic() + self._ingest.kafka_retry_timeout_s
         delay = 0.05
         while True:
             try:

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from filopy.client import DatasetUnknownError, FiloPyError, ShardRequestError
-from filopy.dataset import _check_name
+from filopy.dataset import DatasetInvalid, _check_name
 from filopy.store import DatasetConflict, StoreError
 from ingest.topics import KafkaUnavailable, TopicMismatch, TopicSetupError
 
@@ -74,6 +74,8 @@ def api_error(exc: BaseException, timeout_s: float) -> ApiError:
         return ApiError(503, UNAVAILABLE, f"Kafka topic setup failed: {cause}")
     if isinstance(cause, StoreError):
         return ApiError(503, UNAVAILABLE, f"the dataset store failed: {cause}")
+    if isinstance(cause, DatasetInvalid):
+        return ApiError(400, BAD_DATA, str(cause))
     if isinstance(cause, ValidationError):
         return ApiError(400, BAD_DATA, validation_message(cause.errors()))
     if isinstance(cause, ray.exceptions.GetTimeoutError):

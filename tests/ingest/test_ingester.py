@@ -13,7 +13,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from filopy.config import load_settings
-from filopy.dataset import Dataset, SourceSettings
+from filopy.dataset import Dataset, SourceSettings, StoreOptions
 from filopy.shard_status import IngestionError, IngestionStarted, ShardEvent
 from filopy.store import open_stores
 from ingest.gateway import Gateway
@@ -121,5 +121,34 @@ def test_told_to_stop_while_waiting_for_kafka_stops_without_an_error(
         asyncio.run(ingester.stop())
         assert time.monotonic() - t0 < 5
         assert events == []
+    finally:
+        meta.close()
+
+
+def test_the_datasets_store_options_win_over_the_node_defaults(tmp_path: Path) -> None:
+    base = load_settings()
+    settings = base.model_copy(
+        update={"store": base.store.model_copy(update={"sqlite_path": tmp_path / "f.db"})}
+    )
+    options = StoreOptions(groups_per_shard=3, max_chunk_samples=50, memory_retention_ms=1000)
+    ds = Dataset(name="opts", num_shards=2, store=options)
+    meta, columns = open_stores(settings)
+    try:
+        ingester = KafkaShardIngester(
+            ds, 0, "n1", meta=meta, columns=columns, settings=settings, report=lambda e: None
+        )
+        mem = ingester.memstore
+        assert (mem.groups_per_shard, mem.max_chunk_samples, mem.retention_ms) == (3, 50, 1000)
+        assert mem.chunk_span_ms == settings.ingest.chunk_span_ms  # not set: the node's
+        plain = KafkaShardIngester(
+            Dataset(name="plain", num_shards=2),
+            0,
+            "n1",
+            meta=meta,
+            columns=columns,
+            settings=settings,
+            report=lambda e: None,
+        )
+        assert plain.memstore.groups_per_shard == settings.ingest.groups_per_shard != 3
     finally:
         meta.close()

@@ -69,6 +69,13 @@ def test_full_definition_round_trips(rest, name: str) -> None:
             "bootstrap_servers": "127.0.0.1:9092",
             "record_format": "influx-line",
         },
+        "store": {
+            "groups_per_shard": 4,
+            "flush_interval_s": 30.0,
+            "max_chunk_samples": None,
+            "chunk_span_ms": 600_000,
+            "memory_retention_ms": None,
+        },
     }
     resp = rest.http.post(DATASETS, json=definition)
     assert resp.status_code == 201, resp.text
@@ -146,6 +153,18 @@ OVERRIDE = {"shard_key": {"_ws_": "w", "_ns_": "n"}, "spread": 1}
         ({"source": {"bootstrap_servers": 9092}}, "source.bootstrap_servers: Input should be"),
         ({"source": {"partitions": 8}}, "unknown field 'source.partitions'"),
         ({"replicas": 3}, "unknown field 'replicas'"),
+        (
+            {"store": {"groups_per_shard": 0}},
+            "store.groups_per_shard: Input should be greater than or equal to 1",
+        ),
+        ({"store": {"flush_interval_s": -1}}, "store.flush_interval_s: Input should be greater"),
+        ({"store": {"ttl": 5}}, "unknown field 'store.ttl'"),
+        (
+            # Valid on its own, but more than this cluster's store.max_chunk_span_ms.
+            {"store": {"chunk_span_ms": 10 * 86_400_000}},
+            "store.chunk_span_ms is 864000000, more than this cluster's store.max_chunk_span_ms "
+            "(86400000): queries would miss such chunks",
+        ),
     ],
 )
 def test_each_invalid_field_is_a_400_naming_it(rest, name: str, change: dict, message: str) -> None:
