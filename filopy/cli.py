@@ -114,7 +114,9 @@ def status(
         ]
         console.print_json(json.dumps({"dataset": dataset, "shards": shards}))
         return
-    console.print(mapper.render())
+    from filopy.views import shard_grid
+
+    console.print(shard_grid(mapper, f"{dataset}: {mapper.num_shards} shards"))
 
 
 @app.command()
@@ -130,8 +132,9 @@ def watch(
         for update in updates:
             if isinstance(update, CurrentShardSnapshot):
                 from filopy.mapper import ShardMapper
+                from filopy.views import shard_grid
 
-                console.print(ShardMapper.from_state(update.state).render())
+                console.print(shard_grid(ShardMapper.from_state(update.state), dataset))
             else:
                 console.print(f"shard {update.shard:>4}  {type(update).__name__}  {update.node}")
 

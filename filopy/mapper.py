@@ -375,7 +375,7 @@ class ShardMapper:
             lines.append(f"  {start:5d}-{end:<5d}  " + "  ".join(groups))
         lines.append("----- Nodes -----")
         for node in sorted(self._node_shards):
-            lines.append(f"  {node}: {_ranges(sorted(self._node_shards[node]))}")
+            lines.append(f"  {node}: {shard_ranges(sorted(self._node_shards[node]))}")
         if not self._node_shards:
             lines.append("  (none)")
         return "\n".join(lines)
@@ -384,7 +384,7 @@ class ShardMapper:
         return self.render()
 
 
-def _ranges(shards: list[int]) -> str:
+def shard_ranges(shards: list[int]) -> str:
     """``[0, 1, 2, 5]`` -> ``"0-2, 5"``: keeps 4096-shard listings readable."""
     parts: list[str] = []
     i = 0

@@ -22,7 +22,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from filopy.client import FiloPyClient, Subscription
 from filopy.config import Settings
 from filopy.dataset import _NAME_RE, Dataset
-from filopy.mapper import ShardEventError, ShardMapper
+from filopy.mapper import ShardEventError, ShardMapper, shard_ranges
 from filopy.rest.errors import (
     INTERNAL,
     NOT_FOUND,
@@ -376,19 +376,6 @@ def _json(data: Any) -> str:
     return json.dumps(data, separators=(",", ":"))
 
 
-def _ranges(shards: list[int]) -> str:
-    parts: list[str] = []
-    start = prev = None
-    for s in [*shards, None]:
-        if s is not None and prev is not None and s == prev + 1:
-            prev = s
-            continue
-        if start is not None:
-            parts.append(str(start) if start == prev else f"{start}-{prev}")
-        start = prev = s
-    return ", ".join(parts)
-
-
 def _unhealthy(mapper: ShardMapper) -> str:
     """`Down: 3, 5-7; Unassigned: 9`: the shards not Active or in Recovery, by status."""
     by_status: dict[str, list[int]] = {}
@@ -396,4 +383,4 @@ def _unhealthy(mapper: ShardMapper) -> str:
         st = mapper.status(s)
         if not isinstance(st, Active | Recovery):
             by_status.setdefault(type(st).__name__, []).append(s)
-    return "; ".join(f"{k}: {_ranges(v)}" for k, v in sorted(by_status.items()))
+    return "; ".join(f"{k}: {shard_ranges(v)}" for k, v in sorted(by_status.items()))

@@ -43,6 +43,8 @@ def test_cli_against_a_running_cluster(filopy_cluster, monkeypatch: pytest.Monke
 
     grid = runner.invoke(app, ["status", "metrics", *addr])
     assert "AAAA" in grid.output
+    for n in nodes:
+        assert f"{n.node_id}: 2 shards: " in grid.output
 
     stopped = runner.invoke(app, ["shards", "stop", "metrics", "1", *addr])
     assert stopped.exit_code == 0 and "stopped shards [1]" in stopped.output

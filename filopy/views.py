@@ -1,0 +1,67 @@
+"""Terminal views of cluster state for the CLI: the shard grid in colour.
+
+Colour carries the status at a glance (rich drops it when the output is not a terminal, so a
+pipe or a log gets the same letters as `ShardMapper.render`).
+"""
+
+from __future__ import annotations
+
+from rich.console import Group
+from rich.text import Text
+
+from filopy.mapper import ShardMapper, shard_ranges
+from filopy.shard_status import (
+    Active,
+    Assigned,
+    Down,
+    Error,
+    Recovery,
+    ShardStatus,
+    Stopped,
+    Unassigned,
+)
+
+STYLES: dict[type[ShardStatus], str] = {
+    Unassigned: "dim",
+    Assigned: "cyan",
+    Recovery: "yellow",
+    Active: "green",
+    Error: "bold red",
+    Stopped: "blue",
+    Down: "bold magenta",
+}
+PER_ROW = 32
+
+
+def legend() -> Text:
+    text = Text("Status legend: ")
+    for status, style in STYLES.items():
+        text.append(status.letter, style=style)
+        text.append(f"={status.__name__} ")
+    return text
+
+
+def shard_grid(mapper: ShardMapper, title: str = "") -> Group:
+    """The legend, one coloured letter per shard (32 per row, in groups of 8), then the shards
+    of each node and the shards in Error with their messages."""
+    lines: list[Text] = [legend(), Text(f"----- {title or 'Status map'} -----", style="bold")]
+    statuses = mapper.statuses
+    for start in range(0, mapper.num_shards, PER_ROW):
+        row = statuses[start : start + PER_ROW]
+        line = Text(f"  {start:5d}-{start + len(row) - 1:<5d}  ")
+        for i, st in enumerate(row):
+            if i and i % 8 == 0:
+                line.append(" ")
+            line.append(st.letter, style=STYLES.get(type(st), ""))
+        lines.append(line)
+    lines.append(Text("----- Nodes -----", style="bold"))
+    nodes = sorted(mapper.all_nodes())
+    for node in nodes:
+        shards = mapper.shards_for_node(node)
+        lines.append(Text(f"  {node}: {len(shards)} shards: {shard_ranges(shards)}"))
+    if not nodes:
+        lines.append(Text("  (none)"))
+    errors = [(s, st) for s, st in enumerate(statuses) if isinstance(st, Error)]
+    for shard, st in errors:
+        lines.append(Text(f"  shard {shard}: {st.message}", style=STYLES[Error]))
+    return Group(*lines)
