@@ -72,6 +72,7 @@ class NodeCoordinator:
         self._ingesters: dict[tuple[DatasetRef, int], ShardIngester] = {}
         self._stores: tuple[MetaStore, ColumnStore] | None = None
         self._converge_lock = asyncio.Lock()
+        self._draining = False
         self._report: EventReporter = reporter or self._report_to_singleton
 
     @property
@@ -105,6 +106,19 @@ class NodeCoordinator:
 
     async def guardian_state(self) -> GuardianState:
         return self._guardian.state()
+
+    async def drain(self) -> int:
+        """Stop every ingester cleanly (each flushes all it holds, so the next owner replays
+        nothing) and start no new ones: for shutting the cluster down. Returns how many stopped.
+        The node stays a member; its shards move only when the node leaves."""
+        async with self._converge_lock:
+            self._draining = True
+            stopping = list(self._ingesters.items())
+            self._ingesters.clear()
+            await asyncio.gather(*(ing.stop() for _, ing in stopping))
+            for ref, shard in (key for key, _ in stopping):
+                self._report(IngestionStopped(ref, shard, self.node_id))
+            return len(stopping)
 
     # ----- for queries and operators ---------------------------------------------------------
 
@@ -155,6 +169,8 @@ class NodeCoordinator:
 
     async def _converge(self, ref: DatasetRef, dataset: Dataset, wanted: set[int]) -> None:
         async with self._converge_lock:
+            if self._draining:
+                return
             running = {s for r, s in self._ingesters if r == ref}
             for shard in sorted(running - wanted):
                 ingester = self._ingesters.pop((ref, shard))

@@ -68,6 +68,39 @@ def demo(
 
 @app.command()
 @_clean_errors
+def up(
+    nodes: Annotated[int, typer.Option(min=1, help="FiloPy nodes to start.")] = 3,
+    port: Annotated[int, typer.Option(help="REST API port on 127.0.0.1.")] = 8080,
+) -> None:
+    """Start a local cluster in the background: Ray head + FiloPy nodes on 127.0.0.1, the
+    singleton, the REST API, and Kafka (and Cassandra if configured) via scripts/services.sh."""
+    from filopy.local import state_dir
+    from filopy.local import up as start
+
+    with console.status(f"starting a local cluster of {nodes} FiloPy nodes…"):
+        cluster = start(nodes, port)
+    console.print(
+        f"[green]local cluster up[/]: {cluster.nodes} FiloPy nodes, Ray at {cluster.ray_address}, "
+        f"REST API {cluster.rest_url} (OpenAPI at {cluster.rest_url}/docs)\n"
+        f"log: {cluster.log}\nstate: {state_dir() / 'local-cluster.json'}; "
+        "other commands find it from this directory; stop it with `filopy down`"
+    )
+
+
+@app.command()
+@_clean_errors
+def down() -> None:
+    """Stop the local cluster `filopy up` started (and the services it started itself)."""
+    from filopy.local import down as stop
+
+    with console.status("stopping the local cluster…"):
+        cluster = stop()
+    stopped = f" and {', '.join(cluster.started_services)}" if cluster.started_services else ""
+    console.print(f"local cluster (pid {cluster.pid}){stopped} stopped")
+
+
+@app.command()
+@_clean_errors
 def serve(
     address: RayAddress = "auto",
     host: Annotated[str, typer.Option(help="Interface the REST API listens on.")] = "127.0.0.1",

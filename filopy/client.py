@@ -74,7 +74,14 @@ def resolve_address(address: str) -> str:
     if address == "auto":
         from ray._private.utils import read_ray_address
 
-        resolved = os.environ.get("RAY_ADDRESS") or read_ray_address()
+        from filopy.local import running
+
+        local = running()  # a cluster started by `filopy up` from this directory
+        resolved = (
+            os.environ.get("RAY_ADDRESS")
+            or (local.ray_address if local is not None else None)
+            or read_ray_address()
+        )
         if not resolved:
             raise FiloPyError(
                 "no running Ray cluster found on this machine; start one or pass its address"

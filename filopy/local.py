@@ -1,0 +1,273 @@
+"""`filopy up` / `filopy down`: a long-lived local cluster on this machine.
+
+`up` starts a supervisor process in the background and returns once the cluster serves: a Ray
+head and N FiloPy nodes on 127.0.0.1, the singleton, the REST API, and the services the settings
+need (Kafka for `ingest.source = "kafka"`, Cassandra for `store.backend = "cassandra"`) through
+`scripts/services.sh`. Its state (pid, Ray address, REST URL, log) is a JSON file in the state
+directory, which is how `down` and the other commands find it. `down` stops the supervisor, which
+shuts the Ray cluster down and stops the services it started itself (not ones already running).
+Datasets, checkpoints and chunks live in the store, so the next `up` recovers them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+log = logging.getLogger("filopy.local")
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVICES = ROOT / "scripts" / "services.sh"
+STATE_FILE = "local-cluster.json"
+LOG_FILE = "local-cluster.log"
+
+
+class LocalClusterError(Exception):
+    """The local cluster could not be started, found or stopped."""
+
+
+@dataclass(frozen=True)
+class LocalCluster:
+    """What `up` started, as written to the state file."""
+
+    pid: int
+    ray_address: str
+    rest_url: str
+    nodes: int
+    namespace: str
+    log: str
+    started_services: tuple[str, ...]
+
+
+def state_dir() -> Path:
+    """Where the state file and log live: `$FILOPY_STATE_DIR`, else `.filopy` here."""
+    return Path(os.environ.get("FILOPY_STATE_DIR", ".filopy"))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def running(directory: Path | None = None) -> LocalCluster | None:
+    """The local cluster started from this state directory, if its supervisor still runs."""
+    path = (directory or state_dir()) / STATE_FILE
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    data["started_services"] = tuple(data.get("started_services", ()))
+    cluster = LocalCluster(**data)
+    return cluster if _alive(cluster.pid) else None
+
+
+def up(nodes: int, port: int, timeout_s: float = 180.0) -> LocalCluster:
+    """Start the supervisor in the background and wait until the REST API answers."""
+    directory = state_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    existing = running(directory)
+    if existing is not None:
+        raise LocalClusterError(
+            f"a local cluster already runs (pid {existing.pid}, REST {existing.rest_url}); "
+            "`filopy down` stops it"
+        )
+    (directory / STATE_FILE).unlink(missing_ok=True)
+    if not _port_free(port):
+        raise LocalClusterError(f"port {port} on 127.0.0.1 is in use; choose another with --port")
+    log_path = directory / LOG_FILE
+    with open(log_path, "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "filopy.local", "--nodes", str(nodes), "--port", str(port)],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # survives the terminal that ran `filopy up`
+        )
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise LocalClusterError(
+                f"the local cluster failed to start (exit {proc.returncode}); "
+                f"last log lines of {log_path}:\n{_tail(log_path)}"
+            )
+        cluster = running(directory)
+        if cluster is not None and _port_open(port):
+            return cluster
+        time.sleep(0.2)
+    proc.terminate()
+    raise LocalClusterError(
+        f"the local cluster did not come up in {timeout_s:.0f} s; see {log_path}"
+    )
+
+
+def down(timeout_s: float = 90.0) -> LocalCluster:
+    """Stop the supervisor (it shuts the cluster and its services down) and wait for it."""
+    cluster = running()
+    if cluster is None:
+        raise LocalClusterError(f"no local cluster runs from {state_dir().resolve()}")
+    os.kill(cluster.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while _alive(cluster.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if _alive(cluster.pid):
+        os.killpg(cluster.pid, signal.SIGKILL)
+        raise LocalClusterError(
+            f"the local cluster did not stop within {timeout_s:.0f} s and was killed; "
+            f"see {cluster.log}"
+        )
+    return cluster
+
+
+# ----- the supervisor (runs in the background process) ------------------------------------------
+
+
+def _services(action: str, name: str) -> None:
+    out = subprocess.run(
+        ["bash", str(SERVICES), action, name], capture_output=True, text=True, check=False
+    )
+    print(out.stdout.strip(), out.stderr.strip(), sep="\n", flush=True)
+    if out.returncode != 0:
+        raise LocalClusterError(f"scripts/services.sh {action} {name} failed")
+
+
+def _service_running(name: str) -> bool:
+    out = subprocess.run(
+        ["bash", str(SERVICES), "status", name], capture_output=True, text=True, check=False
+    )
+    return f"{name}: running" in out.stdout + out.stderr
+
+
+def _supervise(nodes: int, port: int) -> None:
+    from filopy.config import load_settings
+    from filopy.testing import LocalRayCluster  # sets Ray's loopback environment first
+
+    # isort: split
+    import uvicorn
+
+    from coordinator.cluster_actor import start_cluster_actor
+    from filopy.client import FiloPyClient
+    from filopy.rest import create_app
+
+    def stop(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)  # runs the cleanup below; uvicorn replaces it while serving
+
+    signal.signal(signal.SIGTERM, stop)
+    settings = load_settings()
+    needed = ["kafka"] if settings.ingest.source == "kafka" else []
+    if settings.store.backend == "cassandra":
+        needed.append("cassandra")
+    started: list[str] = []
+    cluster: LocalRayCluster | None = None
+    directory = state_dir()
+    try:
+        for name in needed:
+            if not _service_running(name):
+                _services("up", name)
+                started.append(name)
+        cluster = LocalRayCluster(namespace=settings.ray.namespace)
+        for _ in range(nodes):
+            cluster.add_node(resources={settings.cluster.node_resource: 1})
+        import ray
+
+        actor = start_cluster_actor(settings)
+        ray.get(actor.ready.remote(), timeout=120)
+        client = FiloPyClient(actor, settings)
+        server = uvicorn.Server(
+            uvicorn.Config(
+                create_app(client, settings), host="127.0.0.1", port=port, log_level="warning"
+            )
+        )
+        state = LocalCluster(
+            pid=os.getpid(),
+            ray_address=cluster.address,
+            rest_url=f"http://127.0.0.1:{port}",
+            nodes=nodes,
+            namespace=settings.ray.namespace,
+            log=str((directory / LOG_FILE).resolve()),
+            started_services=tuple(started),
+        )
+        tmp = directory / (STATE_FILE + ".tmp")
+        tmp.write_text(json.dumps(asdict(state), indent=2))
+        tmp.replace(directory / STATE_FILE)
+        print(f"local cluster up: {state}", flush=True)
+        # Each in-process Ray node installed a SIGTERM handler that drains for 30 s and exits
+        # without our cleanup: take SIGTERM back (uvicorn re-raises it here after serving).
+        signal.signal(signal.SIGTERM, stop)
+        server.run()  # until SIGTERM / SIGINT
+    finally:
+        (directory / STATE_FILE).unlink(missing_ok=True)
+        if cluster is not None:
+            _drain(settings.ray.namespace)
+            cluster.shutdown()
+        for name in reversed(started):
+            _services("down", name)
+        print("local cluster down", flush=True)
+
+
+def _drain(namespace: str) -> None:
+    """Have every node stop its ingesters cleanly (a final flush and checkpoint each), so the
+    next `up` replays nothing; then the Ray cluster can go down at once."""
+    import ray
+
+    from coordinator.node_coordinator import node_actor_name
+
+    handles = []
+    for node in ray.nodes():
+        if node.get("Alive"):
+            try:
+                handles.append(ray.get_actor(node_actor_name(node["NodeID"]), namespace=namespace))
+            except ValueError:
+                continue  # not a FiloPy node (the head)
+    try:
+        stopped = ray.get([h.drain.remote() for h in handles], timeout=60)
+        print(f"drained {len(handles)} nodes: {sum(stopped)} shards flushed", flush=True)
+    except Exception as e:  # shutting down regardless: recovery replays from checkpoints
+        print(f"draining failed ({e}); the next start replays from checkpoints", flush=True)
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds it
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _port_open(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="The local cluster's supervisor (filopy up).")
+    parser.add_argument("--nodes", type=int, required=True)
+    parser.add_argument("--port", type=int, required=True)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    _supervise(args.nodes, args.port)
