@@ -177,9 +177,11 @@ class IngestionStarted(ShardEvent):
 
 @dataclass(frozen=True, slots=True)
 class RecoveryInProgress(ShardEvent):
-    """``node`` is replaying the backlog: status Recovery(pct), owner set."""
+    """``node`` is replaying the backlog: status Recovery(pct), owner set. ``message`` tells
+    subscribers what recovery found that they should know (e.g. offsets lost to retention)."""
 
     progress_pct: int = 0
+    message: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -158,13 +158,13 @@ class KafkaShardIngester(ReportingIngester):
             start = plan.start_offset
             if start is not None and start < low:
                 self.offsets_lost = low - start
-                log.warning(
-                    "%s shard %d: retention dropped offsets %d..%d before they were checkpointed",
-                    ref.name,
-                    shard,
-                    start,
-                    low - 1,
+                lost = (
+                    f"Kafka retention dropped offsets {start}..{low - 1} of partition {shard} "
+                    f"before they were checkpointed: {low - start} offsets lost"
                 )
+                log.warning("%s shard %d: %s", ref.name, shard, lost)
+                # Subscribers hear it too, not only the log and the offsets_lost metric.
+                self._emit(RecoveryInProgress(ref, shard, self.node, 0, lost))
             first = low if start is None else max(start, low)
             self.replayed_from = first
             self.end_offset, self.next_offset = high, first

@@ -115,7 +115,7 @@ def event_data(event: ShardEvent, mapper: ShardMapper | None) -> dict[str, Any]:
     }
     if isinstance(event, RecoveryInProgress):
         out["progressPct"] = event.progress_pct
-    if isinstance(event, IngestionError):
+    if isinstance(event, IngestionError | RecoveryInProgress) and event.message:
         out["message"] = event.message
     if mapper is not None:
         out["status"] = str(mapper.status(event.shard))

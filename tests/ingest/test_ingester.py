@@ -14,7 +14,7 @@ from confluent_kafka.admin import AdminClient
 
 from filopy.config import load_settings
 from filopy.dataset import Dataset, SourceSettings, StoreOptions
-from filopy.shard_status import IngestionError, IngestionStarted, ShardEvent
+from filopy.shard_status import IngestionError, IngestionStarted, RecoveryInProgress, ShardEvent
 from filopy.store import open_stores
 from ingest.gateway import Gateway
 from ingest.ingester import KafkaShardIngester, is_transient
@@ -152,3 +152,67 @@ def test_the_datasets_store_options_win_over_the_node_defaults(tmp_path: Path) -
         assert plain.memstore.groups_per_shard == settings.ingest.groups_per_shard != 3
     finally:
         meta.close()
+
+
+def test_offsets_retention_dropped_before_the_checkpoint_are_reported_in_an_event(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    base = load_settings()
+    settings = base.model_copy(
+        update={"store": base.store.model_copy(update={"sqlite_path": tmp_path / "f.db"})}
+    )
+    topic = f"retained-{uuid.uuid4().hex[:10]}"
+    ds = Dataset(
+        name="retained",
+        num_shards=2,
+        source=SourceSettings(topic=topic, bootstrap_servers=kafka_bootstrap),
+    )
+    ensure_topic(ds)
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    meta, columns = open_stores(settings)
+    meta.create_dataset(ds)
+    labels = {"_metric_": "up", "_ws_": "w", "_ns_": "n", "instance": "a"}
+    ingester = None
+    try:
+        with Gateway(ds) as gw:  # ten messages on the series' shard
+            for i in range(10):
+                gw.send([(labels, 1_700_000_000_000 + 1000 * i, float(i))])
+                gw.flush()
+        shard = next(
+            s
+            for s in range(2)
+            if Consumer(
+                {"bootstrap.servers": kafka_bootstrap, "group.id": "x"}
+            ).get_watermark_offsets(TopicPartition(topic, s), timeout=10)[1]
+            == 10
+        )
+        # Every group checkpointed at offset 2; then "retention" (delete_records) drops 0..6.
+        epoch = meta.claim_epoch(ds.ref, shard, "old-owner")
+        for g in range(settings.ingest.groups_per_shard):
+            meta.commit_checkpoint(ds.ref, shard, g, 2, epoch)
+        for future in admin.delete_records([TopicPartition(topic, shard, 7)]).values():
+            future.result(timeout=30)
+        events: list[ShardEvent] = []
+        ingester = KafkaShardIngester(
+            ds, shard, "n1", meta=meta, columns=columns, settings=settings, report=events.append
+        )
+        asyncio.run(ingester.start())
+        deadline = time.monotonic() + 30
+        while not any(isinstance(e, IngestionStarted) for e in events):
+            assert time.monotonic() < deadline, events
+            time.sleep(0.05)
+        lost = [e for e in events if isinstance(e, RecoveryInProgress) and e.message]
+        assert len(lost) == 1, events
+        assert lost[0].message == (
+            f"Kafka retention dropped offsets 3..6 of partition {shard} before they were "
+            "checkpointed: 4 offsets lost"
+        )
+        assert ingester.offsets_lost == 4
+        while ingester.memstore.memory_samples() < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ingester.memstore.memory_samples() == 3  # offsets 7, 8, 9
+    finally:
+        if ingester is not None:
+            asyncio.run(ingester.stop())
+        meta.close()
+        admin.delete_topics([topic])[topic].result(timeout=30)
