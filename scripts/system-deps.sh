@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Debian packages FiloPy's tests need beyond the machine's base image, installed once.
 #   docker-compose: validates docker-compose.yml without a Docker engine (`docker-compose config`).
+#   prometheus: for `promtool query`, a real Prometheus API client run against FiloPy's query API.
 set -euo pipefail
 need=()
 command -v docker-compose >/dev/null || need+=(docker-compose)
+command -v promtool >/dev/null || need+=(prometheus)
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ]; then
   echo "[system-deps] missing Debian packages: ${need[*]} (run as root or: sudo apt-get install ${need[*]})" >&2
@@ -11,4 +13,10 @@ if [ "$(id -u)" != 0 ]; then
 fi
 echo "[system-deps] installing ${need[*]}" >&2
 apt-get update -qq
-DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+# A policy-rc.d that denies every start keeps the Prometheus server package from starting a daemon
+# (only promtool is wanted); one that the machine already has is left as it is.
+if [ ! -e /usr/sbin/policy-rc.d ]; then
+  printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
+  trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+fi
+DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
