@@ -24,7 +24,7 @@ from filopy import Dataset
 from filopy.client import FiloPyClient
 from filopy.dataset import RecordFormat, SourceSettings
 from filopy.hashing import shard_for_series
-from filopy.store import encode_part_key
+from filopy.store import encode_part_key, open_stores
 from filopy.testing import LocalRayCluster
 from ingest.batch import SampleBatch
 from ingest.gateway import Gateway
@@ -152,18 +152,39 @@ def test_node_killed_mid_ingestion_loses_and_doubles_nothing(
     c.wait_for("the spare joined", lambda: spare.node_id in c.client.members())
     n_series, n_samples = 500, 400
 
+    all_batches = list(batches(n_series, n_samples, per_call=5))
+    half = len(all_batches) // 2
+    killed = threading.Event()
+
     def produce() -> None:
         with Gateway(ds, kafka_bootstrap) as gw:
-            for b in batches(n_series, n_samples, per_call=5):
+            for i, b in enumerate(all_batches):
+                if i == half:
+                    gw.flush()
+                    killed.wait(120)  # the second half streams in while the shards move
                 gw.send_batch(b)
-                time.sleep(0.02)  # spread over a few seconds so the kill lands mid-stream
+                time.sleep(0.02)
 
     producer = threading.Thread(target=produce)
     producer.start()
-    time.sleep(2.5)  # past a few flushes: the victim has checkpoints to recover from
+    # Wait until every group of every shard has a checkpoint, so the victim's shards have
+    # checkpoints to resume from (whatever the machine's load), then kill mid-stream.
+    meta, _ = open_stores(c.settings)
+    try:
+        groups = set(range(c.settings.ingest.groups_per_shard))
+        c.wait_for(
+            "every group checkpointed",
+            lambda: all(
+                set(meta.read_checkpoints(ds.ref, s)) == groups for s in range(ds.num_shards)
+            ),
+            60,
+        )
+    finally:
+        meta.close()
     victim = max(nodes, key=lambda n: len(c.client.shard_map(ds.name).shards_for_node(n.node_id)))
     moved = c.client.shard_map(ds.name).shards_for_node(victim.node_id)
     c.ray.remove_node(victim)
+    killed.set()
     producer.join(timeout=120)
     c.wait_for("the victim gone", lambda: victim.node_id not in c.client.members())
     wait_exact(c, ds, expected(n_series, n_samples), timeout_s=120)
