@@ -16,6 +16,7 @@ import itertools
 import logging
 import os
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +31,9 @@ from filopy.shard_status import Assigned, IngestionStopped, ShardEvent, ShardMap
 from filopy.store import ColumnStore, MetaStore, open_stores
 from ingest.base import EventReporter, IngesterFactory, ShardIngester
 from ingest.ingester import KafkaShardIngester
+from ingest.memstore import ShardMemstore
 from ingest.placeholder import EpochClaimingIngester
+from query.executor import NodeAnswer, NodeQuery, ShardsNotHere, ShardSource, run_node_query
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +76,7 @@ class NodeCoordinator:
         self._stores: tuple[MetaStore, ColumnStore] | None = None
         self._converge_lock = asyncio.Lock()
         self._draining = False
+        self._queried: Counter[tuple[str, int]] = Counter()
         self._report: EventReporter = reporter or self._report_to_singleton
 
     @property
@@ -146,6 +150,36 @@ class NodeCoordinator:
         for (r, _), ing in list(self._ingesters.items()):
             if r == ref and isinstance(ing, KafkaShardIngester):
                 out.update(await asyncio.to_thread(ing.series_samples))
+        return out
+
+    async def query(self, ref: DatasetRef, shards: list[int], request: NodeQuery) -> NodeAnswer:
+        """Evaluate a node's part of a query (`query.executor.NodeQuery`) over the given shards,
+        which must run here: a caller with a stale map gets `ShardsNotHere` naming them."""
+        memstores: dict[int, ShardMemstore] = {}
+        missing: list[int] = []
+        dataset = None
+        for shard in shards:
+            ing = self._ingesters.get((ref, shard))
+            if not isinstance(ing, KafkaShardIngester):
+                missing.append(shard)
+                continue
+            memstores[shard] = ing.memstore
+            dataset = ing.dataset
+        if missing:
+            raise ShardsNotHere(ref.name, self.node_id, missing)
+        if dataset is None:
+            raise ShardsNotHere(ref.name, self.node_id, [])
+        for shard in shards:
+            self._queried[(ref.name, shard)] += 1
+        _, columns = await self._open_stores()
+        source = ShardSource(dataset, memstores, columns)
+        return await asyncio.to_thread(run_node_query, request, source)
+
+    async def query_stats(self) -> dict[str, dict[int, int]]:
+        """Per dataset and shard: how many query parts this node evaluated on it."""
+        out: dict[str, dict[int, int]] = {}
+        for (name, shard), n in sorted(self._queried.items()):
+            out.setdefault(name, {})[shard] = n
         return out
 
     async def ingest_stats(self, ref: DatasetRef) -> dict[int, dict[str, Any]]:

@@ -147,6 +147,10 @@ class FiloPyClient:
             )
         return self._sink_name, self._sink
 
+    @property
+    def settings(self) -> Settings:
+        return self._settings
+
     def _call(self, method: str, *args: Any) -> Any:
         return ray.get(getattr(self._cluster, method).remote(*args), timeout=self.timeout_s)
 

@@ -51,9 +51,11 @@ from filopy.rest.models import (
     shard_statuses,
     snapshot_data,
 )
+from filopy.rest.promql import promql_router
 from filopy.shard_status import Active, CurrentShardSnapshot, Recovery
 from filopy.store import DatasetConflict
 from ingest.topics import TopicMismatch, topic_partitions
+from query.service import QueryService
 
 R = TypeVar("R")
 
@@ -84,6 +86,7 @@ def create_app(client: FiloPyClient, settings: Settings) -> FastAPI:
     app.state.settings = settings
     app.state.client = client
     install_handlers(app, timeout_s)
+    app.include_router(promql_router(client, QueryService(client, timeout_s)))
 
     async def call(fn: Callable[..., R], *args: Any) -> R:
         """Run a blocking client call on a worker thread; its failures become API errors."""

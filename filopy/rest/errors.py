@@ -22,6 +22,7 @@ from filopy.client import DatasetUnknownError, FiloPyError, ShardRequestError
 from filopy.dataset import DatasetInvalid, _check_name
 from filopy.store import DatasetConflict, StoreError
 from ingest.topics import KafkaUnavailable, TopicMismatch, TopicSetupError
+from query.promql import QueryError
 
 log = logging.getLogger("filopy.rest")
 
@@ -74,6 +75,12 @@ def api_error(exc: BaseException, timeout_s: float) -> ApiError:
         return ApiError(503, UNAVAILABLE, f"Kafka topic setup failed: {cause}")
     if isinstance(cause, StoreError):
         return ApiError(503, UNAVAILABLE, f"the dataset store failed: {cause}")
+    if isinstance(cause, QueryError):
+        if cause.kind == "unavailable":
+            return ApiError(503, UNAVAILABLE, cause.message)
+        if cause.kind == "execution":
+            return ApiError(422, "execution", cause.message)
+        return ApiError(400, BAD_DATA, cause.message)
     if isinstance(cause, DatasetInvalid):
         return ApiError(400, BAD_DATA, str(cause))
     if isinstance(cause, ValidationError):

@@ -1,4 +1,5 @@
-"""The pure core (sharding, mapper, manager, strategy) imports no Ray, Kafka or Cassandra."""
+"""The pure core (sharding, mapper, manager, strategy, PromQL engine, routing) imports no Ray,
+Kafka or Cassandra."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ PURE = [
     "coordinator.strategy",
     "coordinator.failure_detector",
     "coordinator.guardian",
+    "query.promql",
+    "query.engine",
+    "query.routing",
 ]
 IO = ["ray", "confluent_kafka", "cassandra"]
 

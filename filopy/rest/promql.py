@@ -1,0 +1,290 @@
+"""Prometheus's HTTP query API, so Grafana, promtool and friends query FiloPy unchanged.
+
+Every endpoint exists twice: under `/promql/{dataset}/api/v1/...` (point a Prometheus client at
+`http://host:8080/promql/DATASET`), and under `/api/v1/...` with a `dataset` parameter, which may
+be left out when the cluster has exactly one dataset. Shapes, error types and `warnings` follow
+the Prometheus API; FiloPy adds `spread` (override the dataset's spread for routing),
+`partial_response` (answer without unavailable shards, with a warning, instead of failing) and
+`/api/v1/explain` (the routing and pushdown plan).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any, TypeVar
+
+import anyio
+import numpy as np
+from fastapi import APIRouter, Request
+
+from filopy.client import FiloPyClient
+from filopy.rest.errors import BAD_DATA, ApiError, api_error
+from filopy.store.api import LabelMatcher
+from query.engine import Scalar, StepMatrix, String, Value
+from query.promql import QueryError, VectorSelector, parse
+from query.service import QueryResult, QueryService
+
+R = TypeVar("R")
+_DURATION = re.compile(r"(\d+(ms|[smhdwy]))+")
+_UNITS_MS = {
+    "ms": 1,
+    "s": 1000,
+    "m": 60_000,
+    "h": 3_600_000,
+    "d": 86_400_000,
+    "w": 604_800_000,
+    "y": 31_536_000_000,
+}
+MIN_TIME_MS = -(2**62) // 1000
+MAX_TIME_MS = 2**62 // 1000
+
+
+def format_value(v: float) -> str:
+    """A sample value as Prometheus writes it (Go's FormatFloat(v, 'f', -1, 64))."""
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "+Inf" if v > 0 else "-Inf"
+    return np.format_float_positional(v, trim="-")
+
+
+def _ts(ms: int) -> float | int:
+    return ms // 1000 if ms % 1000 == 0 else ms / 1000
+
+
+def parse_time(text: str, what: str) -> int:
+    """Unix seconds (float) or RFC 3339 to ms."""
+    try:
+        return round(float(text) * 1000)
+    except ValueError:
+        pass
+    try:
+        return round(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
+    except ValueError:
+        raise ApiError(
+            400, BAD_DATA, f'invalid parameter "{what}": cannot parse "{text}" to a valid timestamp'
+        ) from None
+
+
+def parse_duration(text: str, what: str) -> int:
+    """Seconds (float) or a Prometheus duration (`15s`, `1m30s`) to ms."""
+    try:
+        seconds = float(text)
+        if math.isfinite(seconds):
+            return round(seconds * 1000)
+    except ValueError:
+        pass
+    if _DURATION.fullmatch(text) and text:
+        return sum(int(n) * _UNITS_MS[unit] for n, unit in re.findall(r"(\d+)(ms|[smhdwy])", text))
+    raise ApiError(
+        400, BAD_DATA, f'invalid parameter "{what}": cannot parse "{text}" to a valid duration'
+    )
+
+
+def parse_matchers(text: str) -> tuple[LabelMatcher, ...]:
+    try:
+        expr = parse(text)
+    except QueryError as e:
+        raise ApiError(400, BAD_DATA, f'invalid parameter "match[]": {e}') from None
+    if not isinstance(expr, VectorSelector):
+        raise ApiError(400, BAD_DATA, f'invalid parameter "match[]": {text!r} is not a selector')
+    return expr.matchers
+
+
+def result_json(value: Value) -> dict[str, Any]:
+    if isinstance(value, Scalar):
+        return {
+            "resultType": "scalar",
+            "result": [_ts(int(value.times[-1])), format_value(float(value.values[-1]))],
+        }
+    if isinstance(value, String):
+        return {"resultType": "string", "result": [_ts(int(value.times[-1])), value.value]}
+    assert isinstance(value, StepMatrix)
+    if len(value.times) == 1:
+        t = _ts(int(value.times[0]))
+        return {
+            "resultType": "vector",
+            "result": [
+                {"metric": labels, "value": [t, format_value(float(row[0]))]}
+                for labels, row in zip(value.labels, value.values, strict=True)
+                if not math.isnan(row[0])  # NaN marks "no sample at this step"
+            ],
+        }
+    times = [_ts(int(t)) for t in value.times]
+    result = []
+    for labels, row in zip(value.labels, value.values, strict=True):
+        points = [[t, format_value(float(v))] for t, v in zip(times, row, strict=True) if v == v]
+        if points:
+            result.append({"metric": labels, "values": points})
+    return {"resultType": "matrix", "result": result}
+
+
+def promql_router(client: FiloPyClient, service: QueryService) -> APIRouter:
+    router = APIRouter(tags=["query (Prometheus API)"])
+    timeout_s = client.timeout_s
+
+    async def run(fn: Callable[..., R], *args: Any) -> R:
+        try:
+            return await anyio.to_thread.run_sync(fn, *args)
+        except ApiError:
+            raise
+        except Exception as e:
+            raise api_error(e, timeout_s) from None
+
+    async def params(request: Request) -> dict[str, Any]:
+        """Query string and form body together (Prometheus accepts both, GET and POST)."""
+        out: dict[str, Any] = {}
+        for k, v in request.query_params.multi_items():
+            out.setdefault(k, []).append(v)
+        if request.method == "POST":
+            form = await request.form()
+            for k, v in form.multi_items():
+                out.setdefault(k, []).append(str(v))
+        return out
+
+    def one(p: dict[str, Any], name: str, default: str | None = None) -> str | None:
+        vals = p.get(name)
+        return vals[-1] if vals else default
+
+    def required(p: dict[str, Any], name: str) -> str:
+        v = one(p, name)
+        if v is None or v == "":
+            raise ApiError(400, BAD_DATA, f'invalid parameter "{name}": required')
+        return v
+
+    async def dataset_of(p: dict[str, Any], path_dataset: str | None) -> str:
+        if path_dataset is not None:
+            return path_dataset
+        named = one(p, "dataset")
+        if named:
+            return named
+        names = [d.name for d in await run(client.datasets)]
+        if len(names) == 1:
+            return names[0]
+        raise ApiError(
+            400,
+            BAD_DATA,
+            f'invalid parameter "dataset": required when the cluster has {len(names)} datasets '
+            "(or query /promql/DATASET/api/v1/...)",
+        )
+
+    def options(p: dict[str, Any]) -> dict[str, Any]:
+        spread = one(p, "spread")
+        out: dict[str, Any] = {
+            "partial": (one(p, "partial_response", "false") or "").lower() in ("1", "true"),
+        }
+        if spread not in (None, ""):
+            try:
+                out["spread"] = int(spread)
+            except ValueError:
+                raise ApiError(400, BAD_DATA, f'invalid parameter "spread": {spread!r}') from None
+        lookback = one(p, "lookback_delta")
+        if lookback:
+            out["lookback_ms"] = parse_duration(lookback, "lookback_delta")
+        return out
+
+    def envelope(res: QueryResult, data: Any) -> dict[str, Any]:
+        body: dict[str, Any] = {"status": "success", "data": data}
+        if res.warnings:
+            body["warnings"] = res.warnings
+        return body
+
+    async def query(request: Request, dataset: str | None = None) -> dict[str, Any]:
+        p = await params(request)
+        text = required(p, "query")
+        t = one(p, "time")
+        at = parse_time(t, "time") if t else int(time.time() * 1000)
+        ds = await dataset_of(p, dataset)
+        opts = options(p)
+        res = await run(lambda: service.instant(ds, text, at, **opts))
+        return envelope(res, result_json(res.value))
+
+    async def query_range(request: Request, dataset: str | None = None) -> dict[str, Any]:
+        p = await params(request)
+        text = required(p, "query")
+        start = parse_time(required(p, "start"), "start")
+        end = parse_time(required(p, "end"), "end")
+        step = parse_duration(required(p, "step"), "step")
+        if step <= 0:
+            raise ApiError(
+                400,
+                BAD_DATA,
+                'invalid parameter "step": zero or negative query resolution step widths are '
+                "not accepted. Try a positive integer",
+            )
+        if end < start:
+            raise ApiError(
+                400, BAD_DATA, 'invalid parameter "end": end timestamp must not be before start'
+            )
+        ds = await dataset_of(p, dataset)
+        opts = options(p)
+        res = await run(lambda: service.range(ds, text, start, end, step, **opts))
+        data = result_json(res.value)
+        if data["resultType"] == "vector":  # a one-step range is still a matrix
+            data = {
+                "resultType": "matrix",
+                "result": [{"metric": r["metric"], "values": [r["value"]]} for r in data["result"]],
+            }
+        return envelope(res, data)
+
+    async def _series(p: dict[str, Any], ds: str, need_match: bool) -> QueryResult:
+        matches = p.get("match[]", [])
+        if need_match and not matches:
+            raise ApiError(
+                400, BAD_DATA, 'invalid parameter "match[]": no match[] parameter provided'
+            )
+        selectors = [parse_matchers(m) for m in matches] or [()]
+        start = parse_time(one(p, "start"), "start") if one(p, "start") else MIN_TIME_MS
+        end = parse_time(one(p, "end"), "end") if one(p, "end") else MAX_TIME_MS
+        partial = options(p)["partial"]
+        return await run(lambda: service.series(ds, selectors, start, end, partial=partial))
+
+    async def series(request: Request, dataset: str | None = None) -> dict[str, Any]:
+        p = await params(request)
+        ds = await dataset_of(p, dataset)
+        res = await _series(p, ds, need_match=True)
+        return envelope(res, res.value)
+
+    async def labels(request: Request, dataset: str | None = None) -> dict[str, Any]:
+        p = await params(request)
+        ds = await dataset_of(p, dataset)
+        res = await _series(p, ds, need_match=False)
+        names = sorted({k for labels in res.value for k in labels})  # type: ignore[union-attr]
+        return envelope(res, names)
+
+    async def label_values(
+        request: Request, name: str, dataset: str | None = None
+    ) -> dict[str, Any]:
+        p = await params(request)
+        ds = await dataset_of(p, dataset)
+        res = await _series(p, ds, need_match=False)
+        found = res.value
+        assert isinstance(found, list)
+        values = sorted({labels[name] for labels in found if name in labels})
+        return envelope(res, values)
+
+    async def explain(request: Request, dataset: str | None = None) -> dict[str, Any]:
+        p = await params(request)
+        text = required(p, "query")
+        ds = await dataset_of(p, dataset)
+        spread = options(p).get("spread")
+        plan = await run(lambda: service.explain(ds, text, spread=spread))
+        return {"status": "success", "data": plan}
+
+    for prefix in ("/api/v1", "/promql/{dataset}/api/v1"):
+        for path, fn, summary in (
+            ("/query", query, "Instant query (PromQL)"),
+            ("/query_range", query_range, "Range query (PromQL)"),
+            ("/series", series, "Series matching selectors"),
+            ("/labels", labels, "Label names"),
+            ("/explain", explain, "The query plan: shard keys, spread, shards, nodes, pushdown"),
+        ):
+            router.add_api_route(prefix + path, fn, methods=["GET", "POST"], summary=summary)
+        router.add_api_route(
+            prefix + "/label/{name}/values", label_values, methods=["GET"], summary="Label values"
+        )
+    return router

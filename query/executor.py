@@ -1,0 +1,176 @@
+"""Query execution on a node: its shards' memstores and the ColumnStore as one `SeriesSource`.
+
+A node evaluates the series-local parts of a query (and partial aggregations) where the samples
+are, so only step results, never raw samples, cross the network. Each series is read from the
+ColumnStore for the times before its oldest in-memory sample and from memory after that, with one
+ColumnStore read per shard for all the series that need one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from filopy.dataset import Dataset
+from filopy.store import ColumnStore
+from filopy.store.api import INT64_MAX, INT64_MIN, LabelMatcher
+from ingest.memstore import ShardMemstore
+from query.engine import SeriesData, eval_partial, eval_series_local
+from query.promql import Aggregate, Expr
+from query.routing import PROMETHEUS_METRIC
+
+
+@dataclass
+class ScanStats:
+    """What a source read, for metrics and the routing tests' node-side counters."""
+
+    shards: set[int] = field(default_factory=set)
+    series: int = 0
+    samples: int = 0
+
+
+class ShardSource:
+    """The series of some of this node's shards of one dataset, with PromQL's `__name__`."""
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        memstores: Mapping[int, ShardMemstore],
+        column_store: ColumnStore,
+    ) -> None:
+        self.dataset = dataset
+        self._memstores = memstores
+        self._columns = column_store
+        self.stats = ScanStats()
+
+    def _translate(self, matchers: Sequence[LabelMatcher]) -> list[LabelMatcher]:
+        metric = self.dataset.metric_column
+        return [
+            LabelMatcher(metric, m.op, m.value) if m.label == PROMETHEUS_METRIC else m
+            for m in matchers
+        ]
+
+    def _labels(self, labels: Mapping[str, str]) -> dict[str, str]:
+        metric = self.dataset.metric_column
+        out = {k: v for k, v in labels.items() if k != metric}
+        if metric in labels:
+            out[PROMETHEUS_METRIC] = labels[metric]
+        return out
+
+    def _matching(
+        self, matchers: Sequence[LabelMatcher], start_ms: int, end_ms: int
+    ) -> Iterable[tuple[int, ShardMemstore, int]]:
+        """(shard, memstore, series id) of the series matching, with samples in the range."""
+        translated = self._translate(matchers)
+        for shard, mem in sorted(self._memstores.items()):
+            self.stats.shards.add(shard)
+            for sid in mem.find_series(translated):
+                span = mem.time_range(sid)
+                if span is not None and span[0] <= end_ms and span[1] >= start_ms:
+                    yield shard, mem, sid
+
+    def select(
+        self, matchers: Sequence[LabelMatcher], start_ms: int, end_ms: int
+    ) -> list[SeriesData]:
+        start_ms, end_ms = max(start_ms, INT64_MIN), min(end_ms, INT64_MAX)
+        by_shard: dict[int, list[tuple[ShardMemstore, int]]] = {}
+        for shard, mem, sid in self._matching(matchers, start_ms, end_ms):
+            by_shard.setdefault(shard, []).append((mem, sid))
+        out: list[SeriesData] = []
+        ref = self.dataset.ref
+        for shard, series in by_shard.items():
+            snaps = [(mem, sid, *mem.snapshot(sid, start_ms, end_ms)) for mem, sid in series]
+            # Series whose oldest in-memory sample is after `start` need the ColumnStore before it.
+            stored_until = {
+                mem.part_key(sid): (end_ms if mem_start is None else min(end_ms, mem_start - 1))
+                for mem, sid, mem_start, _, _ in snaps
+            }
+            need = {k: e for k, e in stored_until.items() if e >= start_ms}
+            chunks = (
+                self._columns.read_chunks(ref, shard, need, start_ms, max(need.values()))
+                if need
+                else {}
+            )
+            for mem, sid, _, mem_ts, mem_vals in snaps:
+                key = mem.part_key(sid)
+                ts_parts, val_parts = [], []
+                until = need.get(key)
+                for chunk in chunks.get(key, ()) if until is not None else ():
+                    ts, vals = chunk.samples()
+                    inside = (ts >= start_ms) & (ts <= until)
+                    ts_parts.append(ts[inside])
+                    val_parts.append(vals[inside])
+                ts_parts.append(mem_ts)
+                val_parts.append(mem_vals)
+                ts = np.concatenate(ts_parts)
+                if not len(ts):
+                    continue
+                vals = np.concatenate(val_parts)
+                self.stats.series += 1
+                self.stats.samples += len(ts)
+                out.append(SeriesData(self._labels(mem.labels(sid)), ts, vals))
+        return out
+
+    def series(
+        self, matchers: Sequence[LabelMatcher], start_ms: int, end_ms: int
+    ) -> list[dict[str, str]]:
+        """Label sets of the matching series with samples in the range (`/api/v1/series`)."""
+        found = self._matching(matchers, start_ms, end_ms)
+        return [self._labels(mem.labels(sid)) for _, mem, sid in found]
+
+
+@dataclass(frozen=True)
+class NodeQuery:
+    """One node's part of a query, as sent over Ray (everything in it pickles)."""
+
+    kind: Literal["series_local", "partial", "series"]
+    expr: Expr | None = None  # series_local: a series-local Expr; partial: a pushable Aggregate
+    times: npt.NDArray[np.int64] | None = None
+    lookback_ms: int = 300_000
+    matchers: tuple[tuple[LabelMatcher, ...], ...] = ()  # series: any of these selectors
+    start_ms: int = INT64_MIN
+    end_ms: int = INT64_MAX
+
+
+@dataclass(frozen=True)
+class NodeAnswer:
+    result: Any  # StepMatrix, Partial, or a list of label sets
+    shards: tuple[int, ...]
+    series: int
+    samples: int
+
+
+def run_node_query(query: NodeQuery, source: ShardSource) -> NodeAnswer:
+    """Evaluate a node's part of a query over its shards (called on the node, off its loop)."""
+    result: Any
+    if query.kind == "series_local":
+        assert query.expr is not None and query.times is not None
+        result = eval_series_local(query.expr, source, query.times, query.lookback_ms)
+    elif query.kind == "partial":
+        assert isinstance(query.expr, Aggregate) and query.times is not None
+        result = eval_partial(query.expr, source, query.times, query.lookback_ms)
+    else:
+        seen: dict[tuple[tuple[str, str], ...], dict[str, str]] = {}
+        for matchers in query.matchers:
+            for labels in source.series(matchers, query.start_ms, query.end_ms):
+                seen.setdefault(tuple(sorted(labels.items())), labels)
+        result = list(seen.values())
+    st = source.stats
+    return NodeAnswer(result, tuple(sorted(st.shards)), st.series, st.samples)
+
+
+class ShardsNotHere(Exception):
+    """The node does not run these shards (the caller's shard map is out of date)."""
+
+    def __init__(self, dataset: str, node: str, shards: list[int]) -> None:
+        super().__init__(
+            f"node {node} does not run shards {shards} of {dataset!r} (they moved); retry"
+        )
+        self.dataset, self.node, self.shards = dataset, node, shards
+
+    def __reduce__(self) -> tuple[type, tuple[str, str, list[int]]]:
+        return (type(self), (self.dataset, self.node, self.shards))

@@ -1,0 +1,401 @@
+"""PromQL text to FiloPy's own AST, restricted to the subset FiloPy evaluates.
+
+`promql_parser` (a Rust parser) does the parsing and type checking; its objects are converted here
+into frozen dataclasses that own no foreign objects, so queries pickle cleanly across Ray
+processes. Anything the parser accepts but the engine cannot evaluate is rejected at parse time
+with `QueryError(kind="unsupported")` naming the construct, so callers never get half an answer.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Literal
+
+import promql_parser as pp
+
+from filopy.store.api import LabelMatcher, MatchOp
+
+__all__ = [
+    "ARITHMETIC_OPS",
+    "COMPARISON_OPS",
+    "MATH_FUNCTIONS",
+    "RANGE_FUNCTIONS",
+    "SET_OPS",
+    "Aggregate",
+    "Binary",
+    "Call",
+    "Expr",
+    "MatrixSelector",
+    "NumberLiteral",
+    "QueryError",
+    "StringLiteral",
+    "Unary",
+    "ValueType",
+    "VectorMatching",
+    "VectorSelector",
+    "parse",
+    "selectors",
+    "value_type",
+    "walk",
+]
+
+ErrorKind = Literal["bad_data", "unsupported", "execution"]
+ValueType = Literal["scalar", "vector", "matrix", "string"]
+
+RANGE_FUNCTIONS = frozenset(
+    {
+        "rate",
+        "increase",
+        "irate",
+        "delta",
+        "sum_over_time",
+        "avg_over_time",
+        "min_over_time",
+        "max_over_time",
+        "count_over_time",
+        "last_over_time",
+    }
+)
+# Elementwise functions of one instant vector (clamp_* take a scalar bound as well).
+MATH_FUNCTIONS = frozenset({"abs", "ceil", "floor", "round", "clamp_min", "clamp_max"})
+OTHER_FUNCTIONS = frozenset({"time", "vector", "scalar"})
+AGGREGATIONS = frozenset({"sum", "avg", "min", "max", "count", "topk", "bottomk"})
+ARITHMETIC_OPS = frozenset({"+", "-", "*", "/", "%", "^"})
+COMPARISON_OPS = frozenset({"==", "!=", ">", "<", ">=", "<="})
+SET_OPS = frozenset({"and", "or", "unless"})
+
+# promql_parser's enums are unhashable; key them by member name.
+_MATCH_OPS = {"Equal": MatchOp.EQ, "NotEqual": MatchOp.NE, "Re": MatchOp.RE, "NotRe": MatchOp.NRE}
+_CARDS = {
+    "OneToOne": "one-to-one",
+    "ManyToOne": "many-to-one",
+    "OneToMany": "one-to-many",
+    "ManyToMany": "many-to-many",
+}
+
+
+class QueryError(Exception):
+    """A query that cannot be answered; `kind` maps to the Prometheus API error type.
+
+    "bad_data": not valid PromQL. "unsupported": valid PromQL that FiloPy does not evaluate.
+    "execution": evaluation failed on the data (e.g. many-to-many matching).
+    """
+
+    def __init__(self, kind: ErrorKind, message: str) -> None:
+        super().__init__(message)
+        self.kind: ErrorKind = kind
+        self.message = message
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:
+        # Errors cross process boundaries (Ray pickles them); rebuild from the real arguments.
+        return (type(self), (self.kind, self.message))
+
+
+def _unsupported(construct: str) -> QueryError:
+    return QueryError("unsupported", f"unsupported: {construct}")
+
+
+# ------------------------------------------------------------------------------------------ AST
+
+
+@dataclass(frozen=True, slots=True)
+class NumberLiteral:
+    value: float
+
+
+@dataclass(frozen=True, slots=True)
+class StringLiteral:
+    value: str
+
+
+@dataclass(frozen=True, slots=True)
+class VectorSelector:
+    """`metric` is informational; `matchers` alone (incl. any `__name__` matcher) select series."""
+
+    metric: str | None
+    matchers: tuple[LabelMatcher, ...]
+    offset_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class MatrixSelector:
+    selector: VectorSelector
+    range_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    func: str
+    args: tuple[Expr, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Aggregate:
+    """`grouping` lists the `by` labels, or the `without` labels when `without` is set."""
+
+    op: str
+    expr: Expr
+    param: Expr | None = None
+    grouping: tuple[str, ...] = ()
+    without: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class VectorMatching:
+    """How two instant vectors' series are paired.
+
+    `on` selects `on(labels)` versus `ignoring(labels)`; `card` is one of "one-to-one",
+    "many-to-one" (group_left), "one-to-many" (group_right), "many-to-many" (and/or/unless);
+    `include` are the extra labels of group_left/group_right, copied from the "one" side.
+    """
+
+    card: str = "one-to-one"
+    on: bool = False
+    labels: tuple[str, ...] = ()
+    include: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Binary:
+    op: str
+    lhs: Expr
+    rhs: Expr
+    return_bool: bool = False
+    matching: VectorMatching = VectorMatching()
+
+
+@dataclass(frozen=True, slots=True)
+class Unary:
+    """Unary minus (unary plus is dropped by the parser)."""
+
+    op: str
+    expr: Expr
+
+
+Expr = (
+    NumberLiteral
+    | StringLiteral
+    | VectorSelector
+    | MatrixSelector
+    | Call
+    | Aggregate
+    | Binary
+    | Unary
+)
+
+
+# ------------------------------------------------------------------------------------- helpers
+
+
+def format_duration(ms: int) -> str:
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if ms and ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"
+
+
+def format_expr(expr: Expr) -> str:
+    """PromQL text for an expression (for plans and messages; parses back to the same AST)."""
+    match expr:
+        case NumberLiteral(value=v):
+            return repr(v) if v != int(v) or abs(v) >= 1e15 else str(int(v))
+        case StringLiteral(value=v):
+            return json.dumps(v)
+        case VectorSelector(metric=metric, matchers=matchers, offset_ms=off):
+            rest = [
+                str(m)
+                for m in matchers
+                if not (m.label == "__name__" and m.op is MatchOp.EQ and m.value == metric)
+            ]
+            text = (metric or "") + ("{" + ", ".join(rest) + "}" if rest or not metric else "")
+            return text + (f" offset {format_duration(off)}" if off else "")
+        case MatrixSelector(selector=sel, range_ms=rng):
+            inner = format_expr(VectorSelector(sel.metric, sel.matchers))
+            off = f" offset {format_duration(sel.offset_ms)}" if sel.offset_ms else ""
+            return f"{inner}[{format_duration(rng)}]{off}"
+        case Call(func=func, args=args):
+            return f"{func}({', '.join(format_expr(a) for a in args)})"
+        case Aggregate(op=op, expr=inner, param=param, grouping=grouping, without=without):
+            mod = (
+                f" {'without' if without else 'by'} ({', '.join(grouping)})"
+                if grouping or without
+                else ""
+            )
+            args = ([format_expr(param)] if param is not None else []) + [format_expr(inner)]
+            return f"{op}{mod} ({', '.join(args)})"
+        case Binary(op=op, lhs=lhs, rhs=rhs, return_bool=rb, matching=m):
+            mod = " bool" if rb else ""
+            if m.on or m.labels:
+                mod += f" {'on' if m.on else 'ignoring'}({', '.join(m.labels)})"
+            if m.card == "many-to-one":
+                mod += f" group_left({', '.join(m.include)})"
+            elif m.card == "one-to-many":
+                mod += f" group_right({', '.join(m.include)})"
+            return f"{_operand(lhs)} {op}{mod} {_operand(rhs)}"
+        case Unary(op=op, expr=inner):
+            return f"{op}{_operand(inner)}"
+    raise TypeError(f"not an expression: {expr!r}")
+
+
+def _operand(expr: Expr) -> str:
+    text = format_expr(expr)
+    return f"({text})" if isinstance(expr, Binary | Unary) else text
+
+
+def walk(expr: Expr) -> Iterator[Expr]:
+    """Every node of `expr`, parents before children, left to right."""
+    yield expr
+    match expr:
+        case MatrixSelector(selector=sel):
+            yield sel
+        case Call(args=args):
+            for a in args:
+                yield from walk(a)
+        case Aggregate(expr=inner, param=param):
+            if param is not None:
+                yield from walk(param)
+            yield from walk(inner)
+        case Binary(lhs=lhs, rhs=rhs):
+            yield from walk(lhs)
+            yield from walk(rhs)
+        case Unary(expr=inner):
+            yield from walk(inner)
+
+
+def selectors(expr: Expr) -> list[VectorSelector]:
+    """Every vector selector in `expr`, including those inside range selectors."""
+    return [node for node in walk(expr) if isinstance(node, VectorSelector)]
+
+
+def value_type(expr: Expr) -> ValueType:
+    """The PromQL type `expr` evaluates to."""
+    match expr:
+        case NumberLiteral():
+            return "scalar"
+        case StringLiteral():
+            return "string"
+        case MatrixSelector():
+            return "matrix"
+        case Call(func=func):
+            return "scalar" if func in ("time", "scalar") else "vector"
+        case Binary(lhs=lhs, rhs=rhs):
+            both_scalar = value_type(lhs) == "scalar" and value_type(rhs) == "scalar"
+            return "scalar" if both_scalar else "vector"
+        case Unary(expr=inner):
+            return value_type(inner)
+        case _:
+            return "vector"
+
+
+# ------------------------------------------------------------------------------------- parsing
+
+
+def parse(text: str) -> Expr:
+    """Parse PromQL into FiloPy's AST; raise QueryError (bad_data / unsupported) otherwise."""
+    try:
+        raw = pp.parse(text)
+    except Exception as e:  # the Rust parser raises ValueError; be robust to others
+        raise QueryError("bad_data", f"parse error: {e}") from None
+    expr = _convert(raw)
+    if isinstance(expr, MatrixSelector):
+        raise _unsupported("range vector (matrix) query results")
+    return expr
+
+
+def _member(enum_value: Any) -> str:
+    return str(enum_value).rsplit(".", 1)[-1]
+
+
+def _duration_ms(d: timedelta | None) -> int:
+    return 0 if d is None else d // timedelta(milliseconds=1)
+
+
+def _convert(node: Any) -> Expr:
+    match node:
+        case pp.ParenExpr():
+            return _convert(node.expr)
+        case pp.NumberLiteral():
+            return NumberLiteral(float(node.val))
+        case pp.StringLiteral():
+            return StringLiteral(str(node.val))
+        case pp.VectorSelector():
+            return _selector(node)
+        case pp.MatrixSelector():
+            return MatrixSelector(_selector(node.vector_selector), _duration_ms(node.range))
+        case pp.SubqueryExpr():
+            raise _unsupported("subqueries")
+        case pp.UnaryExpr():
+            return Unary("-", _convert(node.expr))
+        case pp.Call():
+            return _call(node)
+        case pp.AggregateExpr():
+            return _aggregate(node)
+        case pp.BinaryExpr():
+            return _binary(node)
+    raise _unsupported(f"expression type {type(node).__name__}")
+
+
+def _selector(vs: Any) -> VectorSelector:
+    if vs.at is not None:
+        raise _unsupported("the @ modifier")
+    if vs.matchers.or_matchers:
+        raise _unsupported("'or' between label matchers")
+    try:
+        matchers = [
+            LabelMatcher(m.name, _MATCH_OPS[_member(m.op)], m.value) for m in vs.matchers.matchers
+        ]
+    except ValueError as e:  # an RE2 regex that Python's `re` rejects
+        raise QueryError("bad_data", f"parse error: {e}") from None
+    metric: str | None = vs.name
+    if metric is not None:
+        matchers.insert(0, LabelMatcher("__name__", MatchOp.EQ, metric))
+    else:
+        names = [m.value for m in matchers if m.label == "__name__" and m.op is MatchOp.EQ]
+        metric = names[0] if len(names) == 1 else None
+    return VectorSelector(metric, tuple(matchers), _duration_ms(vs.offset))
+
+
+def _call(node: Any) -> Call:
+    name = node.func.name
+    if name not in RANGE_FUNCTIONS | MATH_FUNCTIONS | OTHER_FUNCTIONS:
+        raise _unsupported(f"function '{name}'")
+    if name == "round" and len(node.args) > 1:
+        raise _unsupported("round with a to_nearest argument")
+    return Call(name, tuple(_convert(a) for a in node.args))
+
+
+def _aggregate(node: Any) -> Aggregate:
+    op = str(node.op)
+    if op not in AGGREGATIONS:
+        raise _unsupported(f"aggregation '{op}'")
+    grouping: tuple[str, ...] = ()
+    without = False
+    if node.modifier is not None:
+        grouping = tuple(node.modifier.labels)
+        without = node.modifier.type == pp.AggModifierType.Without
+    param = None if node.param is None else _convert(node.param)
+    return Aggregate(op, _convert(node.expr), param, grouping, without)
+
+
+def _binary(node: Any) -> Binary:
+    op = str(node.op)
+    if op not in ARITHMETIC_OPS | COMPARISON_OPS | SET_OPS:
+        raise _unsupported(f"binary operator '{op}'")
+    mod = node.modifier
+    matching = VectorMatching(card="many-to-many" if op in SET_OPS else "one-to-one")
+    return_bool = False
+    if mod is not None:
+        if mod.fill_values.lhs is not None or mod.fill_values.rhs is not None:
+            raise _unsupported("fill modifiers of binary operators")
+        return_bool = bool(mod.return_bool)
+        on, labels = False, ()
+        if mod.matching is not None:
+            on = mod.matching.type == pp.LabelModifierType.Include
+            labels = tuple(mod.matching.labels)
+        matching = VectorMatching(
+            _CARDS[_member(mod.card)], on, labels, tuple(mod.group_labels or ())
+        )
+    return Binary(op, _convert(node.lhs), _convert(node.rhs), return_bool, matching)
