@@ -236,6 +236,82 @@ def ingest(
     )
 
 
+def _parse_time(text: str | None) -> int | None:
+    if text is None:
+        return None
+    from filopy.rest.promql import parse_time
+
+    return parse_time(text, "time")
+
+
+@app.command()
+@_clean_errors
+def query(
+    dataset: Annotated[str, typer.Argument(help="Dataset name.")],
+    promql: Annotated[str, typer.Argument(help="A PromQL expression.")],
+    at: Annotated[
+        str | None, typer.Option("--time", help="Evaluation time (unix s or RFC 3339); now.")
+    ] = None,
+    start: Annotated[str | None, typer.Option(help="Range start (unix s or RFC 3339).")] = None,
+    end: Annotated[str | None, typer.Option(help="Range query end; default now.")] = None,
+    step: Annotated[str, typer.Option(help="Range query step (e.g. 15s, 1m).")] = "1m",
+    spread: Annotated[int | None, typer.Option(help="Override the dataset's spread.")] = None,
+    partial: Annotated[
+        bool, typer.Option(help="Answer without unavailable shards (with a warning).")
+    ] = False,
+    explain: Annotated[bool, typer.Option(help="Print the plan instead of running it.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Prometheus API JSON.")] = False,
+    address: RayAddress = "auto",
+) -> None:
+    """Run a PromQL query: instant by default, a range query with --start."""
+    import time as _time
+
+    from rich.table import Table
+
+    from filopy.rest.promql import parse_duration, result_json
+
+    client = _client(address)
+    if explain:
+        console.print_json(json.dumps(client.queries().explain(dataset, promql, spread=spread)))
+        return
+    options = {"spread": spread, "partial": partial}
+    if start is not None:
+        end_ms = _parse_time(end) or int(_time.time() * 1000)
+        res = client.query_range(
+            dataset, promql, _parse_time(start), end_ms, parse_duration(step, "step"), **options
+        )
+    else:
+        res = client.query(dataset, promql, _parse_time(at), **options)
+    data = result_json(res.value)
+    for w in res.warnings:
+        err.print(f"[yellow]warning:[/] {w}")
+    if as_json:
+        console.print_json(json.dumps({"status": "success", "data": data}))
+        return
+    if data["resultType"] in ("scalar", "string"):
+        console.print(data["result"][1])
+        return
+    table = Table(show_header=True)
+    table.add_column("series")
+    table.add_column("value" if data["resultType"] == "vector" else "values", justify="right")
+    for r in data["result"]:
+        labels = r["metric"]
+        name = labels.get("__name__", "")
+        rest = ", ".join(f'{k}="{v}"' for k, v in sorted(labels.items()) if k != "__name__")
+        series = f"{name}{{{rest}}}" if rest or not name else name
+        if "value" in r:
+            table.add_row(series, r["value"][1])
+        else:
+            points = r["values"]
+            shown = ", ".join(v for _, v in points[-3:])
+            table.add_row(series, f"{len(points)} points, last: {shown}")
+    console.print(table)
+    console.print(
+        f"[dim]{len(data['result'])} series; {res.samples_scanned:,} samples scanned on "
+        f"{len(res.shards)} shards of {len(res.nodes)} nodes[/]"
+    )
+
+
 @shards_app.command("stop")
 @_clean_errors
 def shards_stop(

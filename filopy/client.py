@@ -121,6 +121,7 @@ class FiloPyClient:
     def __init__(self, cluster: ActorHandle, settings: Settings) -> None:
         self._cluster = cluster
         self._settings = settings
+        self._query_service: Any = None
         self.timeout_s = settings.cluster.ping_timeout_s * 15
         self._sink: ActorHandle | None = None
         self._sink_name = f"filopy-sink-{uuid.uuid4().hex}"
@@ -231,6 +232,27 @@ class FiloPyClient:
                 except ray.exceptions.RayError:
                     continue
         return out
+
+    def queries(self) -> Any:
+        """The `query.service.QueryService` of this client (created on first use): PromQL
+        instant/range queries, series, explain. It follows each queried dataset's shard map
+        through a subscription, so queries cost no call to the singleton."""
+        if self._query_service is None:
+            from query.service import QueryService  # the query layer builds on this module
+
+            self._query_service = QueryService(self, self.timeout_s)
+        return self._query_service
+
+    def query(self, dataset: str, promql: str, time_ms: int | None = None, **options: Any) -> Any:
+        """An instant PromQL query at `time_ms` (default: now); see `QueryService.instant`."""
+        at = int(time.time() * 1000) if time_ms is None else time_ms
+        return self.queries().instant(dataset, promql, at, **options)
+
+    def query_range(
+        self, dataset: str, promql: str, start_ms: int, end_ms: int, step_ms: int, **options: Any
+    ) -> Any:
+        """A PromQL range query; see `QueryService.range`."""
+        return self.queries().range(dataset, promql, start_ms, end_ms, step_ms, **options)
 
     def subscribe(self, dataset: str | DatasetRef) -> Subscription:
         """SubscribeShardUpdates: iterate for the snapshot, then every event, in order."""

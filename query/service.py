@@ -96,8 +96,8 @@ class _MapWatch:
                         self._mapper = ShardMapper.from_state(update.state)
                     elif isinstance(update, ShardEvent):
                         self._mapper.update_from_event(update)
-        except Exception as e:  # the cluster went away: the next query re-subscribes
-            log.warning("shard map subscription ended: %s", e)
+        except (Exception, SystemExit) as e:  # Ray raises SystemExit when the driver shuts down
+            log.info("shard map subscription ended (%s); the next query re-subscribes", e)
         self.closed = True
 
     def mapper(self) -> ShardMapper:

@@ -37,3 +37,5 @@ def test_quick_demo_ingests_loses_a_node_and_reads_back_exactly(
     assert "killing node" in out
     assert "moved and recovered from their checkpoints" in out
     assert "nothing lost, nothing duplicated" in out
+    assert "A PromQL query" in out and "visits shards" in out
+    assert "query result differs" not in out

@@ -336,3 +336,34 @@ def test_unavailable_shards_fail_the_query_or_give_a_partial_result(
     finally:
         rest.client.start_shards(NAME, owner, [stopped])
         rest.wait_for("active again", lambda: rest.all_active(NAME), 60)
+
+
+def test_cli_query(rest: Rest, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from filopy.cli import app
+
+    monkeypatch.setenv("FILOPY_RAY__NAMESPACE", rest.cluster.settings.ray.namespace)
+    monkeypatch.setenv("COLUMNS", "200")
+    runner = CliRunner()
+    addr = ["--address", rest.cluster.ray.address]
+    t = str(INSTANTS[1] / 1000)
+    out = runner.invoke(app, ["query", NAME, "sum by (job) (up)", "--time", t, *addr])
+    assert out.exit_code == 0, out.output
+    expected = REF.evaluate(parse("sum by (job) (up)"), [INSTANTS[1]])
+    for k, by_t in expected.items():
+        assert f'{{job="{dict(k)["job"]}"}}' in out.output
+        assert f"{by_t[INSTANTS[1]]:g}" in out.output
+    assert "2 series;" in out.output
+    as_json = runner.invoke(app, ["query", NAME, "sum(up)", "--time", t, "--json", *addr])
+    assert json.loads(as_json.output)["data"]["resultType"] == "vector"
+    ranged = runner.invoke(
+        app, ["query", NAME, "sum(up)", "--start", t, "--end", str(float(t) + 600), *addr]
+    )
+    assert ranged.exit_code == 0 and "11 points" in ranged.output, ranged.output
+    plan = runner.invoke(
+        app, ["query", NAME, 'up{_ws_="demo", _ns_="db"}', "--explain", "--spread", "0", *addr]
+    )
+    assert len(json.loads(plan.output)["shards"]) == 1
+    bad = runner.invoke(app, ["query", NAME, "sum(up", *addr])
+    assert bad.exit_code == 1 and "error:" in bad.output and "Traceback" not in bad.output
