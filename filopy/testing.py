@@ -74,9 +74,6 @@ class LocalRayCluster:
         """Disconnect and kill every node at once (a graceful drain of Ray nodes that still run
         actors waits 30 s for nothing: FiloPy state lives in the store and Kafka)."""
         ray.shutdown()
-        # The head first: its log monitor would otherwise report each worker's kill as a crash.
-        if self._cluster.head_node is not None:
-            self._cluster.remove_node(self._cluster.head_node, allow_graceful=False)
         for node in list(self._cluster.worker_nodes):
             self._cluster.remove_node(node, allow_graceful=False)
         self._cluster.shutdown()

@@ -33,7 +33,7 @@ more samples, and no new chunk overlaps an old one. See docs/memstore.md.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -279,17 +279,38 @@ def read_merged(
     """A series' samples in [start, end]: the ColumnStore's before the memstore's first
     in-memory sample, the memstore's from there on. Concatenated as stored: nothing is
     de-duplicated, so overlapping chunks would show as repeated timestamps."""
-    mem_start, mem_ts, mem_vals = memstore.snapshot(series_id, start, end)
-    store_end = end if mem_start is None else min(end, mem_start - 1)
-    ts_parts: list[npt.NDArray[np.int64]] = []
-    val_parts: list[npt.NDArray[np.float64]] = []
-    if store_end >= start:
-        key = memstore.part_key(series_id)
-        for chunk in column_store.read_chunks(ref, shard, [key], start, store_end).get(key, []):
+    return read_merged_many(memstore, column_store, ref, shard, [series_id], start, end)[0]
+
+
+def read_merged_many(
+    memstore: ShardMemstore,
+    column_store: ColumnStore,
+    ref: DatasetRef,
+    shard: int,
+    series_ids: Sequence[int],
+    start: int = INT64_MIN,
+    end: int = INT64_MAX,
+) -> list[tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]]:
+    """`read_merged` for many series of one shard, with one ColumnStore read for all of them."""
+    snaps = [(sid, *memstore.snapshot(sid, start, end)) for sid in series_ids]
+    # Each series needs the ColumnStore only before its oldest in-memory sample.
+    until = {
+        memstore.part_key(sid): end if mem_start is None else min(end, mem_start - 1)
+        for sid, mem_start, _, _ in snaps
+    }
+    need = {key: last for key, last in until.items() if last >= start}
+    chunks = column_store.read_chunks(ref, shard, need, start, max(need.values())) if need else {}
+    out = []
+    for sid, _, mem_ts, mem_vals in snaps:
+        key = memstore.part_key(sid)
+        ts_parts: list[npt.NDArray[np.int64]] = []
+        val_parts: list[npt.NDArray[np.float64]] = []
+        for chunk in chunks.get(key, ()) if key in need else ():
             ts, vals = chunk.samples()
-            inside = (ts >= start) & (ts <= store_end)
+            inside = (ts >= start) & (ts <= need[key])
             ts_parts.append(ts[inside])
             val_parts.append(vals[inside])
-    ts_parts.append(mem_ts)
-    val_parts.append(mem_vals)
-    return np.concatenate(ts_parts), np.concatenate(val_parts)
+        ts_parts.append(mem_ts)
+        val_parts.append(mem_vals)
+        out.append((np.concatenate(ts_parts), np.concatenate(val_parts)))
+    return out

@@ -18,6 +18,7 @@ import numpy.typing as npt
 from filopy.dataset import Dataset
 from filopy.store import ColumnStore
 from filopy.store.api import INT64_MAX, INT64_MIN, LabelMatcher
+from ingest.flush import read_merged_many
 from ingest.memstore import ShardMemstore
 from query.engine import SeriesData, eval_partial, eval_series_local
 from query.promql import Aggregate, Expr
@@ -81,35 +82,15 @@ class ShardSource:
         for shard, mem, sid in self._matching(matchers, start_ms, end_ms):
             by_shard.setdefault(shard, []).append((mem, sid))
         out: list[SeriesData] = []
-        ref = self.dataset.ref
         for shard, series in by_shard.items():
-            snaps = [(mem, sid, *mem.snapshot(sid, start_ms, end_ms)) for mem, sid in series]
-            # Series whose oldest in-memory sample is after `start` need the ColumnStore before it.
-            stored_until = {
-                mem.part_key(sid): (end_ms if mem_start is None else min(end_ms, mem_start - 1))
-                for mem, sid, mem_start, _, _ in snaps
-            }
-            need = {k: e for k, e in stored_until.items() if e >= start_ms}
-            chunks = (
-                self._columns.read_chunks(ref, shard, need, start_ms, max(need.values()))
-                if need
-                else {}
+            mem = series[0][0]
+            sids = [sid for _, sid in series]
+            merged = read_merged_many(
+                mem, self._columns, self.dataset.ref, shard, sids, start_ms, end_ms
             )
-            for mem, sid, _, mem_ts, mem_vals in snaps:
-                key = mem.part_key(sid)
-                ts_parts, val_parts = [], []
-                until = need.get(key)
-                for chunk in chunks.get(key, ()) if until is not None else ():
-                    ts, vals = chunk.samples()
-                    inside = (ts >= start_ms) & (ts <= until)
-                    ts_parts.append(ts[inside])
-                    val_parts.append(vals[inside])
-                ts_parts.append(mem_ts)
-                val_parts.append(mem_vals)
-                ts = np.concatenate(ts_parts)
+            for sid, (ts, vals) in zip(sids, merged, strict=True):
                 if not len(ts):
                     continue
-                vals = np.concatenate(val_parts)
                 self.stats.series += 1
                 self.stats.samples += len(ts)
                 out.append(SeriesData(self._labels(mem.labels(sid)), ts, vals))
