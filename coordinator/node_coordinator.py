@@ -160,15 +160,18 @@ class NodeCoordinator:
         dataset = None
         for shard in shards:
             ing = self._ingesters.get((ref, shard))
-            if not isinstance(ing, KafkaShardIngester):
+            if ing is None:
                 missing.append(shard)
-                continue
-            memstores[shard] = ing.memstore
-            dataset = ing.dataset
+            elif isinstance(ing, KafkaShardIngester):
+                memstores[shard] = ing.memstore
+                dataset = ing.dataset
+            # else: an ingester that reads nothing (ingest.source "none"): an empty shard
         if missing:
             raise ShardsNotHere(ref.name, self.node_id, missing)
+        held = self._maps.get(ref)
+        dataset = dataset or (held.dataset if held is not None else None)
         if dataset is None:
-            raise ShardsNotHere(ref.name, self.node_id, [])
+            raise ShardsNotHere(ref.name, self.node_id, shards)
         for shard in shards:
             self._queried[(ref.name, shard)] += 1
         _, columns = await self._open_stores()

@@ -86,11 +86,18 @@ class _MapWatch:
         self._mapper = ShardMapper.from_state(first.state)
         self._lock = threading.Lock()
         self.closed = False
-        threading.Thread(target=self._follow, name=f"map-{name}", daemon=True).start()
+        self._thread = threading.Thread(target=self._follow, name=f"map-{name}", daemon=True)
+        self._thread.start()
 
     def _follow(self) -> None:
         try:
-            for update in self._sub:
+            while not self.closed:
+                try:
+                    update = self._sub.next(timeout_s=self._sub.POLL_S)
+                except TimeoutError:
+                    continue
+                except StopIteration:  # the dataset was removed
+                    break
                 with self._lock:
                     if isinstance(update, CurrentShardSnapshot):
                         self._mapper = ShardMapper.from_state(update.state)
@@ -105,7 +112,9 @@ class _MapWatch:
             return self._mapper.copy()
 
     def close(self) -> None:
+        """Stop following (within one poll) and unsubscribe; call before Ray shuts down."""
         self.closed = True
+        self._thread.join(timeout=self._sub.POLL_S + 5)
         with contextlib.suppress(Exception):  # the cluster may be gone already
             self._sub.unsubscribe()
 

@@ -86,7 +86,9 @@ def create_app(client: FiloPyClient, settings: Settings) -> FastAPI:
     app.state.settings = settings
     app.state.client = client
     install_handlers(app, timeout_s)
-    app.include_router(promql_router(client, QueryService(client, timeout_s)))
+    queries = QueryService(client, timeout_s)
+    app.include_router(promql_router(client, queries))
+    app.router.add_event_handler("shutdown", queries.close)  # stop following maps before Ray goes
 
     async def call(fn: Callable[..., R], *args: Any) -> R:
         """Run a blocking client call on a worker thread; its failures become API errors."""

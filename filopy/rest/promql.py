@@ -23,12 +23,17 @@ from fastapi import APIRouter, Request
 
 from filopy.client import FiloPyClient
 from filopy.rest.errors import BAD_DATA, ApiError, api_error
+from filopy.rest.models import ErrorBody
 from filopy.store.api import LabelMatcher
 from query.engine import Scalar, StepMatrix, String, Value
 from query.promql import QueryError, VectorSelector, parse
 from query.service import QueryResult, QueryService
 
 R = TypeVar("R")
+# 400 bad query or parameter, 404 unknown dataset, 422 execution error, 503 shards unavailable.
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody} for code in (400, 404, 422, 503)
+}
 _DURATION = re.compile(r"(\d+(ms|[smhdwy]))+")
 _UNITS_MS = {
     "ms": 1,
@@ -121,6 +126,46 @@ def result_json(value: Value) -> dict[str, Any]:
         if points:
             result.append({"metric": labels, "values": points})
     return {"resultType": "matrix", "result": result}
+
+
+def _param(
+    name: str, description: str, schema: dict[str, Any] | None = None, required: bool = False
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": "query",
+        "required": required,
+        "description": description,
+        "schema": schema or {"type": "string"},
+    }
+
+
+_TIME = "unix seconds or RFC 3339"
+_OPTIONS = [
+    _param("spread", "route with this spread instead of the dataset's", {"type": "integer"}),
+    _param("partial_response", "leave unavailable shards out, with a warning", {"type": "boolean"}),
+    _param("lookback_delta", "lookback for instant selectors (default 5m)"),
+]
+_MATCH = _param(
+    "match[]", "series selector (repeatable)", {"type": "array", "items": {"type": "string"}}
+)
+_QUERY = _param("query", "PromQL expression", required=True)
+# The parameters each endpoint reads (query string, or a form body on POST), for the OpenAPI
+# document: the handlers read them from the request so that GET and POST share one route.
+PARAMETERS: dict[str, list[dict[str, Any]]] = {
+    "/query": [_QUERY, _param("time", _TIME), *_OPTIONS],
+    "/query_range": [
+        _QUERY,
+        _param("start", _TIME, required=True),
+        _param("end", _TIME, required=True),
+        _param("step", "seconds or a duration such as 1m", required=True),
+        *_OPTIONS,
+    ],
+    "/series": [{**_MATCH, "required": True}, _param("start", _TIME), _param("end", _TIME)],
+    "/labels": [_MATCH, _param("start", _TIME), _param("end", _TIME)],
+    "/label/{name}/values": [_MATCH, _param("start", _TIME), _param("end", _TIME)],
+    "/explain": [_QUERY, _OPTIONS[0]],
+}
 
 
 def promql_router(client: FiloPyClient, service: QueryService) -> APIRouter:
@@ -275,16 +320,23 @@ def promql_router(client: FiloPyClient, service: QueryService) -> APIRouter:
         plan = await run(lambda: service.explain(ds, text, spread=spread))
         return {"status": "success", "data": plan}
 
-    for prefix in ("/api/v1", "/promql/{dataset}/api/v1"):
-        for path, fn, summary in (
-            ("/query", query, "Instant query (PromQL)"),
-            ("/query_range", query_range, "Range query (PromQL)"),
-            ("/series", series, "Series matching selectors"),
-            ("/labels", labels, "Label names"),
-            ("/explain", explain, "The query plan: shard keys, spread, shards, nodes, pushdown"),
+    for prefix, where in (("/api/v1", "param"), ("/promql/{dataset}/api/v1", "path")):
+        for path, fn, summary, methods in (
+            ("/query", query, "Instant query (PromQL)", ("GET", "POST")),
+            ("/query_range", query_range, "Range query (PromQL)", ("GET", "POST")),
+            ("/series", series, "Series matching selectors", ("GET", "POST")),
+            ("/labels", labels, "Label names", ("GET", "POST")),
+            ("/label/{name}/values", label_values, "Label values", ("GET",)),
+            ("/explain", explain, "The plan: shard keys, spread, shards, nodes", ("GET", "POST")),
         ):
-            router.add_api_route(prefix + path, fn, methods=["GET", "POST"], summary=summary)
-        router.add_api_route(
-            prefix + "/label/{name}/values", label_values, methods=["GET"], summary="Label values"
-        )
+            for method in methods:
+                router.add_api_route(
+                    prefix + path,
+                    fn,
+                    methods=[method],
+                    summary=summary,
+                    responses=ERRORS,
+                    operation_id=f"promql_{fn.__name__}_{where}_{method.lower()}",
+                    openapi_extra={"parameters": PARAMETERS[path]},
+                )
     return router
