@@ -16,7 +16,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-dataset_app = typer.Typer(help="Datasets: list and show.", no_args_is_help=True)
+dataset_app = typer.Typer(help="Datasets: create, list, show, delete.", no_args_is_help=True)
 app.add_typer(dataset_app, name="dataset")
 shards_app = typer.Typer(help="Stop shards, or start them on a chosen node.", no_args_is_help=True)
 app.add_typer(shards_app, name="shards")
@@ -41,7 +41,13 @@ def _clean_errors(fn: F) -> F:
             err.print("interrupted")
             raise typer.Exit(130) from None
         except Exception as e:  # the CLI's promise: one line, no traceback
+            while isinstance(getattr(e, "cause", None), Exception):  # Ray's task error wrapper
+                e = e.cause  # type: ignore[attr-defined]
             message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            if type(e).__name__ == "ValidationError" and hasattr(e, "errors"):  # pydantic's
+                from filopy.rest.errors import validation_message
+
+                message = "; ".join(validation_message(e.errors()).splitlines())
             err.print(f"[bold red]error:[/] {message}")
             raise typer.Exit(1) from None
 
@@ -172,6 +178,63 @@ def watch(
                 console.print(f"shard {update.shard:>4}  {type(update).__name__}  {update.node}")
 
 
+@dataset_app.command("create")
+@_clean_errors
+def dataset_create(
+    name: Annotated[str, typer.Argument(help="Dataset name.")],
+    shards: Annotated[int, typer.Option(help="Shard count (a power of two).")] = 8,
+    min_nodes: Annotated[int, typer.Option(help="Spread the shards over this many nodes.")] = 1,
+    spread: Annotated[int, typer.Option(help="Default spread (log2 of shards per shard key).")] = 1,
+    topic: Annotated[str | None, typer.Option(help="Kafka topic; default filopy-NAME.")] = None,
+    bootstrap: Annotated[
+        str | None, typer.Option(help="Kafka bootstrap servers; default from the settings.")
+    ] = None,
+    record_format: Annotated[
+        str, typer.Option("--format", help="filopy-binary or influx-line.")
+    ] = "filopy-binary",
+    from_json: Annotated[
+        typer.FileText | None,
+        typer.Option(
+            help="A full definition as JSON (as `dataset show` prints); overrides the rest."
+        ),
+    ] = None,
+    address: RayAddress = "auto",
+) -> None:
+    """SetupDataset: register a dataset and assign its shards (its Kafka topic is created)."""
+    from filopy.config import load_settings
+    from filopy.dataset import Dataset
+
+    if from_json is not None:
+        ds = Dataset.model_validate_json(from_json.read())
+    else:
+        ds = Dataset.model_validate(
+            {
+                "name": name,
+                "num_shards": shards,
+                "min_num_nodes": min_nodes,
+                "spread": {"default": spread},
+                "source": {
+                    "topic": topic,
+                    "bootstrap_servers": bootstrap or load_settings().kafka.bootstrap_servers,
+                    "record_format": record_format,
+                },
+            }
+        )
+    created = _client(address).setup_dataset(ds)
+    console.print(f"{'created' if created else 'already exists (same definition)'}: {ds.name}")
+
+
+@dataset_app.command("delete")
+@_clean_errors
+def dataset_delete(
+    name: Annotated[str, typer.Argument(help="Dataset name.")], address: RayAddress = "auto"
+) -> None:
+    """Remove a dataset: its shards stop and its definition is forgotten. Its stored series,
+    checkpoints and epochs stay, so creating it again resumes where it stopped."""
+    _client(address).remove_dataset(name)
+    console.print(f"deleted: {name}")
+
+
 @dataset_app.command("list")
 @_clean_errors
 def dataset_list(address: RayAddress = "auto") -> None:
@@ -271,17 +334,22 @@ def query(
     from filopy.rest.promql import parse_duration, result_json
 
     client = _client(address)
-    if explain:
-        console.print_json(json.dumps(client.queries().explain(dataset, promql, spread=spread)))
-        return
-    options = {"spread": spread, "partial": partial}
-    if start is not None:
-        end_ms = _parse_time(end) or int(_time.time() * 1000)
-        res = client.query_range(
-            dataset, promql, _parse_time(start), end_ms, parse_duration(step, "step"), **options
-        )
-    else:
-        res = client.query(dataset, promql, _parse_time(at), **options)
+    try:
+        if explain:
+            plan = client.queries().explain(dataset, promql, spread=spread)
+            console.print_json(json.dumps(plan))
+            return
+        options = {"spread": spread, "partial": partial}
+        if start is not None:
+            end_ms = _parse_time(end) or int(_time.time() * 1000)
+            step_ms = parse_duration(step, "step")
+            res = client.query_range(
+                dataset, promql, _parse_time(start), end_ms, step_ms, **options
+            )
+        else:
+            res = client.query(dataset, promql, _parse_time(at), **options)
+    finally:
+        client.queries().close()  # stop following the shard map (unsubscribe)
     data = result_json(res.value)
     for w in res.warnings:
         err.print(f"[yellow]warning:[/] {w}")

@@ -120,7 +120,10 @@ class _MapWatch:
 
 
 class QueryService:
-    """PromQL over the datasets of one cluster, for any Ray driver joined to it."""
+    """PromQL over the datasets of one cluster, for any Ray driver joined to it.
+
+    It follows each queried dataset's shard map on a thread: `close()` it before `ray.shutdown()`
+    (a thread still blocked in Ray while Ray shuts down can take the process down with it)."""
 
     def __init__(self, client: FiloPyClient, timeout_s: float = 60.0) -> None:
         self._client = client

@@ -58,3 +58,68 @@ def test_cli_against_a_running_cluster(filopy_cluster, monkeypatch: pytest.Monke
     started = runner.invoke(app, ["shards", "start", "metrics", target, "1", *addr])
     assert started.exit_code == 0, started.output
     c.wait_for("shard 1 back", lambda: c.client.shard_map("metrics").owner(1) == target)
+
+
+def test_cli_dataset_create_and_delete(
+    filopy_cluster, monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    c = filopy_cluster
+    monkeypatch.setenv("FILOPY_RAY__NAMESPACE", c.settings.ray.namespace)
+    c.add_node()
+    c.wait_for("a member", lambda: len(c.client.members()) == 1)
+    addr = ["--address", c.ray.address]
+    made = runner.invoke(
+        app,
+        [
+            "dataset",
+            "create",
+            "web",
+            "--shards",
+            "4",
+            "--spread",
+            "2",
+            "--format",
+            "influx-line",
+            *addr,
+        ],
+    )
+    assert made.exit_code == 0 and "created: web" in made.output, made.output
+    (ds,) = c.client.datasets()
+    assert (ds.num_shards, ds.spread.default, ds.source.record_format.value) == (
+        4,
+        2,
+        "influx-line",
+    )
+    again = runner.invoke(
+        app,
+        [
+            "dataset",
+            "create",
+            "web",
+            "--shards",
+            "4",
+            "--spread",
+            "2",
+            "--format",
+            "influx-line",
+            *addr,
+        ],
+    )
+    assert "already exists (same definition)" in again.output
+    conflict = runner.invoke(app, ["dataset", "create", "web", "--shards", "8", *addr])
+    assert conflict.exit_code == 1 and "different definition" in conflict.output
+    bad = runner.invoke(app, ["dataset", "create", "web2", "--shards", "6", *addr])
+    assert bad.exit_code == 1
+    assert "num_shards must be a power of two, got 6" in bad.output
+    assert "Traceback" not in bad.output
+    definition = tmp_path / "ds.json"
+    definition.write_text('{"name": "fromjson", "num_shards": 2, "spread": {"default": 0}}')
+    from_json = runner.invoke(
+        app, ["dataset", "create", "x", "--from-json", str(definition), *addr]
+    )
+    assert from_json.exit_code == 0 and "created: fromjson" in from_json.output
+    gone = runner.invoke(app, ["dataset", "delete", "web", *addr])
+    assert gone.exit_code == 0 and "deleted: web" in gone.output
+    assert sorted(d.name for d in c.client.datasets()) == ["fromjson"]
+    missing = runner.invoke(app, ["dataset", "delete", "web", *addr])
+    assert missing.exit_code == 1 and "unknown dataset 'web'" in missing.output
