@@ -35,6 +35,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody} for code in (400, 404, 422, 503)
 }
 _DURATION = re.compile(r"(\d+(ms|[smhdwy]))+")
+_DURATION_PART = re.compile(r"(\d+)(ms|[smhdwy])")
 _UNITS_MS = {
     "ms": 1,
     "s": 1000,
@@ -61,33 +62,42 @@ def _ts(ms: int) -> float | int:
     return ms // 1000 if ms % 1000 == 0 else ms / 1000
 
 
-def parse_time(text: str, what: str) -> int:
-    """Unix seconds (float) or RFC 3339 to ms."""
+def parse_time(text: str, what: str, *, open_ended: bool = False) -> int:
+    """Unix seconds (float) or RFC 3339 to ms. `open_ended` accepts `-Inf`/`+Inf` (as the
+    series endpoints do) for the earliest / latest time."""
     try:
-        return round(float(text) * 1000)
+        seconds = float(text)
     except ValueError:
-        pass
-    try:
-        return round(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
-    except ValueError:
-        raise ApiError(
-            400, BAD_DATA, f'invalid parameter "{what}": cannot parse "{text}" to a valid timestamp'
-        ) from None
+        try:
+            seconds = datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            raise ApiError(
+                400,
+                BAD_DATA,
+                f'invalid parameter "{what}": cannot parse "{text}" to a valid timestamp',
+            ) from None
+    if open_ended and math.isinf(seconds):
+        return MIN_TIME_MS if seconds < 0 else MAX_TIME_MS
+    if not math.isfinite(seconds) or not MIN_TIME_MS <= seconds * 1000 <= MAX_TIME_MS:
+        raise ApiError(400, BAD_DATA, f'invalid parameter "{what}": "{text}" is out of range')
+    return round(seconds * 1000)
 
 
 def parse_duration(text: str, what: str) -> int:
     """Seconds (float) or a Prometheus duration (`15s`, `1m30s`) to ms."""
+    ms: float | None = None
     try:
-        seconds = float(text)
-        if math.isfinite(seconds):
-            return round(seconds * 1000)
+        ms = float(text) * 1000
     except ValueError:
-        pass
-    if _DURATION.fullmatch(text) and text:
-        return sum(int(n) * _UNITS_MS[unit] for n, unit in re.findall(r"(\d+)(ms|[smhdwy])", text))
-    raise ApiError(
-        400, BAD_DATA, f'invalid parameter "{what}": cannot parse "{text}" to a valid duration'
-    )
+        if _DURATION.fullmatch(text) and text:
+            ms = sum(int(n) * _UNITS_MS[unit] for n, unit in _DURATION_PART.findall(text))
+    if ms is None or math.isnan(ms):
+        raise ApiError(
+            400, BAD_DATA, f'invalid parameter "{what}": cannot parse "{text}" to a valid duration'
+        )
+    if not math.isfinite(ms) or abs(ms) > MAX_TIME_MS:
+        raise ApiError(400, BAD_DATA, f'invalid parameter "{what}": "{text}" is out of range')
+    return round(ms)
 
 
 def parse_matchers(text: str) -> tuple[LabelMatcher, ...]:
@@ -230,6 +240,10 @@ def promql_router(client: FiloPyClient, service: QueryService) -> APIRouter:
         lookback = one(p, "lookback_delta")
         if lookback:
             out["lookback_ms"] = parse_duration(lookback, "lookback_delta")
+            if out["lookback_ms"] <= 0:
+                raise ApiError(
+                    400, BAD_DATA, 'invalid parameter "lookback_delta": must be positive'
+                )
         return out
 
     def envelope(res: QueryResult, data: Any) -> dict[str, Any]:
@@ -283,8 +297,9 @@ def promql_router(client: FiloPyClient, service: QueryService) -> APIRouter:
                 400, BAD_DATA, 'invalid parameter "match[]": no match[] parameter provided'
             )
         selectors = [parse_matchers(m) for m in matches] or [()]
-        start = parse_time(one(p, "start"), "start") if one(p, "start") else MIN_TIME_MS
-        end = parse_time(one(p, "end"), "end") if one(p, "end") else MAX_TIME_MS
+        start_text, end_text = one(p, "start"), one(p, "end")
+        start = parse_time(start_text, "start", open_ended=True) if start_text else MIN_TIME_MS
+        end = parse_time(end_text, "end", open_ended=True) if end_text else MAX_TIME_MS
         partial = options(p)["partial"]
         return await run(lambda: service.series(ds, selectors, start, end, partial=partial))
 

@@ -1,0 +1,65 @@
+"""The Prometheus API's time and duration parameters: what parses, and 400s for the rest."""
+
+from __future__ import annotations
+
+import pytest
+
+from filopy.rest.errors import ApiError
+from filopy.rest.promql import MAX_TIME_MS, MIN_TIME_MS, format_value, parse_duration, parse_time
+
+
+@pytest.mark.parametrize(
+    ("text", "ms"),
+    [
+        ("1700000000", 1_700_000_000_000),
+        ("1700000000.25", 1_700_000_000_250),
+        ("2023-11-14T22:13:20Z", 1_700_000_000_000),
+        ("2023-11-14T22:13:20.5+00:00", 1_700_000_000_500),
+        ("-1", -1000),
+    ],
+)
+def test_times(text: str, ms: int) -> None:
+    assert parse_time(text, "time") == ms
+
+
+@pytest.mark.parametrize("text", ["INF", "-Inf", "nan", "1e300", "yesterday", ""])
+def test_bad_times_are_400s_naming_the_parameter(text: str) -> None:
+    with pytest.raises(ApiError) as info:
+        parse_time(text, "start")
+    assert info.value.status == 400 and 'invalid parameter "start"' in str(info.value)
+
+
+def test_series_endpoints_accept_infinite_bounds() -> None:
+    assert parse_time("-Inf", "start", open_ended=True) == MIN_TIME_MS
+    assert parse_time("+Inf", "end", open_ended=True) == MAX_TIME_MS
+
+
+@pytest.mark.parametrize(
+    ("text", "ms"),
+    [("15", 15_000), ("0.5", 500), ("5m", 300_000), ("1h30m", 5_400_000), ("100ms", 100)],
+)
+def test_durations(text: str, ms: int) -> None:
+    assert parse_duration(text, "step") == ms
+
+
+@pytest.mark.parametrize("text", ["inf", "nan", "1e300", "5 m", "m", "1.5m"])
+def test_bad_durations_are_400s(text: str) -> None:
+    with pytest.raises(ApiError) as info:
+        parse_duration(text, "step")
+    assert info.value.status == 400 and 'invalid parameter "step"' in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("v", "text"),
+    [
+        (1.0, "1"),
+        (0.5, "0.5"),
+        (1e20, "100000000000000000000"),
+        (float("nan"), "NaN"),
+        (float("inf"), "+Inf"),
+        (float("-inf"), "-Inf"),
+        (-2.25, "-2.25"),
+    ],
+)
+def test_values_are_written_as_prometheus_does(v: float, text: str) -> None:
+    assert format_value(v) == text
