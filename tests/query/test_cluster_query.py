@@ -248,22 +248,20 @@ def test_promtool_queries_the_api(rest: Rest) -> None:
     assert shutil.which("promtool"), "promtool missing: run scripts/system-deps.sh"
     url = f"{rest.url}/promql/{NAME}"
     t = INSTANTS[1] / 1000
-    out = subprocess.run(
-        [
-            "promtool",
-            "query",
-            "instant",
-            "-o",
-            "json",
-            "--time",
-            str(t),
-            url,
-            "sum by (job) (rate(http_requests_total[5m]))",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+
+    def promtool(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["promtool", "query", *args], capture_output=True, text=True, timeout=60, check=False
+        )
+
+    out = promtool(
+        "instant",
+        "-o",
+        "json",
+        "--time",
+        str(t),
+        url,
+        "sum by (job) (rate(http_requests_total[5m]))",
     )
     assert out.returncode == 0, out.stderr
     got = {r["metric"]["job"]: float(r["value"][1]) for r in json.loads(out.stdout)}
@@ -271,26 +269,18 @@ def test_promtool_queries_the_api(rest: Rest) -> None:
     assert got.keys() == {"api", "db"}
     for k, by_t in expected.items():
         assert math.isclose(got[dict(k)["job"]], by_t[INSTANTS[1]], rel_tol=1e-9)
-    rng = subprocess.run(
-        [
-            "promtool",
-            "query",
-            "range",
-            "-o",
-            "json",
-            "--start",
-            str(t),
-            "--end",
-            str(t + 600),
-            "--step",
-            "2m",
-            url,
-            'max(temperature{job="db"})',
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+    rng = promtool(
+        "range",
+        "-o",
+        "json",
+        "--start",
+        str(t),
+        "--end",
+        str(t + 600),
+        "--step",
+        "2m",
+        url,
+        'max(temperature{job="db"})',
     )
     assert rng.returncode == 0, rng.stderr
     (series,) = json.loads(rng.stdout)

@@ -68,21 +68,9 @@ def test_cli_dataset_create_and_delete(
     c.add_node()
     c.wait_for("a member", lambda: len(c.client.members()) == 1)
     addr = ["--address", c.ray.address]
-    made = runner.invoke(
-        app,
-        [
-            "dataset",
-            "create",
-            "web",
-            "--shards",
-            "4",
-            "--spread",
-            "2",
-            "--format",
-            "influx-line",
-            *addr,
-        ],
-    )
+    create_web = ["dataset", "create", "web", "--shards", "4", "--spread", "2"]
+    create_web += ["--format", "influx-line", *addr]
+    made = runner.invoke(app, create_web)
     assert made.exit_code == 0 and "created: web" in made.output, made.output
     (ds,) = c.client.datasets()
     assert (ds.num_shards, ds.spread.default, ds.source.record_format.value) == (
@@ -90,21 +78,7 @@ def test_cli_dataset_create_and_delete(
         2,
         "influx-line",
     )
-    again = runner.invoke(
-        app,
-        [
-            "dataset",
-            "create",
-            "web",
-            "--shards",
-            "4",
-            "--spread",
-            "2",
-            "--format",
-            "influx-line",
-            *addr,
-        ],
-    )
+    again = runner.invoke(app, create_web)
     assert "already exists (same definition)" in again.output
     conflict = runner.invoke(app, ["dataset", "create", "web", "--shards", "8", *addr])
     assert conflict.exit_code == 1 and "different definition" in conflict.output
