@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -236,6 +237,43 @@ def _check_ref(ref: DatasetRef) -> str:
     if not isinstance(ref, DatasetRef):
         raise TypeError(f"expected a DatasetRef, got {type(ref).__name__}")
     return ref.name
+
+
+class SharedHandle:
+    """A connection (or file) that a backend's MetaStore and ColumnStore share: reference-counted,
+    so it is shut down with the last store holding it, whichever store closes last."""
+
+    def __init__(self) -> None:
+        self._refs_lock = threading.Lock()
+        self._refs = 0
+
+    def acquire(self) -> Self:
+        with self._refs_lock:
+            self._refs += 1
+        return self
+
+    def release(self) -> None:
+        with self._refs_lock:
+            self._refs -= 1
+            last = self._refs <= 0
+        if last:
+            self._shut_down()
+
+    def _shut_down(self) -> None:
+        raise NotImplementedError
+
+
+class HoldsShared:
+    """A store's hold on its backend's `SharedHandle`: released once, by the first `close()`."""
+
+    def __init__(self, handle: SharedHandle) -> None:
+        self._handle = handle.acquire()
+        self._open = True
+
+    def close(self) -> None:
+        if self._open:
+            self._open = False
+            self._handle.release()
 
 
 class _Closable(ABC):

@@ -19,7 +19,6 @@ partition together in UNLOGGED batches, which Cassandra applies as one mutation.
 from __future__ import annotations
 
 import re
-import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -53,9 +52,11 @@ from filopy.store.api import (
     ChunkRecord,
     ColumnStore,
     DatasetConflict,
+    HoldsShared,
     MetaStore,
     PartKeyRecord,
     ShardEpoch,
+    SharedHandle,
     StaleEpochError,
     StoreError,
     StoreTimeout,
@@ -126,7 +127,7 @@ def _translate(what: str) -> Iterator[None]:
         raise StoreError(f"{what}: {type(e).__name__}: {e}") from e
 
 
-class CassandraConnection:
+class CassandraConnection(SharedHandle):
     """A cluster connection and its prepared statements, shared by both Cassandra stores.
 
     Creates the keyspace and tables if missing. Reference-counted: closed with its last store."""
@@ -178,8 +179,7 @@ class CassandraConnection:
                 _DATA: profile(data_consistency or consistency, tuple_factory),
             },
         )
-        self._lock = threading.Lock()
-        self._refs = 0
+        super().__init__()
         try:
             self.session = self.cluster.connect()
         except Exception as e:
@@ -240,28 +240,14 @@ class CassandraConnection:
                 )
             ]
 
-    def acquire(self) -> CassandraConnection:
-        with self._lock:
-            self._refs += 1
-        return self
-
-    def release(self) -> None:
-        with self._lock:
-            self._refs -= 1
-            last = self._refs <= 0
-        if last:
-            self.cluster.shutdown()
+    def _shut_down(self) -> None:
+        self.cluster.shutdown()
 
 
-class _UsesConnection:
+class _UsesConnection(HoldsShared):
     def __init__(self, conn: CassandraConnection) -> None:
-        self._conn = conn.acquire()
-        self._open = True
-
-    def close(self) -> None:
-        if self._open:
-            self._open = False
-            self._conn.release()
+        super().__init__(conn)
+        self._conn = conn
 
 
 class CassandraMetaStore(_UsesConnection, MetaStore):

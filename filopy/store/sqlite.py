@@ -24,9 +24,11 @@ from filopy.store.api import (
     ChunkRecord,
     ColumnStore,
     DatasetConflict,
+    HoldsShared,
     MetaStore,
     PartKeyRecord,
     ShardEpoch,
+    SharedHandle,
     StaleEpochError,
     StoreError,
     StoreTimeout,
@@ -76,7 +78,7 @@ CREATE TABLE IF NOT EXISTS chunks (
 """
 
 
-class SqliteDatabase:
+class SqliteDatabase(SharedHandle):
     """The shared file: per-thread connections, schema creation, transactions.
 
     Reference-counted so that the MetaStore and ColumnStore opened on it close it together."""
@@ -88,7 +90,7 @@ class SqliteDatabase:
         self._lock = threading.Lock()
         self._conns: list[sqlite3.Connection] = []
         self._closed = False
-        self._refs = 0
+        super().__init__()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             conn = self.conn()
@@ -112,17 +114,8 @@ class SqliteDatabase:
             self.close()
             raise
 
-    def acquire(self) -> SqliteDatabase:
-        with self._lock:
-            self._refs += 1
-        return self
-
-    def release(self) -> None:
-        with self._lock:
-            self._refs -= 1
-            last = self._refs <= 0
-        if last:
-            self.close()
+    def _shut_down(self) -> None:
+        self.close()
 
     def close(self) -> None:
         with self._lock:
@@ -191,15 +184,10 @@ class SqliteDatabase:
             raise StoreError(f"SQLite store {self.path}: {e}") from e
 
 
-class _UsesDatabase:
+class _UsesDatabase(HoldsShared):
     def __init__(self, db: SqliteDatabase) -> None:
-        self._db = db.acquire()
-        self._open = True
-
-    def close(self) -> None:
-        if self._open:
-            self._open = False
-            self._db.release()
+        super().__init__(db)
+        self._db = db
 
 
 class SqliteMetaStore(_UsesDatabase, MetaStore):
