@@ -157,6 +157,8 @@ class QueryService:
         with self._lock:
             watch = self._maps.get(name)
             if watch is None or watch.closed:
+                if watch is not None:  # the dataset may have been removed and re-created
+                    self._datasets.pop(name, None)
                 watch = self._maps[name] = _MapWatch(self._client, name)
         return watch.mapper()
 
