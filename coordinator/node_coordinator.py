@@ -155,27 +155,19 @@ class NodeCoordinator:
     async def query(self, ref: DatasetRef, shards: list[int], request: NodeQuery) -> NodeAnswer:
         """Evaluate a node's part of a query (`query.executor.NodeQuery`) over the given shards,
         which must run here: a caller with a stale map gets `ShardsNotHere` naming them."""
-        memstores: dict[int, ShardMemstore] = {}
-        missing: list[int] = []
-        dataset = None
-        for shard in shards:
-            ing = self._ingesters.get((ref, shard))
-            if ing is None:
-                missing.append(shard)
-            elif isinstance(ing, KafkaShardIngester):
-                memstores[shard] = ing.memstore
-                dataset = ing.dataset
-            # else: an ingester that reads nothing (ingest.source "none"): an empty shard
-        if missing:
-            raise ShardsNotHere(ref.name, self.node_id, missing)
         held = self._maps.get(ref)
-        dataset = dataset or (held.dataset if held is not None else None)
-        if dataset is None:
-            raise ShardsNotHere(ref.name, self.node_id, shards)
+        missing = [s for s in shards if (ref, s) not in self._ingesters]
+        if held is None or missing:
+            raise ShardsNotHere(ref.name, self.node_id, missing or shards)
+        memstores: dict[int, ShardMemstore] = {}
+        for shard in shards:
+            ing = self._ingesters[(ref, shard)]
+            if isinstance(ing, KafkaShardIngester):  # else it reads nothing: an empty shard
+                memstores[shard] = ing.memstore
         for shard in shards:
             self._queried[(ref.name, shard)] += 1
         _, columns = await self._open_stores()
-        source = ShardSource(dataset, memstores, columns)
+        source = ShardSource(held.dataset, memstores, columns)
         return await asyncio.to_thread(run_node_query, request, source)
 
     async def query_stats(self) -> dict[str, dict[int, int]]:

@@ -36,6 +36,8 @@ __all__ = [
     "ValueType",
     "VectorMatching",
     "VectorSelector",
+    "children",
+    "format_expr",
     "parse",
     "selectors",
     "value_type",
@@ -245,24 +247,27 @@ def _operand(expr: Expr) -> str:
     return f"({text})" if isinstance(expr, Binary | Unary) else text
 
 
+def children(expr: Expr) -> list[Expr]:
+    """The direct subexpressions of `expr`, left to right."""
+    match expr:
+        case MatrixSelector(selector=sel):
+            return [sel]
+        case Call(args=args):
+            return list(args)
+        case Aggregate(expr=inner, param=param):
+            return [inner] if param is None else [param, inner]
+        case Binary(lhs=lhs, rhs=rhs):
+            return [lhs, rhs]
+        case Unary(expr=inner):
+            return [inner]
+    return []
+
+
 def walk(expr: Expr) -> Iterator[Expr]:
     """Every node of `expr`, parents before children, left to right."""
     yield expr
-    match expr:
-        case MatrixSelector(selector=sel):
-            yield sel
-        case Call(args=args):
-            for a in args:
-                yield from walk(a)
-        case Aggregate(expr=inner, param=param):
-            if param is not None:
-                yield from walk(param)
-            yield from walk(inner)
-        case Binary(lhs=lhs, rhs=rhs):
-            yield from walk(lhs)
-            yield from walk(rhs)
-        case Unary(expr=inner):
-            yield from walk(inner)
+    for child in children(expr):
+        yield from walk(child)
 
 
 def selectors(expr: Expr) -> list[VectorSelector]:

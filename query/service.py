@@ -42,7 +42,7 @@ from query.engine import (
     merge_partials,
 )
 from query.executor import NodeAnswer, NodeQuery, ShardsNotHere
-from query.promql import Aggregate, Expr, QueryError, format_expr, parse, selectors, walk
+from query.promql import Aggregate, Expr, QueryError, children, format_expr, parse, selectors
 from query.routing import SelectorRoute, route
 
 log = logging.getLogger("filopy.query")
@@ -410,16 +410,6 @@ def _remote_parts(expr: Expr) -> list[tuple[str, str]]:
     if is_series_local(expr):
         return [("series-local", format_expr(expr))]
     out: list[tuple[str, str]] = []
-    for child in _children(expr):
+    for child in children(expr):
         out.extend(_remote_parts(child))
     return out
-
-
-def _children(expr: Expr) -> list[Expr]:
-    return [e for e in walk(expr) if e is not expr and _is_direct_child(expr, e)]
-
-
-def _is_direct_child(parent: Expr, child: Expr) -> bool:
-    return any(getattr(parent, f, None) is child for f in ("expr", "lhs", "rhs", "param")) or (
-        child in getattr(parent, "args", ())
-    )
