@@ -27,6 +27,7 @@ from filopy.mapper import ShardMapper
 from filopy.shard_status import (
     Assigned,
     CurrentShardSnapshot,
+    IngestionDegraded,
     IngestionError,
     IngestionStarted,
     IngestionStopped,
@@ -289,7 +290,7 @@ class _Pending:
     nodes_need_map: bool = False
 
 
-_OWNER_SETTING = (ShardAssignmentStarted, IngestionStarted, RecoveryInProgress)
+_OWNER_SETTING = (ShardAssignmentStarted, IngestionStarted, RecoveryInProgress, IngestionDegraded)
 
 
 class ShardManager:

@@ -22,8 +22,10 @@ from filopy.shard_status import (
     UNASSIGNED,
     Active,
     Assigned,
+    Degraded,
     Down,
     Error,
+    IngestionDegraded,
     IngestionError,
     IngestionStarted,
     IngestionStopped,
@@ -42,7 +44,8 @@ from filopy.shard_status import (
 __all__ = ["ShardEventError", "ShardMapper"]
 
 _UNOWNED_ONLY = (Unassigned, Error, Down)  # statuses that imply "nobody ingests this shard"
-_OWNED_ONLY = (Assigned, Active, Recovery)  # statuses that imply "some node ingests this shard"
+# statuses that imply "some node ingests this shard"
+_OWNED_ONLY = (Assigned, Active, Recovery, Degraded)
 
 
 class ShardEventError(ValueError):
@@ -201,6 +204,8 @@ class ShardMapper:
                 changed = self._set(shard, self._require_node(event, node), ACTIVE)
             case RecoveryInProgress(node=node, progress_pct=pct):
                 changed = self._set(shard, self._require_node(event, node), Recovery(pct))
+            case IngestionDegraded(node=node, message=message):
+                changed = self._set(shard, self._require_node(event, node), Degraded(message))
             case IngestionError(message=message):
                 changed = self._set(shard, None, Error(message))
             case IngestionStopped():
@@ -265,6 +270,8 @@ class ShardMapper:
                     events.append(IngestionStarted(ref, shard, owner))
                 case Recovery(progress_pct=pct):
                     events.append(RecoveryInProgress(ref, shard, owner, pct))
+                case Degraded(message=message):
+                    events.append(IngestionDegraded(ref, shard, owner, message))
                 case Error(message=message):
                     events.append(IngestionError(ref, shard, None, message))
                 case Stopped():
@@ -365,7 +372,8 @@ class ShardMapper:
     def render(self) -> str:
         """A 16-shards-per-row status grid plus each node's shards, for the CLI."""
         lines = [
-            "Status legend: .=Unassigned N=Assigned A=Active R=Recovery E=Error S=Stopped D=Down",
+            "Status legend: .=Unassigned N=Assigned A=Active R=Recovery !=Degraded E=Error "
+            "S=Stopped D=Down",
             f"----- Status map (version {self._version}) -----",
         ]
         for start in range(0, self.num_shards, 16):

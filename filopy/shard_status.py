@@ -1,7 +1,7 @@
 """Shard statuses, the events that move a shard between them, and immutable shard map snapshots.
 
 Everything here is plain frozen data so the shard manager's messages can be pickled by Ray and
-compared in tests. A status is one of seven small classes, reachable as ``ShardStatus.Active``
+compared in tests. A status is one of eight small classes, reachable as ``ShardStatus.Active``
 and friends so callers can pattern-match on them (``case Recovery(pct):``).
 """
 
@@ -24,8 +24,10 @@ __all__ = [
     "Active",
     "Assigned",
     "CurrentShardSnapshot",
+    "Degraded",
     "Down",
     "Error",
+    "IngestionDegraded",
     "IngestionError",
     "IngestionStarted",
     "IngestionStopped",
@@ -53,6 +55,7 @@ class ShardStatus:
     Assigned: ClassVar[type[Assigned]]
     Active: ClassVar[type[Active]]
     Recovery: ClassVar[type[Recovery]]
+    Degraded: ClassVar[type[Degraded]]
     Error: ClassVar[type[Error]]
     Stopped: ClassVar[type[Stopped]]
     Down: ClassVar[type[Down]]
@@ -71,6 +74,8 @@ class ShardStatus:
             return Recovery(int(arg))
         if name == "Error" and arg is not None:
             return Error(arg)
+        if name == "Degraded" and arg is not None:
+            return Degraded(arg)
         if arg is None and name in _SIMPLE:
             return _SIMPLE[name]
         raise ValueError(f"not a shard status: {text!r}")
@@ -106,6 +111,19 @@ class Recovery(ShardStatus):
 
 
 @dataclass(frozen=True, slots=True)
+class Degraded(ShardStatus):
+    """Still ingesting, but not healthy: the store or Kafka is unreachable (``message`` says
+    which and why). The owner keeps the shard and catches up by itself once the outage ends."""
+
+    message: str = ""
+    letter: ClassVar[str] = "!"
+    ingesting: ClassVar[bool] = True
+
+    def __str__(self) -> str:
+        return f"Degraded({self.message})"
+
+
+@dataclass(frozen=True, slots=True)
 class Error(ShardStatus):
     message: str = ""
     letter: ClassVar[str] = "E"
@@ -128,6 +146,7 @@ ShardStatus.Unassigned = Unassigned
 ShardStatus.Assigned = Assigned
 ShardStatus.Active = Active
 ShardStatus.Recovery = Recovery
+ShardStatus.Degraded = Degraded
 ShardStatus.Error = Error
 ShardStatus.Stopped = Stopped
 ShardStatus.Down = Down
@@ -181,6 +200,14 @@ class RecoveryInProgress(ShardEvent):
     subscribers what recovery found that they should know (e.g. offsets lost to retention)."""
 
     progress_pct: int = 0
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class IngestionDegraded(ShardEvent):
+    """``node`` keeps ingesting the shard but cannot flush it (store outage) or cannot reach
+    Kafka: status Degraded(message), owner set. ``IngestionStarted`` follows once it is healthy."""
+
     message: str = ""
 
 

@@ -13,6 +13,7 @@ from filopy.mapper import ShardMapper, shard_ranges
 from filopy.shard_status import (
     Active,
     Assigned,
+    Degraded,
     Down,
     Error,
     Recovery,
@@ -26,6 +27,7 @@ STYLES: dict[type[ShardStatus], str] = {
     Assigned: "cyan",
     Recovery: "yellow",
     Active: "green",
+    Degraded: "bold yellow",
     Error: "bold red",
     Stopped: "blue",
     Down: "bold magenta",
@@ -43,7 +45,7 @@ def legend() -> Text:
 
 def shard_grid(mapper: ShardMapper, title: str = "") -> Group:
     """The legend, one coloured letter per shard (32 per row, in groups of 8), then the shards
-    of each node and the shards in Error with their messages."""
+    of each node and the shards in Error or Degraded with their messages."""
     lines: list[Text] = [legend(), Text(f"----- {title or 'Status map'} -----", style="bold")]
     statuses = mapper.statuses
     for start in range(0, mapper.num_shards, PER_ROW):
@@ -61,7 +63,9 @@ def shard_grid(mapper: ShardMapper, title: str = "") -> Group:
         lines.append(Text(f"  {node}: {len(shards)} shards: {shard_ranges(shards)}"))
     if not nodes:
         lines.append(Text("  (none)"))
-    errors = [(s, st) for s, st in enumerate(statuses) if isinstance(st, Error)]
-    for shard, st in errors:
-        lines.append(Text(f"  shard {shard}: {st.message}", style=STYLES[Error]))
+    for shard, st in enumerate(statuses):
+        if isinstance(st, Error):
+            lines.append(Text(f"  shard {shard}: {st.message}", style=STYLES[Error]))
+        elif isinstance(st, Degraded):
+            lines.append(Text(f"  shard {shard} degraded: {st.message}", style=STYLES[Degraded]))
     return Group(*lines)

@@ -22,7 +22,7 @@ from filopy.client import DatasetUnknownError, FiloPyClient
 
 log = logging.getLogger("filopy.rest")
 
-STATUSES = ("Unassigned", "Assigned", "Recovery", "Active", "Error", "Stopped", "Down")
+STATUSES = ("Unassigned", "Assigned", "Recovery", "Active", "Degraded", "Error", "Stopped", "Down")
 
 
 class ClusterCollector(Collector):

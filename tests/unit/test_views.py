@@ -8,14 +8,17 @@ from filopy.dataset import DatasetRef
 from filopy.mapper import ShardMapper
 from filopy.shard_status import (
     Active,
+    Degraded,
     Down,
     Error,
+    IngestionDegraded,
     IngestionError,
     IngestionStarted,
     IngestionStopped,
     Recovery,
     RecoveryInProgress,
     ShardDown,
+    ShardStatus,
 )
 from filopy.views import STYLES, shard_grid
 
@@ -28,6 +31,7 @@ def _mapper() -> ShardMapper:
     for s in range(0, 10):
         m.update_from_event(IngestionStarted(ref, s, "node-a"))
     m.update_from_event(RecoveryInProgress(ref, 10, "node-a", 40))
+    m.update_from_event(IngestionDegraded(ref, 11, "node-a", "store unavailable: locked"))
     m.update_from_event(IngestionError(ref, 22, "node-b", "disk full"))
     m.update_from_event(ShardDown(ref, 30, "node-b"))
     m.update_from_event(IngestionStopped(ref, 31, "node-b"))
@@ -53,6 +57,8 @@ def test_grid_text_has_a_letter_per_shard_by_rows_of_32_and_node_lists() -> None
     assert "  node-a: 20 shards: 0-19" in lines
     assert "  node-b: 4 shards: 20-21, 23, 31" in lines
     assert "  shard 22: disk full" in lines
+    assert "  shard 11 degraded: store unavailable: locked" in lines
+    assert "!=Degraded" in lines[0]
 
 
 def test_each_status_letter_is_printed_in_its_colour() -> None:
@@ -66,6 +72,24 @@ def test_each_status_letter_is_printed_in_its_colour() -> None:
     assert styles["A"] == {STYLES[Active]}
     assert styles["R"] == {STYLES[Recovery]}
     assert styles["E"] == {STYLES[Error]}
+    assert styles["!"] == {STYLES[Degraded]}
     assert styles["D"] == {STYLES[Down]}
     _, console = _render(m, color=True)
     assert "\x1b[32mA" in console.export_text(styles=True)  # green in a terminal
+
+
+def test_degraded_is_an_ingesting_status_that_parses_and_survives_the_wire_format() -> None:
+    import pickle
+
+    ref = DatasetRef(name="prom")
+    m = _mapper()
+    st = m.status(11)
+    assert st == Degraded("store unavailable: locked") and st.ingesting and st.letter == "!"
+    assert ShardStatus.parse(str(st)) == st
+    assert m.shards_for_node("node-a") == list(range(20))  # the owner keeps it
+    state = pickle.loads(pickle.dumps(m.snapshot()))
+    assert state.status(11) == st and 11 in state.ingesting_shards("node-a")
+    # A fresh mapper rebuilt from the minimal events (singleton recovery) keeps it too.
+    again = ShardMapper(64).merge_from(m, ref)
+    assert again.status(11) == st and again.owner(11) == "node-a"
+    assert "!" in m.render()
