@@ -94,6 +94,9 @@ class IngestSettings(_Section):
     fetch_queue_backoff_ms: int = Field(ge=0)
     bad_record_log_interval_s: float = Field(ge=0)
     kafka_retry_timeout_s: float = Field(gt=0)
+    max_unflushed_samples: int = Field(ge=1)
+    store_retry_initial_s: float = Field(gt=0)
+    store_retry_max_s: float = Field(gt=0)
 
 
 class Settings(BaseSettings):

@@ -13,6 +13,12 @@ groups flush in turn across the flush interval. Flushing group g:
    and propagates; the next `flush_group(g)` retries the same chunks before sealing anything new,
    so a group never has more than one incompletely written segment.
 
+A store outage (`StoreUnavailable`, `StoreTimeout`) is not an ingestion error: `flush_due` keeps
+it, counts the failure, and retries with exponential backoff (`retry_initial_s` doubling up to
+`retry_max_s`) while the memstore keeps taking samples; `store_error` says what is wrong meanwhile.
+The first retry that gets through flushes every group at once (a catch-up round), so everything
+that piled up in memory is written and checkpointed without anyone's help.
+
 Recovery (`recover_shard`): read checkpoints and part keys, index the part keys in a fresh
 memstore, replay Kafka from the lowest checkpoint + 1, skip group g's samples at or below g's
 checkpoint, and skip a series' samples at or before its stored part key `end_time`. Both skips are
@@ -32,6 +38,7 @@ more samples, and no new chunk overlaps an old one. See docs/memstore.md.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -40,10 +47,21 @@ import numpy as np
 import numpy.typing as npt
 
 from filopy.dataset import DatasetRef
-from filopy.store.api import INT64_MAX, INT64_MIN, ColumnStore, MetaStore, StaleEpochError
+from filopy.store.api import (
+    INT64_MAX,
+    INT64_MIN,
+    ColumnStore,
+    MetaStore,
+    StaleEpochError,
+    StoreUnavailable,
+)
 from ingest.memstore import SealedGroup, ShardMemstore
 
 DEFAULT_FLUSH_INTERVAL_S = 60.0
+DEFAULT_RETRY_INITIAL_S = 0.5
+DEFAULT_RETRY_MAX_S = 30.0
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -121,7 +139,8 @@ class Flusher:
     memstore serialises on its lock); `seconds_until_due()` says when it next has work. It flushes
     one group every `flush_interval_s / groups_per_shard`, in turn, and also ahead of time while
     the memstore reports memory pressure. `flush_all()` flushes every group, e.g. before a clean
-    stop so the next start replays nothing.
+    stop so the next start replays nothing. `flush_due()` never raises for a store outage: see
+    `store_error` and the module docstring.
     """
 
     def __init__(
@@ -137,6 +156,8 @@ class Flusher:
         checkpoints: Mapping[int, int] | None = None,
         check_epoch: bool = True,
         clock: Callable[[], float] = time.monotonic,
+        retry_initial_s: float = DEFAULT_RETRY_INITIAL_S,
+        retry_max_s: float = DEFAULT_RETRY_MAX_S,
     ) -> None:
         if memstore.chunk_span_ms > column_store.max_chunk_span_ms:
             raise ValueError(
@@ -145,6 +166,8 @@ class Flusher:
             )
         if flush_interval_s <= 0:
             raise ValueError(f"flush_interval_s must be positive, got {flush_interval_s}")
+        if not 0 < retry_initial_s <= retry_max_s:
+            raise ValueError(f"need 0 < retry_initial_s <= retry_max_s, got {retry_initial_s}")
         self.memstore = memstore
         self.column_store = column_store
         self.meta_store = meta_store
@@ -162,6 +185,14 @@ class Flusher:
         self._pending: dict[int, SealedGroup] = {}
         self._next_group = 0
         self._next_due: float | None = None
+        self.retry_initial_s = retry_initial_s
+        self.retry_max_s = retry_max_s
+        # While the store is out: the last error, since when, and when the next retry is due.
+        self.store_error: str | None = None
+        self.failing_since: float | None = None
+        self._backoff = retry_initial_s
+        self._retry_at = 0.0
+        self.outages = 0  # store outages ridden out (each ended by a successful catch-up)
 
     def flush_group(self, group: int) -> FlushResult:
         """Seal, write chunks then part keys, then commit the group's checkpoint.
@@ -219,12 +250,18 @@ class Flusher:
         slot = self.flush_interval_s / groups
         if self._next_due is None:
             self._next_due = now + slot
+        if self.store_error is not None:
+            return self.flush_now(now)
         done: list[FlushResult] = []
         for _ in range(groups):
             due = now >= self._next_due
             if not due and not self.memstore.pressure:
                 break
-            result = self.flush_group(self._next_group)
+            try:
+                result = self.flush_group(self._next_group)
+            except StoreUnavailable as e:
+                self._failed(e, now)
+                break
             if result.held:
                 break
             done.append(result)
@@ -234,8 +271,64 @@ class Flusher:
             self._next_due = base + slot
         return done
 
+    def flush_now(self, now: float | None = None) -> list[FlushResult]:
+        """Every group at once, starting with the next in turn (after a store error: the one
+        that failed), unless a retry is not due yet. This is the catch-up after an outage: what
+        piled up in memory is written and checkpointed in one round. A store error stops the
+        round and backs off further; it is kept in `store_error`, not raised."""
+        now = self._clock() if now is None else now
+        if self.store_error is not None and now < self._retry_at:
+            return []
+        groups = self.memstore.groups_per_shard
+        done: list[FlushResult] = []
+        for _ in range(groups):
+            try:
+                result = self.flush_group(self._next_group)
+            except StoreUnavailable as e:
+                self._failed(e, now)
+                return done
+            if result.held:
+                return done
+            done.append(result)
+            self._next_group = (self._next_group + 1) % groups
+        if self.store_error is None:
+            return done
+        log.warning(
+            "%s shard %d: the store is back after %.1f s; flushed and checkpointed every group",
+            self.ref.name,
+            self.shard,
+            now - (self.failing_since or now),
+        )
+        self.store_error = self.failing_since = None
+        self._backoff = self.retry_initial_s
+        self._next_due = now + self.flush_interval_s / groups
+        self.outages += 1
+        return done
+
+    def _failed(self, error: StoreUnavailable, now: float) -> None:
+        """A flush hit a store outage: keep it pending, retry after the backoff."""
+        if self.store_error is None:
+            self.failing_since = now
+            self._backoff = self.retry_initial_s
+        else:
+            self._backoff = min(self._backoff * 2, self.retry_max_s)
+        self.store_error = f"{type(error).__name__}: {error}"
+        self._retry_at = now + self._backoff
+        log.warning(
+            "%s shard %d: flush of group %d failed (store unavailable for %.1f s); retrying in "
+            "%.1f s, ingesting into memory meanwhile: %s",
+            self.ref.name,
+            self.shard,
+            self._next_group,
+            now - (self.failing_since or now),
+            self._backoff,
+            self.store_error,
+        )
+
     def seconds_until_due(self, now: float | None = None) -> float:
         now = self._clock() if now is None else now
+        if self.store_error is not None:
+            return max(0.0, self._retry_at - now)
         if self._next_due is None or self.memstore.pressure:
             return 0.0
         return max(0.0, self._next_due - now)

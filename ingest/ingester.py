@@ -6,10 +6,17 @@ partition's end offset; replay from the lowest checkpoint + 1, reporting `Recove
 ~5% steps, then `IngestionStarted`; from then on consume, ingest and let the flusher write chunks
 and fenced checkpoints. The consumer is `assign()`ed to exactly its partition at an explicit
 offset: no consumer group rebalancing, no offsets committed to Kafka (checkpoints live in the
-MetaStore). A `StaleEpochError` means another node owns the shard now: stop quietly. Transient
-Kafka errors (no partition leader yet, lost connection) are retried for
-`ingest.kafka_retry_timeout_s`; any other unrecoverable error is reported as `IngestionError` and
-releases the shard.
+MetaStore). A `StaleEpochError` means another node owns the shard now: stop, log a WARNING and
+count it (`stale_epoch_rejections`).
+
+Outages are not ingestion errors. A store outage (`StoreUnavailable`/`StoreTimeout`) while claiming
+the epoch or reading checkpoints is retried with backoff; during flushes the flusher retries with
+backoff while this thread keeps consuming into memory, up to `ingest.max_unflushed_samples`, past
+which it pauses the partition (never drops) until flushes get through. Transient Kafka errors (no
+partition leader yet, lost connection) are ridden out quietly for `ingest.kafka_retry_timeout_s`,
+then retried on. Meanwhile the shard is reported `IngestionDegraded` with the reason, and
+`IngestionStarted` again once all is well. Any other unrecoverable error (a data error, a bug) is
+reported as `IngestionError` and releases the shard.
 """
 
 from __future__ import annotations
@@ -28,11 +35,13 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from filopy.config import Settings
 from filopy.dataset import Dataset
 from filopy.shard_status import (
+    IngestionDegraded,
     IngestionError,
     IngestionStarted,
     RecoveryInProgress,
+    ShardEvent,
 )
-from filopy.store import ColumnStore, MetaStore, StaleEpochError
+from filopy.store import ColumnStore, MetaStore, StaleEpochError, StoreUnavailable
 from ingest.base import EventReporter, ReportingIngester
 from ingest.flush import Flusher, read_merged, recover_shard
 from ingest.memstore import ShardMemstore
@@ -68,7 +77,20 @@ def is_transient(err: KafkaError) -> bool:
 
 
 class _Stopped(Exception):
-    """Told to stop while waiting for Kafka."""
+    """Told to stop while waiting for Kafka or the store."""
+
+
+# Stale-epoch commit rejections in this process, per (dataset, shard): the ingester that met
+# one is gone by the time anyone scrapes, so the count outlives it (every ingester of the dataset
+# on this node reports the dataset's counts in `stats()`).
+_stale_lock = threading.Lock()
+_stale_epoch_rejections: Counter[tuple[str, int]] = Counter()
+
+
+def stale_epoch_rejections(dataset: str) -> dict[int, int]:
+    """Per shard of `dataset`: checkpoint commits this process had rejected as stale."""
+    with _stale_lock:
+        return {s: n for (d, s), n in _stale_epoch_rejections.items() if d == dataset}
 
 
 class KafkaShardIngester(ReportingIngester):
@@ -111,6 +133,15 @@ class KafkaShardIngester(ReportingIngester):
         self.next_offset: int | None = None
         self.recovery_s: float | None = None  # from start to IngestionStarted
         self._started = time.monotonic()
+        # Health: what is wrong now (None: nothing), and what was last reported about it.
+        self._live_now = False  # replay done (IngestionStarted is the healthy status)
+        self._recovery_pct = 0
+        self._store_problem: str | None = None  # store unreachable outside the flusher
+        self._kafka_since: float | None = None  # first transient Kafka error of a streak
+        self._kafka_error: str | None = None
+        self.paused = False  # consumption paused: too many unflushed samples
+        self.pauses = 0
+        self._health_key: tuple[object, ...] | None = None
 
     async def start(self) -> None:
         self._thread = threading.Thread(
@@ -146,15 +177,21 @@ class KafkaShardIngester(ReportingIngester):
     def _run(self) -> None:
         ref, shard = self.dataset.ref, self.shard
         consumer: Consumer | None = None
+        flusher: Flusher | None = None
         try:
-            self._epoch = self._meta.claim_epoch(ref, shard, self.node)
+            self._epoch = self._store_retrying(
+                "claiming the shard", lambda: self._meta.claim_epoch(ref, shard, self.node)
+            )
             consumer = self._consumer()
             partition = TopicPartition(self.dataset.topic, shard)
             low, high = self._retrying(
                 "reading the partition's offsets",
                 lambda: consumer.get_watermark_offsets(partition, timeout=5),
             )
-            plan = recover_shard(self.memstore, self._meta, self._columns, ref, shard, high)
+            plan = self._store_retrying(
+                "reading checkpoints",
+                lambda: recover_shard(self.memstore, self._meta, self._columns, ref, shard, high),
+            )
             start = plan.start_offset
             if start is not None and start < low:
                 self.offsets_lost = low - start
@@ -177,6 +214,8 @@ class KafkaShardIngester(ReportingIngester):
                 self._epoch,
                 flush_interval_s=self._ingest.flush_interval_s,
                 checkpoints=plan.checkpoints,
+                retry_initial_s=self._ingest.store_retry_initial_s,
+                retry_max_s=max(self._ingest.store_retry_max_s, self._ingest.store_retry_initial_s),
             )
             consumer.assign(
                 [
@@ -186,9 +225,11 @@ class KafkaShardIngester(ReportingIngester):
                 ]
             )
             self._consume(consumer, flusher, first, high)
-            flusher.flush_all()  # a clean handoff: the next owner replays nothing
+            self._final_flush(flusher)
         except StaleEpochError as e:
-            log.info("%s shard %d: another node owns it now (%s); stopping", ref.name, shard, e)
+            with _stale_lock:
+                _stale_epoch_rejections[(ref.name, shard)] += 1
+            log.warning("%s shard %d: another node owns it now (%s); stopping", ref.name, shard, e)
         except _Stopped:
             pass
         except Exception as e:
@@ -198,19 +239,42 @@ class KafkaShardIngester(ReportingIngester):
             if consumer is not None:
                 consumer.close()
 
+    def _final_flush(self, flusher: Flusher) -> None:
+        """A clean handoff: flush everything so the next owner replays nothing. With the store
+        out, give up after one try: the next owner replays from the last checkpoints instead."""
+        try:
+            flusher.flush_all()
+        except StoreUnavailable as e:
+            log.warning(
+                "%s shard %d: could not flush on stop (%s); the next owner replays from the "
+                "last checkpoints",
+                self.dataset.name,
+                self.shard,
+                e,
+            )
+
     def _consume(self, consumer: Consumer, flusher: Flusher, first: int, high: int) -> None:
         ref, shard, cfg = self.dataset.ref, self.shard, self._ingest
         decode = decoder_for(self.dataset)
+        partition = TopicPartition(self.dataset.topic, shard)
         backlog = max(0, high - first)
         replaying = self.memstore.recovering and backlog > 0
         if replaying:
             self._emit(RecoveryInProgress(ref, shard, self.node, 0))
+            self._health_key = None
+            self._report_health()
         else:
             self.memstore.end_recovery()
             self._live()
-        reported_pct = 0
         last_bad_log = 0.0
         while not self._stopping.is_set():
+            if self._pause_or_resume(consumer, partition):
+                # Paused: nothing to read until flushes get through; flush (or retry) now.
+                flusher.flush_now()
+                self._report_health()
+                self._stopping.wait(min(cfg.consume_timeout_s, flusher.seconds_until_due()))
+                continue
+            got = False
             for m in consumer.consume(
                 num_messages=cfg.consume_batch, timeout=cfg.consume_timeout_s
             ):
@@ -220,8 +284,9 @@ class KafkaShardIngester(ReportingIngester):
                         continue
                     if not is_transient(err):
                         raise KafkaException(err)
-                    log.warning("%s shard %d: %s", ref.name, shard, err)
+                    self._kafka_trouble(err)
                     continue
+                got = True
                 decoded = decode(m.value() or b"", m.timestamp()[1])
                 bad = decoded.batch.bad_records
                 if bad:
@@ -240,10 +305,12 @@ class KafkaShardIngester(ReportingIngester):
                 self.memstore.ingest(decoded.batch, m.offset())
                 self.messages += 1
                 self.next_offset = m.offset() + 1
+            if got:
+                self._kafka_since = self._kafka_error = None
+            elif self._kafka_since is not None:
+                self._probe_kafka(consumer, partition)
             # The end offset librdkafka learnt from its last fetch: no request to the broker.
-            _, end = consumer.get_watermark_offsets(
-                TopicPartition(self.dataset.topic, shard), cached=True
-            )
+            _, end = consumer.get_watermark_offsets(partition, cached=True)
             if end >= 0:
                 self.end_offset = end
             if replaying and self.memstore.recovering:
@@ -253,36 +320,187 @@ class KafkaShardIngester(ReportingIngester):
                     self.memstore.end_recovery()
                 elif position is not None and backlog > 0:
                     pct = min(99, int(100 * (position - first) / backlog))
-                    if pct >= reported_pct + PROGRESS_STEP_PCT:
-                        reported_pct = pct - pct % PROGRESS_STEP_PCT
-                        self._emit(RecoveryInProgress(ref, shard, self.node, reported_pct))
+                    if pct >= self._recovery_pct + PROGRESS_STEP_PCT:
+                        self._recovery_pct = pct - pct % PROGRESS_STEP_PCT
+                        self._emit(RecoveryInProgress(ref, shard, self.node, self._recovery_pct))
+                        self._health_key = None
             if replaying and not self.memstore.recovering:  # ingest() ends it at the end offset
                 replaying = False
                 self._live()
             flusher.flush_due()
+            self._report_health()
+
+    # ----- health: Degraded while the store or Kafka is out ------------------------------------
+
+    def _pause_or_resume(self, consumer: Consumer, partition: TopicPartition) -> bool:
+        """Pause the partition while more than `max_unflushed_samples` wait for the store
+        (memory is the only buffer left; nothing is dropped), resume below it. Returns whether
+        consumption is paused now."""
+        over = self.memstore.unflushed_samples() > self._ingest.max_unflushed_samples
+        if over and not self.paused:
+            consumer.pause([partition])
+            self.paused = True
+            self.pauses += 1
+            log.warning(
+                "%s shard %d: paused consuming at offset %s: %d samples wait for the store "
+                "(limit ingest.max_unflushed_samples=%d)",
+                self.dataset.name,
+                self.shard,
+                self.next_offset,
+                self.memstore.unflushed_samples(),
+                self._ingest.max_unflushed_samples,
+            )
+        elif not over and self.paused:
+            # Resume where we stopped reading: librdkafka may have dropped its prefetched queue.
+            if self.next_offset is not None:
+                consumer.seek(
+                    TopicPartition(partition.topic, partition.partition, self.next_offset)
+                )
+            consumer.resume([partition])
+            self.paused = False
+            log.warning(
+                "%s shard %d: resumed consuming at offset %s",
+                self.dataset.name,
+                self.shard,
+                self.next_offset,
+            )
+        return self.paused
+
+    def _kafka_trouble(self, err: KafkaError) -> None:
+        if self._kafka_since is None:
+            self._kafka_since = time.monotonic()
+        self._kafka_error = str(err)
+        log.warning("%s shard %d: %s", self.dataset.name, self.shard, err)
+
+    def _probe_kafka(self, consumer: Consumer, partition: TopicPartition) -> None:
+        """After Kafka errors and no message since: is the broker answering again?"""
+        try:
+            consumer.get_watermark_offsets(partition, timeout=1.0)
+        except KafkaException as e:
+            err = e.args[0] if e.args else None
+            if isinstance(err, KafkaError) and not is_transient(err):
+                raise
+            self._kafka_error = str(err)
+            return
+        self._kafka_since = self._kafka_error = None
+
+    def _problem(self) -> str | None:
+        """What keeps the shard from being healthy, for `IngestionDegraded` (None: nothing)."""
+        flusher = self.flusher
+        now = time.monotonic()
+        if flusher is not None and flusher.store_error is not None:
+            since = now - (flusher.failing_since or now)
+            text = (
+                f"store unavailable for {since:.0f} s, flushes retrying, "
+                f"{self.memstore.unflushed_samples()} samples in memory: {flusher.store_error}"
+            )
+            if self.paused:
+                text += (
+                    f"; consumption paused at offset {self.next_offset} "
+                    f"(ingest.max_unflushed_samples={self._ingest.max_unflushed_samples})"
+                )
+            return text
+        if self._store_problem is not None:
+            return self._store_problem
+        if (
+            self._kafka_since is not None
+            and now - self._kafka_since >= self._ingest.kafka_retry_timeout_s
+        ):
+            return f"Kafka unreachable for {now - self._kafka_since:.0f} s: {self._kafka_error}"
+        return None
+
+    def _report_health(self) -> None:
+        """Report Degraded when a problem starts or changes kind, and the healthy status
+        (Active, or Recovery during replay) once it is over."""
+        problem = self._problem()
+        flusher = self.flusher
+        key: tuple[object, ...] = (
+            problem is None,
+            flusher is not None and flusher.store_error is not None,
+            self._store_problem is not None,
+            self.paused,
+        )
+        if key == self._health_key:
+            return
+        first = self._health_key is None
+        self._health_key = key
+        ref, shard = self.dataset.ref, self.shard
+        if problem is not None:
+            log.warning("%s shard %d: degraded: %s", ref.name, shard, problem)
+            self._emit(IngestionDegraded(ref, shard, self.node, problem))
+        elif not first:
+            log.warning("%s shard %d: healthy again", ref.name, shard)
+            self._emit(self._healthy_event())
+
+    def _healthy_event(self) -> ShardEvent:
+        ref, shard = self.dataset.ref, self.shard
+        if self._live_now:
+            return IngestionStarted(ref, shard, self.node)
+        return RecoveryInProgress(ref, shard, self.node, self._recovery_pct)
+
+    @property
+    def degraded(self) -> str | None:
+        """Why the shard is Degraded now (None: it is not)."""
+        return self._problem()
 
     def _live(self) -> None:
         self.recovery_s = time.monotonic() - self._started
-        self._emit(IngestionStarted(self.dataset.ref, self.shard, self.node))
+        self._live_now = True
+        problem = self._problem()
+        if problem is None:
+            self._emit(IngestionStarted(self.dataset.ref, self.shard, self.node))
+        self._health_key = None
+        self._report_health()
 
     def _retrying(self, what: str, call: Callable[[], T]) -> T:
-        """`call()`, retried with backoff while it fails with a transient Kafka error, for at
-        most `kafka_retry_timeout_s`; raises `_Stopped` if told to stop meanwhile."""
-        deadline = time.monotonic() + self._ingest.kafka_retry_timeout_s
+        """`call()`, retried with backoff while it fails with a transient Kafka error; quietly
+        for `kafka_retry_timeout_s`, then reporting the shard Degraded until it succeeds. Raises
+        `_Stopped` if told to stop meanwhile, and non-transient errors at once."""
         delay = 0.05
-        while True:
-            try:
-                return call()
-            except KafkaException as e:
-                err = e.args[0] if e.args else None
-                if not isinstance(err, KafkaError) or not is_transient(err):
-                    raise
-                if time.monotonic() + delay > deadline:
-                    raise
-                log.info("%s shard %d: %s: %s; retrying", self.dataset.name, self.shard, what, err)
-            if self._stopping.wait(delay):
-                raise _Stopped
-            delay = min(delay * 2, 2.0)
+        try:
+            while True:
+                try:
+                    return call()
+                except KafkaException as e:
+                    err = e.args[0] if e.args else None
+                    if not isinstance(err, KafkaError) or not is_transient(err):
+                        raise
+                    if self._kafka_since is None:
+                        self._kafka_since = time.monotonic()
+                    self._kafka_error = f"{what}: {err}"
+                    log.info(
+                        "%s shard %d: %s: %s; retrying", self.dataset.name, self.shard, what, err
+                    )
+                    self._report_health()
+                if self._stopping.wait(delay):
+                    raise _Stopped
+                delay = min(delay * 2, 2.0)
+        finally:
+            self._kafka_since = self._kafka_error = None
+
+    def _store_retrying(self, what: str, call: Callable[[], T]) -> T:
+        """`call()`, retried with backoff while the store is out, reporting the shard Degraded
+        meanwhile. Raises `_Stopped` if told to stop while waiting."""
+        delay = self._ingest.store_retry_initial_s
+        since = time.monotonic()
+        try:
+            while True:
+                try:
+                    return call()
+                except StoreUnavailable as e:
+                    self._store_problem = (
+                        f"store unavailable for {time.monotonic() - since:.0f} s while {what}, "
+                        f"retrying: {type(e).__name__}: {e}"
+                    )
+                    log.warning(
+                        "%s shard %d: %s", self.dataset.name, self.shard, self._store_problem
+                    )
+                    self._report_health()
+                if self._stopping.wait(delay):
+                    raise _Stopped
+                delay = min(delay * 2, max(self._ingest.store_retry_max_s, delay))
+        finally:
+            self._store_problem = None
 
     def _position(self, consumer: Consumer) -> int | None:
         pos = consumer.position([TopicPartition(self.dataset.topic, self.shard)])[0].offset
@@ -309,6 +527,11 @@ class KafkaShardIngester(ReportingIngester):
             "lag": self.lag,
             "recovery_s": self.recovery_s,
             "flush": self.flusher.totals() if self.flusher is not None else None,
+            "degraded": self.degraded,
+            "paused": self.paused,
+            "pauses": self.pauses,
+            "unflushed_samples": self.memstore.unflushed_samples(),
+            "stale_epoch_rejections": stale_epoch_rejections(self.dataset.name),
         }
 
     @property
