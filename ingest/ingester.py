@@ -267,6 +267,7 @@ class KafkaShardIngester(ReportingIngester):
             self.memstore.end_recovery()
             self._live()
         last_bad_log = 0.0
+        limit = cfg.max_unflushed_samples
         while not self._stopping.is_set():
             if self._pause_or_resume(consumer, partition):
                 # Paused: nothing to read until flushes get through; flush (or retry) now.
@@ -305,6 +306,10 @@ class KafkaShardIngester(ReportingIngester):
                 self.memstore.ingest(decoded.batch, m.offset())
                 self.messages += 1
                 self.next_offset = m.offset() + 1
+                if self.memstore.unflushed_samples() > limit:
+                    # Over the memory bound: leave the rest of the batch to be read again.
+                    consumer.seek(TopicPartition(self.dataset.topic, shard, self.next_offset))
+                    break
             if got:
                 self._kafka_since = self._kafka_error = None
             elif self._kafka_since is not None:
@@ -333,12 +338,13 @@ class KafkaShardIngester(ReportingIngester):
     # ----- health: Degraded while the store or Kafka is out ------------------------------------
 
     def _pause_or_resume(self, consumer: Consumer, partition: TopicPartition) -> bool:
-        """Pause the partition while more than `max_unflushed_samples` wait for the store
-        (memory is the only buffer left; nothing is dropped), resume below it. Returns whether
-        consumption is paused now."""
+        """Stop reading the partition while more than `max_unflushed_samples` wait for the
+        store (memory is the only buffer left; nothing is dropped), go on below it. Returns
+        whether consumption is paused now. Paused means not calling consume(): librdkafka's
+        prefetch stays bounded by `queued_max_messages_kbytes`, and with `assign()` there is no
+        group session to lose."""
         over = self.memstore.unflushed_samples() > self._ingest.max_unflushed_samples
         if over and not self.paused:
-            consumer.pause([partition])
             self.paused = True
             self.pauses += 1
             log.warning(
@@ -351,12 +357,6 @@ class KafkaShardIngester(ReportingIngester):
                 self._ingest.max_unflushed_samples,
             )
         elif not over and self.paused:
-            # Resume where we stopped reading: librdkafka may have dropped its prefetched queue.
-            if self.next_offset is not None:
-                consumer.seek(
-                    TopicPartition(partition.topic, partition.partition, self.next_offset)
-                )
-            consumer.resume([partition])
             self.paused = False
             log.warning(
                 "%s shard %d: resumed consuming at offset %s",
@@ -414,11 +414,11 @@ class KafkaShardIngester(ReportingIngester):
         (Active, or Recovery during replay) once it is over."""
         problem = self._problem()
         flusher = self.flusher
+        flushing_failed = flusher is not None and flusher.store_error is not None
         key: tuple[object, ...] = (
-            problem is None,
-            flusher is not None and flusher.store_error is not None,
-            self._store_problem is not None,
-            self.paused,
+            (True,)
+            if problem is None
+            else (False, flushing_failed, self._store_problem is not None, self.paused)
         )
         if key == self._health_key:
             return
