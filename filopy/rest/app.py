@@ -52,7 +52,7 @@ from filopy.rest.models import (
     snapshot_data,
 )
 from filopy.rest.promql import promql_router
-from filopy.shard_status import Active, CurrentShardSnapshot, Recovery
+from filopy.shard_status import Active, CurrentShardSnapshot, Degraded, Error, Recovery
 from filopy.store import DatasetConflict
 from ingest.topics import TopicMismatch, topic_partitions
 from query.service import QueryService
@@ -310,7 +310,8 @@ def create_app(client: FiloPyClient, settings: Settings) -> FastAPI:
     )
     async def health() -> Any:
         """200 when every shard of every dataset is Active or in Recovery, else 503 naming the
-        shards that are not."""
+        shards that are not, with the reason for Degraded and Error ones (a Degraded shard
+        still ingests, but its store or Kafka is out: the cluster is not healthy)."""
         datasets = await call(client.datasets)
         report: dict[str, DatasetHealth] = {}
         problems: list[str] = []
@@ -382,10 +383,21 @@ def _json(data: Any) -> str:
 
 
 def _unhealthy(mapper: ShardMapper) -> str:
-    """`Down: 3, 5-7; Unassigned: 9`: the shards not Active or in Recovery, by status."""
+    """`Down: 3, 5-7; Unassigned: 9; Degraded: 4 (store unavailable ...)`: the shards not Active
+    or in Recovery, by status; Degraded and Error shards with their messages."""
     by_status: dict[str, list[int]] = {}
     for s in range(mapper.num_shards):
         st = mapper.status(s)
         if not isinstance(st, Active | Recovery):
             by_status.setdefault(type(st).__name__, []).append(s)
-    return "; ".join(f"{k}: {shard_ranges(v)}" for k, v in sorted(by_status.items()))
+    reasons = {
+        s: st.message
+        for s in range(mapper.num_shards)
+        if isinstance(st := mapper.status(s), Degraded | Error) and st.message
+    }
+
+    def why(shards: list[int]) -> str:
+        said = [f"shard {s}: {reasons[s]}" for s in shards if s in reasons][:5]
+        return f" ({'; '.join(said)})" if said else ""
+
+    return "; ".join(f"{k}: {shard_ranges(v)}{why(v)}" for k, v in sorted(by_status.items()))

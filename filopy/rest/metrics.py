@@ -111,11 +111,35 @@ class ClusterCollector(Collector):
         )
         flush_failures = CounterMetricFamily(
             "filopy_flush_failures",
-            "Flushes that failed (store errors; retried at the next turn).",
+            "Flush attempts that failed with a store error; each is retried with backoff while "
+            "the shard keeps ingesting into memory.",
             labels=per_shard,
         )
         flushed = CounterMetricFamily(
             "filopy_flushed_samples", "Samples written to the ColumnStore.", labels=per_shard
+        )
+        degraded = GaugeMetricFamily(
+            "filopy_shard_degraded",
+            "1 while the shard's ingester cannot flush (store unavailable) or reach Kafka: it "
+            "keeps ingesting into memory and retries; 0 when healthy.",
+            labels=per_shard,
+        )
+        paused = GaugeMetricFamily(
+            "filopy_consumption_paused",
+            "1 while the ingester has stopped reading Kafka because more than "
+            "ingest.max_unflushed_samples samples wait for the store.",
+            labels=per_shard,
+        )
+        unflushed = GaugeMetricFamily(
+            "filopy_unflushed_samples",
+            "Samples in memory not yet written to the store.",
+            labels=per_shard,
+        )
+        stale = CounterMetricFamily(
+            "filopy_stale_epoch_rejections",
+            "Checkpoint commits the store rejected because another node had claimed the shard "
+            "(the ingester stopped), counted by the node's process since it started.",
+            labels=per_shard,
         )
         names = sorted(d.name for d in c.datasets())
         reassigned = c.reassignment_stats()
@@ -133,6 +157,11 @@ class ClusterCollector(Collector):
             moves.add_metric([name, "done"], done)
             moves.add_metric([name, "skipped"], skipped)
             for node, by_shard in sorted(c.ingest_stats(name).items()):
+                stale_counts: dict[int, int] = {}
+                for st in by_shard.values():  # node-wide: every ingester reports all of them
+                    stale_counts.update(st.get("stale_epoch_rejections", {}))
+                for shard, n in sorted(stale_counts.items()):
+                    stale.add_metric([name, str(shard), node], n)
                 for shard, st in sorted(by_shard.items()):
                     labels = [name, str(shard), node]
                     mem = st["memstore"]
@@ -153,6 +182,10 @@ class ClusterCollector(Collector):
                         flush.add_metric(labels, f.flushes, f.total_duration_s)
                         flush_failures.add_metric(labels, f.failures)
                         flushed.add_metric(labels, f.samples)
+                    if "degraded" in st:
+                        degraded.add_metric(labels, 0 if st["degraded"] is None else 1)
+                        paused.add_metric(labels, 1 if st["paused"] else 0)
+                        unflushed.add_metric(labels, st["unflushed_samples"])
         return [
             members,
             shards,
@@ -168,4 +201,8 @@ class ClusterCollector(Collector):
             flush,
             flush_failures,
             flushed,
+            degraded,
+            paused,
+            unflushed,
+            stale,
         ]
