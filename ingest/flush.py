@@ -280,17 +280,23 @@ class Flusher:
         if self.store_error is not None and now < self._retry_at:
             return []
         groups = self.memstore.groups_per_shard
+        # A group whose flush failed first rewrites its pending seal; it gets a second turn at
+        # the end of the round for what it took in since.
+        order = [(self._next_group + i) % groups for i in range(groups)]
+        if order[0] in self._pending:
+            order.append(order[0])
         done: list[FlushResult] = []
-        for _ in range(groups):
+        for group in order:
             try:
-                result = self.flush_group(self._next_group)
+                result = self.flush_group(group)
             except StoreUnavailable as e:
+                self._next_group = group
                 self._failed(e, now)
                 return done
             if result.held:
                 return done
             done.append(result)
-            self._next_group = (self._next_group + 1) % groups
+        self._next_group = (order[0] + 1) % groups
         if self.store_error is None:
             return done
         log.warning(

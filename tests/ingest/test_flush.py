@@ -9,6 +9,7 @@ de-duplication, so a replay that wrote overlapping chunks fails them (one test s
 from __future__ import annotations
 
 import random
+import sqlite3
 import tempfile
 import uuid
 from collections.abc import Iterable, Iterator
@@ -535,3 +536,62 @@ def test_flusher_rejects_chunks_longer_than_the_store_allows(tmp_path: Path) -> 
         Flusher(mem, column, meta, DatasetRef(name="x"), 0, 1)
     meta.close()
     column.close()
+
+
+def test_flush_due_rides_out_a_locked_store_with_backoff_then_catches_up(tmp_path: Path) -> None:
+    """A real SQLite write lock held by another connection: flush_due never raises, counts each
+    failed try, backs off (1, 2, 4, 4 s), and the first try after the lock is gone flushes and
+    checkpoints every group at once."""
+    path = tmp_path / "f.db"
+    meta, column = open_sqlite_stores(
+        path, busy_timeout_s=0.05, max_chunk_span_ms=MAX_CHUNK_SPAN_MS
+    )
+    ds = _dataset()
+    meta.create_dataset(ds)
+    epoch = meta.claim_epoch(ds.ref, SHARD, "n1")
+    mem = ShardMemstore(
+        ds, SHARD, groups_per_shard=GROUPS, max_chunk_samples=MAX_CHUNK, chunk_span_ms=SPAN
+    )
+    now = [0.0]
+    flusher = Flusher(
+        mem,
+        column,
+        meta,
+        ds.ref,
+        SHARD,
+        epoch,
+        flush_interval_s=3.0,
+        clock=lambda: now[0],
+        retry_initial_s=1.0,
+        retry_max_s=4.0,
+    )
+    stream = make_stream(random.Random(9), messages=12, series=6, per_message=8)
+    for off in range(6):
+        mem.ingest(stream[off], off)
+    assert flusher.flush_due() == []  # t=0: the first group is due at t=1
+    locker = sqlite3.connect(path, isolation_level=None)
+    locker.execute("BEGIN EXCLUSIVE")
+    try:
+        tries = []
+        for t in [1.0, 1.5, 2.0, 3.0, 4.0, 7.0, 8.0, 11.0, 12.0]:
+            now[0] = t
+            assert flusher.flush_due() == []
+            tries.append(flusher.totals().failures)
+        assert tries == [1, 1, 2, 2, 3, 3, 4, 4, 5]  # retries at 1, 2, 4, 8, 12: backoff capped
+        assert flusher.store_error is not None and "locked" in flusher.store_error
+        assert flusher.seconds_until_due() == 4.0
+        for off in range(6, 12):  # ingestion goes on meanwhile
+            mem.ingest(stream[off], off)
+    finally:
+        locker.execute("ROLLBACK")
+        locker.close()
+    now[0] = 16.0
+    done = flusher.flush_due()
+    # The catch-up round: the failed group's pending seal, the others, then the failed group's
+    # samples that came in since.
+    assert [r.group for r in done] == [0, 1, 2, 0]
+    assert flusher.store_error is None and flusher.outages == 1
+    assert meta.read_checkpoints(ds.ref, SHARD) == dict.fromkeys(range(GROUPS), 11)
+    assert mem.unflushed_samples() == 0
+    assert_exact(column, ds.ref, expected_samples(stream))
+    meta.close()

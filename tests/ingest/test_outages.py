@@ -327,3 +327,26 @@ def test_kafka_unreachable_past_the_retry_timeout_shows_degraded_then_recovers(
                     assert not any(type(e).__name__ == "IngestionError" for e in events)
         finally:
             meta.close()
+
+
+def test_a_stale_epoch_rejection_is_counted_and_logged_as_a_warning(
+    kafka_bootstrap: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = _settings(tmp_path, "sqlite")
+    meta, columns = open_stores(settings)
+    ds = _dataset(kafka_bootstrap)
+    meta.create_dataset(ds)
+    try:
+        with _topic(ds, kafka_bootstrap), _running(ds, settings, meta, columns) as (ing, events):
+            _send(ds, kafka_bootstrap, range(0, 1))
+            _wait(lambda: ing.flusher is not None and ing.flusher.totals().checkpoint == 0, "1st")
+            assert ing.stats()["stale_epoch_rejections"] == {}
+            meta.claim_epoch(ds.ref, 0, "the-new-owner")  # another node took the shard
+            _send(ds, kafka_bootstrap, range(1, 2))
+            _wait(lambda: not ing._thread.is_alive(), "stopped")  # type: ignore[union-attr]
+            assert ing.stats()["stale_epoch_rejections"] == {0: 1}
+        warned = [r for r in caplog.records if "another node owns it now" in r.getMessage()]
+        assert [r.levelname for r in warned] == ["WARNING"]
+        assert not any(type(e).__name__ == "IngestionError" for e in events), events
+    finally:
+        meta.close()
