@@ -105,6 +105,36 @@ class StoreOptions(_Frozen):
         return self.model_dump(exclude_none=True)
 
 
+# The cluster-wide ceiling of `LabelLimits.max_series_key_bytes`, safe on both stores: Cassandra
+# refuses keys over 65535 bytes (and its driver cannot even pack one), and the chunks' partition
+# key is the series key plus the dataset name (at most 128 bytes) and the shard, each framed.
+MAX_SERIES_KEY_BYTES = 60_000
+MAX_LABELS_PER_SERIES = 1024
+
+
+class LabelLimits(_Frozen):
+    """What one series may carry: part of the dataset's contract, enforced where records are
+    decoded (a series over a limit is a counted bad record, never stored) and by the gateway.
+    Sizes are UTF-8 bytes; the defaults are far above real label sets and keep both stores safe."""
+
+    max_label_name_bytes: Annotated[int, Field(ge=1, le=MAX_SERIES_KEY_BYTES)] = Field(
+        default=256, description="Longest label name (bad record: label_name_too_long)."
+    )
+    max_label_value_bytes: Annotated[int, Field(ge=1, le=MAX_SERIES_KEY_BYTES)] = Field(
+        default=16_384, description="Longest label value (bad record: label_too_long)."
+    )
+    max_labels_per_series: Annotated[int, Field(ge=1, le=MAX_LABELS_PER_SERIES)] = Field(
+        default=64,
+        description="Most labels on one series, the metric name included (too_many_labels).",
+    )
+    max_series_key_bytes: Annotated[int, Field(ge=64, le=MAX_SERIES_KEY_BYTES)] = Field(
+        default=32_768,
+        description="Largest stored series key: the compact JSON of the labels, sorted, without "
+        f"empty values (series_key_too_long); at most {MAX_SERIES_KEY_BYTES}, which Cassandra's "
+        "64 KB key limit leaves room for.",
+    )
+
+
 class DatasetInvalid(ValueError):
     """A definition that is valid on its own but not on this cluster (e.g. chunk span)."""
 
@@ -126,6 +156,7 @@ class Dataset(_Frozen):
     spread: SpreadSettings = SpreadSettings()
     source: SourceSettings = SourceSettings()
     store: StoreOptions = StoreOptions()
+    limits: LabelLimits = LabelLimits()
 
     @field_validator("name")
     @classmethod

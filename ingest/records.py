@@ -2,9 +2,11 @@
 
 Decoders never raise on bad input: ingestion must not stop for one bad record. They return the
 good samples as a `SampleBatch` whose `bad_records` counts what was skipped, per reason, plus one
-example of a bad record for the log. The binary format is specified byte by byte in
-docs/ingestion-formats.md; decoding it is a handful of `np.frombuffer` calls plus one pass over
-the series table, so its cost is per series, not per sample.
+example of a bad record for the log. They also enforce the dataset's contract on each series (a
+metric name, `Dataset.limits` on label sizes and counts), since anyone may write to the topic and
+a series the stores cannot key (Cassandra: 64 KB) must never reach them. The binary format is
+specified byte by byte in docs/ingestion-formats.md; decoding it is a handful of `np.frombuffer`
+calls plus one pass over the series table, so its cost is per series, not per sample.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ import numpy.typing as npt
 import zstandard
 from line_protocol_parser import LineFormatError, parse_line
 
-from filopy.dataset import METRIC_COLUMN, Dataset, RecordFormat
-from filopy.hashing import metric_label
+from filopy.dataset import METRIC_COLUMN, Dataset, LabelLimits, RecordFormat
+from filopy.hashing import PROMETHEUS_METRIC_LABEL
+from filopy.store.api import encode_part_key
 from ingest.batch import Labels, SampleBatch
 
 # ----------------------------------------------------------------------------- shared vocabulary
@@ -33,9 +36,31 @@ class BadRecord(StrEnum):
     """Why a record was skipped: short, stable strings, used as metric labels and in logs."""
 
     UNDECODABLE = "undecodable"  # a whole binary message or one text line could not be parsed
-    NO_METRIC = "no_metric"  # the series has no metric name
+    NO_METRIC = "no_metric"  # the series has no metric name, or an empty one
     NON_NUMERIC = "non_numeric"  # a line protocol string or boolean field
     TIMESTAMP_RANGE = "timestamp_range"  # outside [MIN_TIMESTAMP_MS, MAX_TIMESTAMP_MS]
+    # Over the dataset's `limits` (LabelLimits), or a label that no store can key:
+    TOO_MANY_LABELS = "too_many_labels"
+    EMPTY_LABEL_NAME = "empty_label_name"  # a non-empty value under the name ""
+    LABEL_NAME_TOO_LONG = "label_name_too_long"
+    LABEL_TOO_LONG = "label_too_long"  # a label value
+    SERIES_KEY_TOO_LONG = "series_key_too_long"  # the stored series key, all labels together
+
+
+# Series-level reasons in the order they are checked (the first that applies is counted);
+# a series' reason code is its position here plus one, 0 meaning the series is fine.
+SERIES_REASONS: tuple[BadRecord, ...] = (
+    BadRecord.NO_METRIC,
+    BadRecord.TOO_MANY_LABELS,
+    BadRecord.EMPTY_LABEL_NAME,
+    BadRecord.LABEL_NAME_TOO_LONG,
+    BadRecord.LABEL_TOO_LONG,
+    BadRecord.SERIES_KEY_TOO_LONG,
+)
+_CODE = {r: i + 1 for i, r in enumerate(SERIES_REASONS)}
+DEFAULT_LIMITS = LabelLimits()
+# json.dumps writes a character in at most 6 bytes (`\u001f`); each label adds `"":"",`.
+_JSON_GROWTH, _JSON_PER_LABEL = 6, 6
 
 
 MIN_TIMESTAMP_MS = 0  # 1970-01-01T00:00:00Z
@@ -59,6 +84,84 @@ def _count(bad: dict[str, int], reason: BadRecord, n: int = 1) -> None:
 
 def _clip(text: str) -> str:
     return text if len(text) <= _BAD_EXAMPLE_CHARS else text[:_BAD_EXAMPLE_CHARS] + "..."
+
+
+def _utf8_len(s: str) -> int:
+    return len(s) if s.isascii() else len(s.encode("utf-8", "surrogatepass"))
+
+
+def metric_missing(labels: Mapping[str, str], metric_column: str = METRIC_COLUMN) -> bool:
+    """No metric name: neither `metric_column` nor `__name__`, or the one found is empty
+    (Prometheus treats an empty label as absent)."""
+    v = labels.get(metric_column)
+    if v is None:
+        v = labels.get(PROMETHEUS_METRIC_LABEL)
+    return not v
+
+
+def series_problem(
+    labels: Mapping[str, str],
+    metric_column: str = METRIC_COLUMN,
+    limits: LabelLimits = DEFAULT_LIMITS,
+) -> tuple[BadRecord, str] | None:
+    """The first rule of the dataset's contract a series breaks, and why; None if it is fine.
+
+    Per series: a few comparisons per label; the series key is JSON-encoded only when its size
+    bound says it might be over the limit."""
+    if metric_missing(labels, metric_column):
+        return BadRecord.NO_METRIC, (
+            f"no metric name: neither {metric_column!r} nor {PROMETHEUS_METRIC_LABEL!r}, or empty"
+        )
+    if len(labels) > limits.max_labels_per_series:
+        return BadRecord.TOO_MANY_LABELS, (
+            f"{len(labels)} labels, over limits.max_labels_per_series = "
+            f"{limits.max_labels_per_series}"
+        )
+    bound = 2
+    for k, v in labels.items():
+        kb, vb = _utf8_len(k), _utf8_len(v)
+        if kb == 0 and vb:
+            return BadRecord.EMPTY_LABEL_NAME, f"the value {_clip(v)!r} has an empty label name"
+        if kb > limits.max_label_name_bytes:
+            return BadRecord.LABEL_NAME_TOO_LONG, (
+                f"label name {_clip(k)!r} is {kb} bytes, over limits.max_label_name_bytes = "
+                f"{limits.max_label_name_bytes}"
+            )
+        if vb > limits.max_label_value_bytes:
+            return BadRecord.LABEL_TOO_LONG, (
+                f"label {_clip(k)!r} has a value of {vb} bytes, over "
+                f"limits.max_label_value_bytes = {limits.max_label_value_bytes}"
+            )
+        if vb:
+            bound += _JSON_GROWTH * (kb + vb) + _JSON_PER_LABEL
+    if bound > limits.max_series_key_bytes:
+        size = len(encode_part_key(labels).encode("utf-8", "surrogatepass"))
+        if size > limits.max_series_key_bytes:
+            return BadRecord.SERIES_KEY_TOO_LONG, (
+                f"the series key is {size} bytes, over limits.max_series_key_bytes = "
+                f"{limits.max_series_key_bytes}"
+            )
+    return None
+
+
+def _problem_text(labels: Mapping[str, str], metric_column: str, limits: LabelLimits) -> str:
+    problem = series_problem(labels, metric_column, limits)
+    reason, why = problem if problem else (BadRecord.UNDECODABLE, "?")
+    shown = {_clip(k): _clip(v) for k, v in islice(labels.items(), 8)}
+    more = f" (+{len(labels) - 8} more labels)" if len(labels) > 8 else ""
+    return _clip(f"{reason.value}: {why}; series {shown}{more}")
+
+
+def _series_codes(
+    series: Sequence[Mapping[str, str]], metric_column: str, limits: LabelLimits
+) -> npt.NDArray[np.int8]:
+    """Per series: 0 if fine, else its reason's code (`SERIES_REASONS`)."""
+    codes = np.zeros(len(series), np.int8)
+    for i, labels in enumerate(series):
+        problem = series_problem(labels, metric_column, limits)
+        if problem is not None:
+            codes[i] = _CODE[problem[0]]
+    return codes
 
 
 # ----------------------------------------------------------------------------- binary format
@@ -172,8 +275,13 @@ class _Undecodable(Exception):
     pass
 
 
-def _parse_binary(data: bytes) -> SampleBatch:
-    """Structural decode; raises `_Undecodable` saying what is wrong."""
+def _parse_binary(
+    data: bytes,
+) -> tuple[SampleBatch, npt.NDArray[np.uint16], npt.NDArray[np.int64]]:
+    """Structural decode; raises `_Undecodable` saying what is wrong.
+
+    Returns the batch, each series' label count and the UTF-8 length of every string of the
+    series table (key, value, key, value...), for the limit checks."""
     if len(data) < HEADER.size:
         raise _Undecodable(f"{len(data)} bytes is shorter than the {HEADER.size}-byte header")
     magic, version, flags, idx_width, ts_width, n_series, n, base, body_len = HEADER.unpack_from(
@@ -217,9 +325,15 @@ def _parse_binary(data: bytes) -> SampleBatch:
         raise _Undecodable("series index beyond the series table")
     n_strings = 2 * int(counts.sum())
     table = body[pos:].tobytes()
+    if table:  # string lengths from the separators' positions: NumPy, not a loop over strings
+        seps = np.flatnonzero(np.frombuffer(table, np.uint8) == SEPARATOR[0])
+        ends = np.append(seps, len(table))
+        lens = np.diff(ends, prepend=-1) - 1
+    else:
+        lens = np.empty(0, np.int64)
+    if len(lens) != n_strings:
+        raise _Undecodable(f"series table has {len(lens)} strings, expected {n_strings}")
     parts = table.split(SEPARATOR) if table else []
-    if len(parts) != n_strings:
-        raise _Undecodable(f"series table has {len(parts)} strings, expected {n_strings}")
     try:
         strings = [p.decode("utf-8") for p in parts]
     except UnicodeDecodeError as e:
@@ -227,22 +341,64 @@ def _parse_binary(data: bytes) -> SampleBatch:
     it = iter(strings)
     pairs = zip(it, it, strict=False)
     series = [dict(islice(pairs, c)) for c in counts.tolist()]
-    return SampleBatch(series, series_idx, timestamps, values)
+    return SampleBatch(series, series_idx, timestamps, values), counts, lens
+
+
+def _binary_codes(
+    series: list[Labels],
+    counts: npt.NDArray[np.uint16],
+    lens: npt.NDArray[np.int64],
+    metric_column: str,
+    limits: LabelLimits,
+) -> npt.NDArray[np.int8]:
+    """`_series_codes` for a binary message, from its string lengths: NumPy per label, Python
+    per series only for the metric lookup and for series whose key may be over the limit."""
+    n_series = len(series)
+    codes = np.zeros(n_series, np.int8)
+    if not n_series:
+        return codes
+    missing = [i for i, s in enumerate(series) if metric_missing(s, metric_column)]
+    codes[missing] = _CODE[BadRecord.NO_METRIC]
+    counts = counts.astype(np.int64)
+    codes[(counts > limits.max_labels_per_series) & (codes == 0)] = _CODE[BadRecord.TOO_MANY_LABELS]
+    if not len(lens):
+        return codes
+    names, vals = lens[0::2], lens[1::2]
+    owner = np.repeat(np.arange(n_series), counts)  # each label's series
+    for reason, bad_label in (
+        (BadRecord.EMPTY_LABEL_NAME, (names == 0) & (vals > 0)),
+        (BadRecord.LABEL_NAME_TOO_LONG, names > limits.max_label_name_bytes),
+        (BadRecord.LABEL_TOO_LONG, vals > limits.max_label_value_bytes),
+    ):
+        if bad_label.any():
+            hit = np.zeros(n_series, np.bool_)
+            hit[owner[bad_label]] = True
+            codes[hit & (codes == 0)] = _CODE[reason]
+    per_label = np.where(vals > 0, _JSON_GROWTH * (names + vals) + _JSON_PER_LABEL, 0)
+    bound = np.bincount(owner, per_label, n_series) + 2
+    for i in np.flatnonzero((bound > limits.max_series_key_bytes) & (codes == 0)).tolist():
+        if len(encode_part_key(series[i]).encode("utf-8")) > limits.max_series_key_bytes:
+            codes[i] = _CODE[BadRecord.SERIES_KEY_TOO_LONG]
+    return codes
 
 
 def decode_binary(
     data: bytes,
     metric_column: str = METRIC_COLUMN,
     ts_range: tuple[int, int] = DEFAULT_TS_RANGE,
+    limits: LabelLimits = DEFAULT_LIMITS,
 ) -> Decoded:
     """Decode one FiloPy binary message; never raises.
 
-    A message that cannot be parsed counts once as "undecodable". Samples of series without a
-    metric name ("no_metric") or with timestamps outside `ts_range` ("timestamp_range") are
-    dropped one by one; the rest are returned.
+    A message that cannot be parsed counts once as "undecodable". Samples of series that break
+    the dataset's contract (no metric name, `limits`: see `SERIES_REASONS`) or with timestamps
+    outside `ts_range` ("timestamp_range") are dropped one by one, counted by reason; the rest
+    are returned.
     """
     try:
-        batch = _parse_binary(data)
+        batch, counts, lens = _parse_binary(data)
+        codes = _binary_codes(batch.series, counts, lens, metric_column, limits)
+        return _drop_bad(batch, codes, ts_range, metric_column, limits)
     except _Undecodable as e:
         head = bytes(data[:16]).hex()
         return Decoded(
@@ -254,41 +410,48 @@ def decode_binary(
             SampleBatch([], *_empty_cols(), {BadRecord.UNDECODABLE.value: 1}),
             f"undecodable binary message ({len(data)} bytes): {type(e).__name__}: {e}",
         )
-    return _drop_bad(batch, metric_column, ts_range)
 
 
 def _empty_cols() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return np.empty(0, np.int32), np.empty(0, np.int64), np.empty(0, np.float64)
 
 
-def _drop_bad(batch: SampleBatch, metric_column: str, ts_range: tuple[int, int]) -> Decoded:
-    """Drop samples of metric-less series and out-of-range timestamps, counting them."""
-    bad: dict[str, int] = {}
+def _drop_bad(
+    batch: SampleBatch,
+    codes: npt.NDArray[np.int8],
+    ts_range: tuple[int, int] | None,
+    metric_column: str,
+    limits: LabelLimits,
+) -> Decoded:
+    """Drop the samples of bad series (`codes`) and out-of-range timestamps, counting them by
+    reason into the batch's `bad_records` (added to what is there already)."""
+    bad = batch.bad_records
     first_bad: str | None = None
-    no_metric = [i for i, s in enumerate(batch.series) if metric_label(s, metric_column) is None]
     keep: npt.NDArray[np.bool_] | None = None
-    if no_metric:
-        series_ok = np.ones(len(batch.series), np.bool_)
-        series_ok[no_metric] = False
-        keep = series_ok[batch.series_idx]
-        dropped = len(batch) - int(keep.sum())
-        _count(bad, BadRecord.NO_METRIC, dropped)
-        if dropped:
-            first_bad = _clip(f"no_metric: series {batch.series[no_metric[0]]}")
-    lo, hi = ts_range
-    ts = batch.timestamps
-    in_range = (ts >= lo) & (ts <= hi)
-    if not in_range.all():
-        out = ~in_range if keep is None else keep & ~in_range
-        n_out = int(out.sum())
-        if n_out:
-            _count(bad, BadRecord.TIMESTAMP_RANGE, n_out)
-            if first_bad is None:
-                i = int(np.flatnonzero(out)[0])
-                first_bad = _clip(
-                    f"timestamp_range: {int(ts[i])} ms for {batch.series[batch.series_idx[i]]}"
-                )
-        keep = in_range if keep is None else keep & in_range
+    if codes.any():
+        sample_codes = codes[batch.series_idx]
+        keep = sample_codes == 0
+        per_reason = np.bincount(sample_codes, minlength=len(SERIES_REASONS) + 1)
+        for reason, n in zip(SERIES_REASONS, per_reason[1:].tolist(), strict=True):
+            _count(bad, reason, n)
+        if not keep.all():
+            i = int(batch.series_idx[int(np.argmin(keep))])
+            first_bad = _problem_text(batch.series[i], metric_column, limits)
+    if ts_range is not None:
+        lo, hi = ts_range
+        ts = batch.timestamps
+        in_range = (ts >= lo) & (ts <= hi)
+        if not in_range.all():
+            out = ~in_range if keep is None else keep & ~in_range
+            n_out = int(out.sum())
+            if n_out:
+                _count(bad, BadRecord.TIMESTAMP_RANGE, n_out)
+                if first_bad is None:
+                    i = int(np.flatnonzero(out)[0])
+                    first_bad = _clip(
+                        f"timestamp_range: {int(ts[i])} ms for {batch.series[batch.series_idx[i]]}"
+                    )
+            keep = in_range if keep is None else keep & in_range
     if keep is None:
         return Decoded(batch)
     idx = batch.series_idx[keep]
@@ -532,12 +695,14 @@ def decode_influx(
     precision: str = "ns",
     ts_range: tuple[int, int] = DEFAULT_TS_RANGE,
     fast_path: bool = True,
+    limits: LabelLimits = DEFAULT_LIMITS,
 ) -> Decoded:
     """Decode Influx line protocol (one or many lines); never raises.
 
     Each numeric field is a sample of series `tags + {metric_column: measurement_field}` (just
     `measurement` for a field named "value"); integers become floats; strings and booleans are
-    "non_numeric"; a line outside `ts_range` counts each of its fields as "timestamp_range".
+    "non_numeric"; a line outside `ts_range` counts each of its fields as "timestamp_range";
+    a series over the dataset's `limits` counts each of its samples by reason (`SERIES_REASONS`).
     Lines without a timestamp get `default_ts_ms` (e.g. the Kafka message time).
     Plain lines take a split-based fast path; lines with escapes or quoted strings (and any
     line the fast path doubts) go to `line_protocol_parser`, which has the last word.
@@ -577,7 +742,11 @@ def decode_influx(
         np.array(b.vals, dtype=np.float64),
         b.bad,
     )
-    return Decoded(batch, b.first_bad)
+    codes = _series_codes(b.series, metric_column, limits)
+    if not codes.any():
+        return Decoded(batch, b.first_bad)
+    decoded = _drop_bad(batch, codes, None, metric_column, limits)
+    return Decoded(decoded.batch, b.first_bad or decoded.first_bad)
 
 
 # ----------------------------------------------------------------------------- by dataset
@@ -587,15 +756,21 @@ Decoder = Callable[[bytes, int], Decoded]
 
 def decoder_for(dataset: Dataset, ts_range: tuple[int, int] = DEFAULT_TS_RANGE) -> Decoder:
     """The dataset's decoder: `decode(message_value, message_timestamp_ms) -> Decoded`."""
-    column = dataset.metric_column
+    column, limits = dataset.metric_column, dataset.limits
     if dataset.source.record_format == RecordFormat.BINARY:
 
         def binary(data: bytes, _ts_ms: int) -> Decoded:
-            return decode_binary(data, column, ts_range)
+            return decode_binary(data, column, ts_range, limits)
 
         return binary
 
     def influx(data: bytes, ts_ms: int) -> Decoded:
-        return decode_influx(data, ts_ms, column, ts_range=ts_range)
+        try:
+            return decode_influx(data, ts_ms, column, ts_range=ts_range, limits=limits)
+        except Exception as e:  # a decoder bug must not stop ingestion (binary: in decode_binary)
+            return Decoded(
+                SampleBatch([], *_empty_cols(), {BadRecord.UNDECODABLE.value: 1}),
+                f"undecodable line protocol message ({len(data)} bytes): {type(e).__name__}: {e}",
+            )
 
     return influx
