@@ -30,9 +30,11 @@ from ingest.records import (
     DEFAULT_COMPRESSION_LEVEL,
     DEFAULT_TS_RANGE,
     HEADER,
+    SERIES_REASONS,
     BadRecord,
     encode_binary_parts,
     encode_labels,
+    series_problem,
 )
 from ingest.topics import DEFAULT_TIMEOUT_S, check_topic
 
@@ -50,6 +52,11 @@ _log = logging.getLogger("filopy.kafka")
 
 class GatewayError(Exception):
     """Kafka did not accept some messages; samples may be missing from the topic."""
+
+
+class InvalidSeries(ValueError):
+    """A series breaks the dataset's contract (no metric name, `Dataset.limits`, labels that
+    are not str -> str); raised by a strict gateway before any sample of the call is sent."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,10 +81,12 @@ ProgressCallback = Callable[[GatewayProgress], None]
 
 
 class _Series(NamedTuple):
-    shard: int  # -1: cannot be routed (no metric name)
+    shard: int  # -1: not sent (see `code`)
     blob: bytes  # records.encode_labels(labels)
     n_labels: int
     cost: int  # bytes in a message's series table
+    code: int = 0  # 0, or 1 + the index in SERIES_REASONS of why the series is refused
+    why: str = ""  # the refusal, for the log or InvalidSeries
 
 
 @dataclass(slots=True)
@@ -105,8 +114,12 @@ class Gateway:
     """Sends samples of one dataset to its Kafka topic, one partition per shard.
 
     `send(samples)` takes (labels, timestamp_ms, value) rows; `send_batch(batch)` takes a
-    columnar `SampleBatch` (the fast path). Unroutable samples are skipped and counted in
-    `skipped` (reasons "no_metric", "timestamp_range", "too_large"), never sent. Call
+    columnar `SampleBatch` (the fast path). Samples the ingesters would refuse are never sent:
+    series breaking the dataset's contract (no metric name, over `Dataset.limits`: the reasons of
+    `records.SERIES_REASONS`), timestamps out of range and series too large for one message
+    are skipped and counted in `skipped` by reason; the first refusal of each reason is logged
+    with the rule broken and kept in `rejected`. With `strict=True` a series breaking the
+    contract raises `InvalidSeries` instead, before anything of that call is sent. Call
     `flush()` to wait for Kafka's acknowledgements; `close()` flushes and reports the end.
     """
 
@@ -125,6 +138,7 @@ class Gateway:
         producer_config: Mapping[str, Any] | None = None,
         verify_topic: bool = True,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        strict: bool = False,
     ) -> None:
         if max_message_bytes < MIN_MESSAGE_BYTES:
             raise ValueError(f"max_message_bytes must be at least {MIN_MESSAGE_BYTES}")
@@ -139,6 +153,8 @@ class Gateway:
         self._progress = progress
         self._progress_interval_s = progress_interval_s
         self._ts_range = ts_range
+        self.strict = strict
+        self.rejected: dict[str, str] = {}  # reason -> the first refusal's message
         self._cache: dict[tuple[tuple[str, str], ...], _Series] = {}
         self._cache_size = series_cache_size
         # Encoded size / raw-size bound, learnt from sent messages; sizes the pieces of a shard.
@@ -222,14 +238,21 @@ class Gateway:
             return 0
         get = self._cache.get  # inline cache hit: this runs once per series per call
         infos = [get(tuple(labels.items())) or self._series(labels) for labels in batch.series]
-        shards, blobs, n_labels, cost = zip(*infos, strict=True)
+        shards, blobs, n_labels, cost, codes, whys = zip(*infos, strict=True)
+        if self.strict and any(codes):
+            i = next(i for i, c in enumerate(codes) if c)
+            raise InvalidSeries(_refusal(batch.series[i], whys[i]))
         table = _Table(list(blobs), np.array(n_labels, np.int64), np.array(cost, np.int64))
         shard = np.array(shards, np.int32)[batch.series_idx]
         lo, hi = self._ts_range
         routable = shard >= 0
         in_range = (batch.timestamps >= lo) & (batch.timestamps <= hi)
         keep = routable & in_range
-        self._skip(BadRecord.NO_METRIC.value, int(len(batch) - routable.sum()))
+        if not routable.all():
+            sample_codes = np.array(codes, np.int8)[batch.series_idx]
+            per_reason = np.bincount(sample_codes, minlength=len(SERIES_REASONS) + 1)
+            for reason, n in zip(SERIES_REASONS, per_reason[1:].tolist(), strict=True):
+                self._skip(reason.value, n)
         self._skip(BadRecord.TIMESTAMP_RANGE.value, int((routable & ~in_range).sum()))
         rows = np.flatnonzero(keep)
         order = rows[np.argsort(shard[rows], kind="stable")]  # input order kept within a shard
@@ -300,12 +323,25 @@ class Gateway:
         key = tuple(labels.items())
         info = self._cache.get(key)
         if info is None:
-            try:
-                shard = shard_for_series(self.dataset, labels)
-            except ValueError:  # no metric name: cannot be routed
-                info = _Series(-1, b"", len(labels), 0)
+            ds = self.dataset
+            if not all(isinstance(x, str) for kv in key for x in kv):
+                raise InvalidSeries(_refusal(labels, "label names and values must be str"))
+            problem = series_problem(labels, ds.metric_column, ds.limits)
+            if problem is not None:  # the ingesters would count it as a bad record
+                reason, why = problem
+                info = _Series(-1, b"", len(labels), 0, SERIES_REASONS.index(reason) + 1, why)
+                if reason.value not in self.rejected:
+                    self.rejected[reason.value] = _refusal(labels, why)
+                    _log.warning(
+                        "%s: not sending samples of series breaking the dataset's contract "
+                        "(%s); first: %s",
+                        ds.name,
+                        reason.value,
+                        self.rejected[reason.value],
+                    )
             else:
                 blob = encode_labels(labels)
+                shard = shard_for_series(ds, labels)
                 info = _Series(shard, blob, len(labels), len(blob) + _SERIES_OVERHEAD)
             if len(self._cache) >= self._cache_size:
                 self._cache.clear()
@@ -386,6 +422,13 @@ class Gateway:
         self._last_report = time.monotonic()
         if self._progress is not None:
             self._progress(self.progress(final))
+
+
+def _refusal(labels: Mapping[str, str], why: str) -> str:
+    """A short, clear message: the rule broken and the series (clipped)."""
+    shown = ", ".join(f"{k!r}: {v!r}"[:80] for k, v in list(labels.items())[:6])
+    more = f", ... ({len(labels)} labels)" if len(labels) > 6 else ""
+    return f"{why}; series {{{shown}{more}}}"
 
 
 def _batch(series: list[Labels], idx: list[int], ts: list[int], vals: list[float]) -> SampleBatch:

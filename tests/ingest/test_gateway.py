@@ -16,7 +16,7 @@ from confluent_kafka.admin import AdminClient
 from filopy.dataset import Dataset, SourceSettings, SpreadOverride, SpreadSettings
 from filopy.hashing import query_shards, shard_for_series, shard_key_hash
 from ingest.batch import SampleBatch
-from ingest.gateway import Gateway, GatewayError, GatewayProgress
+from ingest.gateway import Gateway, GatewayError, GatewayProgress, InvalidSeries
 from ingest.records import decode_binary
 from ingest.topics import TopicMismatch, TopicMissing, ensure_topic
 
@@ -172,7 +172,8 @@ def test_messages_stay_under_the_size_cap(dataset: Dataset, level: int) -> None:
 
 
 def test_unroutable_samples_are_skipped_and_counted(dataset: Dataset) -> None:
-    huge = {"_metric_": "big", "blob": os.urandom(10_000).hex()}  # compressed, still > 2 KB
+    # 14 KB (within the label limits), still > 2 KB compressed
+    huge = {"_metric_": "big", "blob": os.urandom(7_000).hex()}
     series = [_labels(0), {"job": "no-metric"}, huge]
     batch = SampleBatch(
         series,
@@ -185,6 +186,67 @@ def test_unroutable_samples_are_skipped_and_counted(dataset: Dataset) -> None:
         assert gateway.skipped == {"no_metric": 1, "timestamp_range": 1, "too_large": 1}
     got = [decode_binary(v).batch for _, v in _consume_all(dataset)]
     assert sorted(v for b in got for v in b.values.tolist()) == [0.0, 4.0]
+
+
+def _contract_breakers() -> list[dict[str, str]]:
+    return [
+        {"_metric_": "big", "blob": "x" * 70_000},  # label_too_long
+        {"_metric_": "wide", **{f"l{i}": "v" for i in range(300)}},  # too_many_labels
+        {"_metric_": "", "_ws_": "demo", "_ns_": "app"},  # no_metric (empty)
+        {"_metric_": "m", "n" * 300: "v"},  # label_name_too_long
+        {"_metric_": "m", "": "v"},  # empty_label_name
+    ]
+
+
+def test_series_breaking_the_contract_are_refused_counted_and_logged(
+    dataset: Dataset, caplog: pytest.LogCaptureFixture
+) -> None:
+    series = [_labels(0), *_contract_breakers(), _labels(1)]
+    batch = SampleBatch(
+        series,
+        np.array([0, 1, 2, 3, 4, 5, 6, 1, 0], np.int32),
+        np.full(9, T0, np.int64) + np.arange(9),
+        np.arange(9, dtype=np.float64),
+    )
+    with Gateway(dataset) as gateway:
+        assert gateway.send_batch(batch) == 3
+        assert gateway.skipped == {
+            "label_too_long": 2,
+            "too_many_labels": 1,
+            "no_metric": 1,
+            "label_name_too_long": 1,
+            "empty_label_name": 1,
+        }
+        assert (
+            "70000 bytes, over limits.max_label_value_bytes = 16384"
+            in (gateway.rejected["label_too_long"])
+        )
+        assert (
+            "301 labels, over limits.max_labels_per_series = 64"
+            in (gateway.rejected["too_many_labels"])
+        )
+        assert sum("breaking the dataset's contract" in r.message for r in caplog.records) == 5
+    got = [decode_binary(v).batch for _, v in _consume_all(dataset)]
+    assert sorted(v for b in got for v in b.values.tolist()) == [0.0, 6.0, 8.0]
+
+
+def test_a_strict_gateway_raises_before_sending_anything(dataset: Dataset) -> None:
+    whys = [
+        "limits.max_label_value_bytes",
+        "limits.max_labels_per_series",
+        "no metric name",
+        "limits.max_label_name_bytes",
+        "empty label name",
+    ]
+    with Gateway(dataset, strict=True) as gateway:
+        for bad, why in zip(_contract_breakers(), whys, strict=True):
+            with pytest.raises(InvalidSeries, match=why):
+                gateway.send([(_labels(0), T0, 1.0), (bad, T0, 2.0)])
+        with pytest.raises(InvalidSeries, match="must be str"):
+            gateway.send([({"_metric_": "m", "port": 80}, T0, 1.0)])  # type: ignore[dict-item]
+        assert gateway.send([(_labels(0), T0, 3.0)]) == 1
+    got = [decode_binary(v).batch for _, v in _consume_all(dataset)]
+    assert [v for b in got for v in b.values.tolist()] == [3.0]
 
 
 def test_gateway_checks_the_topic_and_refuses_use_after_close(
