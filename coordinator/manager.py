@@ -6,7 +6,11 @@ the manager only delivers them, so every rule here is testable without a cluster
 
 Nodes always receive the *full* shard map of a dataset (``NodeShardMap``, versioned), never
 "start shard 3" / "stop shard 5" commands: incremental commands drift as soon as one is lost,
-while a full map lets a node converge by diffing what it runs against what it should run.
+while a full map lets a node converge by diffing what it runs against what it should run. A map
+goes out only when the set of shards some node must run changes (an owner, or a shard going
+between ingesting and not ingesting): status progress such as Assigned -> Recovery -> Active or
+Degraded reaches subscribers as events, and the actor's periodic resync carries it to nodes. So
+a report costs O(1) here, whatever the number of shards (65536 at most).
 Subscribers get a ``CurrentShardSnapshot`` when they subscribe and then every ``ShardEvent``.
 Guardians (``subscribe_all``) also get ``SubscriptionsChanged`` so a restarted singleton can
 rebuild its subscriber lists from them (``recover_subscriptions``).
@@ -25,7 +29,6 @@ from coordinator.strategy import DefaultShardAssignmentStrategy, ShardAssignment
 from filopy.dataset import Dataset, DatasetRef
 from filopy.mapper import ShardMapper
 from filopy.shard_status import (
-    Assigned,
     CurrentShardSnapshot,
     IngestionDegraded,
     IngestionError,
@@ -36,6 +39,7 @@ from filopy.shard_status import (
     ShardDown,
     ShardEvent,
     ShardMapState,
+    Stopped,
 )
 
 __all__ = [
@@ -47,6 +51,7 @@ __all__ = [
     "ErrorReassignmentStats",
     "EventApplied",
     "EventIgnored",
+    "EventsApplied",
     "MemberAdded",
     "MemberRemoved",
     "Message",
@@ -168,6 +173,14 @@ class EventIgnored:
 
 
 @dataclass(frozen=True, slots=True)
+class EventsApplied:
+    """Reply to ``update_from_external_shard_events``: how many applied, and the rest."""
+
+    applied: int
+    ignored: tuple[EventIgnored, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class ShardsRecovered:
     ref: DatasetRef
     installed: bool  # False: the manager already had a newer map
@@ -189,6 +202,7 @@ Reply = (
     | ShardRequestRejected
     | EventApplied
     | EventIgnored
+    | EventsApplied
     | ShardsRecovered
 )
 
@@ -402,7 +416,10 @@ class ShardManager:
             if shards:
                 self._begin(ref)
                 for shard in shards:
-                    self._apply(ref, ShardDown(ref, shard, node))
+                    if isinstance(mapper.status(shard), Stopped):
+                        self._stop(ref, shard)  # stays stopped, now without an owner
+                    else:
+                        self._apply(ref, ShardDown(ref, shard, node))
                 freed.append((ref, tuple(shards)))
             self._assign_unowned(ref)
         return tuple(freed)
@@ -518,16 +535,42 @@ class ShardManager:
         return Result(tuple(messages), Unsubscribed(subscriber))
 
     def recover_subscriptions(self, state: SubscriptionsChanged) -> Result:
-        """Add subscriptions a guardian remembered from the previous singleton."""
+        """Add subscriptions a guardian remembered from the previous singleton, and send each
+        recovered subscriber a fresh snapshot of its datasets: what it holds came from the old
+        singleton, whose versions and in-flight events this one never saw. Subscribers of a
+        dataset not known yet get their snapshot when it is added."""
         before = self.subscription_state()
+        messages: list[Message] = []
         for ref, subs in state.by_dataset:
             bucket = self._subscribers.setdefault(ref, {})
             for s in subs:
                 bucket[s] = None
+            messages += self._snapshots(ref, subs)
         for w in state.watchers:
             self._watchers[w] = None
-        changed = self.subscription_state() != before
-        return Result(tuple(self._subscriptions_changed()) if changed else ())
+        for ref in self._mappers:
+            messages += self._snapshots(ref, state.watchers)
+        if self.subscription_state() != before:
+            messages += self._subscriptions_changed()
+        return Result(tuple(messages))
+
+    def snapshots_to_subscribers(self) -> Result:
+        """A fresh ``CurrentShardSnapshot`` of each dataset for each of its subscribers and for
+        every watcher (one snapshot object per dataset, shared): the periodic heal for a lost
+        event, and what subscribers need right after a singleton recovery. O(N) per dataset,
+        so call it every publish interval, not per event."""
+        messages: list[Message] = []
+        for ref in self._mappers:
+            messages += self._snapshots(ref, self._audience(ref))
+        return Result(tuple(messages))
+
+    def _snapshots(self, ref: DatasetRef, audience: Iterable[str]) -> list[Message]:
+        mapper = self._mappers.get(ref)
+        if mapper is None:
+            return []
+        state = mapper.snapshot()
+        snap = CurrentShardSnapshot(ref, state)
+        return [SubscriberMessage(s, snap, state.version) for s in audience]
 
     def _subscriptions_changed(self) -> list[Message]:
         state = self.subscription_state()
@@ -582,38 +625,61 @@ class ShardManager:
         moved because of an error within ``reassignment_min_interval`` (a shard that fails
         everywhere should not bounce around the cluster).
         """
+        ignored = self._event(sender, event)
+        if ignored is not None:
+            return Result(reply=ignored)
+        return self._finish(EventApplied(event))
+
+    def update_from_external_shard_events(
+        self, sender: str, events: Sequence[ShardEvent]
+    ) -> Result:
+        """Apply many reports from one node, in order, and publish once: what a node sends
+        when many shards change at a time (thousands recovering at once)."""
+        applied = 0
+        ignored: list[EventIgnored] = []
+        for event in events:
+            why = self._event(sender, event)
+            if why is None:
+                applied += 1
+            else:
+                ignored.append(why)
+        return self._finish(EventsApplied(applied, tuple(ignored)))
+
+    def _event(self, sender: str, event: ShardEvent) -> EventIgnored | None:
+        """Validate and apply one node report; the reason if it is ignored. O(1) in N."""
         ref, shard = event.ref, event.shard
         mapper = self._mappers.get(ref)
         if mapper is None:
-            return Result(reply=EventIgnored(event, f"unknown dataset {ref}"))
+            return EventIgnored(event, f"unknown dataset {ref}")
         if not 0 <= shard < mapper.num_shards:
-            return Result(
-                reply=EventIgnored(
-                    event, f"invalid shard {shard}, valid shards are 0..{mapper.num_shards - 1}"
-                )
+            return EventIgnored(
+                event, f"invalid shard {shard}, valid shards are 0..{mapper.num_shards - 1}"
             )
         owner = mapper.owner(shard)
         if owner is None:
-            return Result(reply=EventIgnored(event, f"shard {shard} is not assigned to any node"))
+            return EventIgnored(event, f"shard {shard} is not assigned to any node")
         if owner != sender:
-            return Result(
-                reply=EventIgnored(event, f"shard {shard} is owned by {owner}, not by {sender}")
-            )
-        if isinstance(event, IngestionStopped) and isinstance(mapper.status(shard), Assigned):
-            # The shard was assigned (again) after the ingester that stopped: this report is
-            # about an ingester from before the assignment and must not stop the new one.
-            return Result(
-                reply=EventIgnored(event, f"shard {shard} was reassigned after that ingester")
-            )
+            return EventIgnored(event, f"shard {shard} is owned by {owner}, not by {sender}")
         if isinstance(event, _OWNER_SETTING) and event.node != sender:
-            return Result(
-                reply=EventIgnored(event, f"event names node {event.node} but came from {sender}")
+            return EventIgnored(event, f"event names node {event.node} but came from {sender}")
+        if not mapper.status(shard).ingesting:
+            # Stopped with its owner kept (a map from an older singleton): the node was told to
+            # run nothing, so this report is about an ingester it is stopping. Only an
+            # operator's start brings a stopped shard back.
+            return EventIgnored(event, f"shard {shard} is stopped; start it to run it again")
+        if isinstance(event, IngestionStopped):
+            # A node stops an ingester only when a map no longer has it running the shard (or
+            # when it drains). Every map since the shard's current assignment to this node says
+            # "run it", so the report is about an earlier ingester: applying it would stop the
+            # current one and leave the shard Stopped on an owner that runs nothing.
+            return EventIgnored(
+                event, f"shard {shard} was assigned to {sender} again after that ingester stopped"
             )
         self._begin(ref)
         self._apply(ref, event)
         if isinstance(event, IngestionError):
             self._reassign_after_error(ref, shard, sender)
-        return self._finish(EventApplied(event))
+        return None
 
     def _reassign_after_error(self, ref: DatasetRef, shard: int, failed_node: str) -> None:
         stats = self._error_stats[ref]
@@ -645,12 +711,14 @@ class ShardManager:
         bad = self._check_shards(ref, mapper, shards)
         if bad is not None:
             return bad
-        same = [s for s in shards if mapper.owner(s) == node]
+        # A Stopped shard may keep its owner (maps from older singletons), but nothing runs it:
+        # it can be started anywhere, that owner included.
+        same = [s for s in shards if mapper.owner(s) == node and mapper.is_ingesting(s)]
         if same:
             return self._reject(
                 ref, RejectReason.SAME_NODE, f"shards {same} already run on node {node!r}"
             )
-        taken = [(s, mapper.owner(s)) for s in shards if mapper.owner(s) is not None]
+        taken = [(s, mapper.owner(s)) for s in shards if mapper.is_ingesting(s)]
         if taken:
             listing = ", ".join(f"{s} on {o!r}" for s, o in taken)
             return self._reject(
@@ -672,7 +740,8 @@ class ShardManager:
         return self._finish(ShardsStarted(ref, node, tuple(shards)))
 
     def stop_shards(self, ref: DatasetRef, shards: Sequence[int]) -> Result:
-        """Take shards away from their nodes (Down); they stay unowned until reassigned."""
+        """Take shards away from their nodes: Stopped and unowned, and they stay so (node joins
+        and leaves do not pick them up) until an operator starts them, as in FiloDB."""
         mapper = self._mappers.get(ref)
         if mapper is None:
             return Result(reply=DatasetUnknown(ref))
@@ -688,8 +757,17 @@ class ShardManager:
             )
         self._begin(ref)
         for shard in shards:
-            self._apply(ref, ShardDown(ref, shard, mapper.owner(shard)))
+            self._stop(ref, shard)
         return self._finish(ShardsStopped(ref, tuple(shards)))
+
+    def _stop(self, ref: DatasetRef, shard: int) -> None:
+        """Owned -> Stopped without an owner, as two plain events every subscriber applies the
+        same way: ``ShardDown`` (owner cleared) then ``IngestionStopped`` (no owner to keep)."""
+        mapper = self._mappers[ref]
+        owner = mapper.owner(shard)
+        if owner is not None:
+            self._apply(ref, ShardDown(ref, shard, owner))
+        self._apply(ref, IngestionStopped(ref, shard, None))
 
     def _check_shards(
         self, ref: DatasetRef, mapper: ShardMapper, shards: Sequence[int]
@@ -718,7 +796,7 @@ class ShardManager:
         dataset = self._datasets[ref]
         assignments: dict[str, list[int]] = {}
         for node in reversed(self._members):
-            if mapper.num_unassigned_shards == 0:
+            if mapper.num_assignable_shards == 0:
                 break
             if node == exclude:
                 continue
@@ -746,8 +824,10 @@ class ShardManager:
         if not mapper.update_from_event(event):
             return
         pending.events.append((event, mapper.version))
-        # Recovery progress ticks do not change what a node should run: spare the broadcast.
-        if mapper.owner(shard) != owner or type(mapper.status(shard)) is not type(status):
+        # Only a change to what some node must run needs the full map (O(N) to build and
+        # ship): an owner change, or a shard starting or stopping ingestion. Progress such as
+        # Assigned -> Recovery -> Active or Degraded does not.
+        if mapper.owner(shard) != owner or mapper.status(shard).ingesting != status.ingesting:
             pending.nodes_need_map = True
 
     def _audience(self, ref: DatasetRef) -> list[str]:

@@ -37,14 +37,21 @@ class DefaultShardAssignmentStrategy:
     """
 
     def remaining_capacity(self, node: str, dataset: Dataset, mapper: ShardMapper) -> int:
-        free = mapper.num_unassigned_shards
-        held = mapper.num_shards_for_node(node)
-        # Nodes yet to get shards, plus this node if it already has some. Once as many nodes
-        # hold shards as the dataset needs, a newcomer is the only candidate: never divide by <= 0.
-        nodes = max(1, dataset.min_num_nodes - mapper.num_assigned_nodes + (1 if held else 0))
-        want = -(-(free + held) // nodes)
-        return max(0, min(want, max_shards_per_node(dataset)) - held)
+        """For an operator's start: every unowned shard counts as free, Stopped ones included
+        (they are the shards an operator moves)."""
+        return _capacity(node, dataset, mapper, mapper.num_unassigned_shards)
 
     def shard_assignments(self, node: str, dataset: Dataset, mapper: ShardMapper) -> list[int]:
-        """The lowest-numbered unowned shards, up to the node's remaining capacity."""
-        return mapper.unassigned_shards(limit=self.remaining_capacity(node, dataset, mapper))
+        """The lowest-numbered shards free for automatic assignment (Stopped shards stay where
+        the operator left them), up to the node's share of them."""
+        free = mapper.num_assignable_shards
+        return mapper.assignable_shards(limit=_capacity(node, dataset, mapper, free))
+
+
+def _capacity(node: str, dataset: Dataset, mapper: ShardMapper, free: int) -> int:
+    held = mapper.num_shards_for_node(node)
+    # Nodes yet to get shards, plus this node if it already has some. Once as many nodes
+    # hold shards as the dataset needs, a newcomer is the only candidate: never divide by <= 0.
+    nodes = max(1, dataset.min_num_nodes - mapper.num_assigned_nodes + (1 if held else 0))
+    want = -(-(free + held) // nodes)
+    return max(0, min(want, max_shards_per_node(dataset)) - held)

@@ -2,14 +2,18 @@
 
 Ownership and status follow a small set of rules so that any reachable state can be rebuilt
 from events (``minimal_events``): an owned shard is Assigned, Active, Recovery or Stopped; an
-unowned one is Unassigned, Error, Stopped or Down. Indexes (shards per node, sorted free shards)
-are kept up to date on every change because the shard manager asks the assignment strategy about
-hundreds of nodes per change and must not rescan thousands of shards each time.
+unowned one is Unassigned, Error, Stopped or Down. Indexes (shards per node, unowned shards,
+shards free for automatic assignment) are kept up to date in O(log N) per change: the shard
+manager applies one event per shard report and asks the assignment strategy about hundreds of
+nodes per change, so nothing on those paths may scan or copy all N shards (65536 at most).
+
+A Stopped shard is never handed out automatically (``assignable_shards``): it stays stopped until
+an operator starts it, owned or not.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
+import heapq
 from collections.abc import Iterable
 
 from filopy.dataset import DatasetRef
@@ -48,6 +52,57 @@ _UNOWNED_ONLY = (Unassigned, Error, Down)  # statuses that imply "nobody ingests
 _OWNED_ONLY = (Assigned, Active, Recovery, Degraded)
 
 
+class _MinSet:
+    """A set of shard numbers that yields its smallest members in O(k log N).
+
+    A lazy min-heap beside the set: removals only touch the set, and stale heap entries are
+    dropped when met (or all at once when they outnumber the live ones), so every update is
+    O(log N) amortized instead of the O(N) shift of a sorted list.
+    """
+
+    __slots__ = ("_heap", "_members")
+
+    def __init__(self, members: Iterable[int] = ()) -> None:
+        self._members = set(members)
+        self._heap = sorted(self._members)
+
+    def add(self, shard: int) -> None:
+        if shard not in self._members:
+            self._members.add(shard)
+            heapq.heappush(self._heap, shard)
+
+    def discard(self, shard: int) -> None:
+        self._members.discard(shard)
+        if len(self._heap) > 2 * len(self._members) + 64:
+            self._heap = sorted(self._members)
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+    def __contains__(self, shard: int) -> bool:
+        return shard in self._members
+
+    def smallest(self, limit: int | None = None) -> list[int]:
+        """Members in ascending order, at most ``limit`` of them."""
+        if limit is None or limit >= len(self._members):
+            return sorted(self._members)
+        out: list[int] = []
+        heap, members = self._heap, self._members
+        while len(out) < limit and heap:
+            shard = heapq.heappop(heap)
+            if shard in members and (not out or out[-1] != shard):
+                out.append(shard)
+        for shard in out:
+            heapq.heappush(heap, shard)
+        return out
+
+    def copy(self) -> _MinSet:
+        c = _MinSet.__new__(_MinSet)
+        c._members = self._members.copy()
+        c._heap = self._heap.copy()
+        return c
+
+
 class ShardEventError(ValueError):
     """An event that cannot apply to this mapper (e.g. a shard number out of range)."""
 
@@ -60,6 +115,7 @@ class ShardMapper:
     """Mutable shard map of one dataset; not thread-safe (the manager is single-threaded)."""
 
     __slots__ = (
+        "_assignable",
         "_free",
         "_log2",
         "_node_shards",
@@ -76,7 +132,8 @@ class ShardMapper:
         self._owners: list[str | None] = [None] * num_shards
         self._statuses: list[ShardStatus] = [UNASSIGNED] * num_shards
         self._node_shards: dict[str, set[int]] = {}
-        self._free: list[int] = list(range(num_shards))  # unowned shards, ascending
+        self._free = _MinSet(range(num_shards))  # unowned shards
+        self._assignable = _MinSet(range(num_shards))  # unowned and not Stopped
         self._version = version
         self._snapshot: ShardMapState | None = None
 
@@ -102,7 +159,8 @@ class ShardMapper:
                 free.append(shard)
             else:
                 self._node_shards.setdefault(owner, set()).add(shard)
-        self._free = free
+        self._free = _MinSet(free)
+        self._assignable = _MinSet(s for s in free if not isinstance(self._statuses[s], Stopped))
 
     def copy(self) -> ShardMapper:
         m = ShardMapper(self.num_shards, self._version)
@@ -110,6 +168,7 @@ class ShardMapper:
         m._statuses = self._statuses.copy()
         m._node_shards = {n: s.copy() for n, s in self._node_shards.items()}
         m._free = self._free.copy()
+        m._assignable = self._assignable.copy()
         m._snapshot = self._snapshot
         return m
 
@@ -160,15 +219,14 @@ class ShardMapper:
         if old == node:
             return
         if old is None:
-            i = bisect_left(self._free, shard)
-            del self._free[i]
+            self._free.discard(shard)
         else:
             shards = self._node_shards[old]
             shards.discard(shard)
             if not shards:
                 del self._node_shards[old]
         if node is None:
-            insort(self._free, shard)
+            self._free.add(shard)
         else:
             self._node_shards.setdefault(node, set()).add(shard)
         self._owners[shard] = node
@@ -178,6 +236,10 @@ class ShardMapper:
             return False
         self._set_owner(shard, node)
         self._statuses[shard] = status
+        if node is None and not isinstance(status, Stopped):
+            self._assignable.add(shard)
+        else:
+            self._assignable.discard(shard)
         return True
 
     def _check_shard(self, shard: int) -> None:
@@ -325,11 +387,23 @@ class ShardMapper:
 
     def unassigned_shards(self, limit: int | None = None) -> list[int]:
         """Shards without an owner (Unassigned, Error, Down, or an unowned Stopped), ascending."""
-        return self._free.copy() if limit is None else self._free[: max(0, limit)]
+        return self._free.smallest(None if limit is None else max(0, limit))
 
     @property
     def num_unassigned_shards(self) -> int:
         return len(self._free)
+
+    def assignable_shards(self, limit: int | None = None) -> list[int]:
+        """Unowned shards that automatic assignment may hand out (not Stopped), ascending."""
+        return self._assignable.smallest(None if limit is None else max(0, limit))
+
+    @property
+    def num_assignable_shards(self) -> int:
+        return len(self._assignable)
+
+    def is_ingesting(self, shard: int) -> bool:
+        """Whether the map has the shard's owner running it (owned, status ``ingesting``)."""
+        return self._owners[shard] is not None and self._statuses[shard].ingesting
 
     @property
     def num_assigned_shards(self) -> int:

@@ -33,7 +33,6 @@ from filopy import (
     Active,
     Assigned,
     CurrentShardSnapshot,
-    Down,
     Error,
     IngestionError,
     IngestionStarted,
@@ -43,6 +42,7 @@ from filopy import (
     ShardAssignmentStarted,
     ShardDown,
     ShardMapper,
+    Stopped,
 )
 
 from .support import dataset, ref
@@ -295,7 +295,8 @@ def test_event_from_owner_is_applied_and_published(two_node: ShardManager) -> No
     r = two_node.update_from_external_shard_event("a", IngestionStarted(ref(), 2, "a"))
     assert r.reply == EventApplied(IngestionStarted(ref(), 2, "a"))
     assert two_node.mapper(ref()).status(2) == Active()  # type: ignore[union-attr]
-    assert {m.node for m in r.node_maps()} == {"a", "b"}
+    # Assigned -> Active changes nothing a node runs: subscribers get the event, nodes no map.
+    assert r.node_maps() == []
     assert r.payloads_for("s") == [IngestionStarted(ref(), 2, "a")]
 
 
@@ -304,7 +305,7 @@ def test_events_for_unowned_shards_are_ignored(two_node: ShardManager) -> None:
     r = two_node.update_from_external_shard_event("a", IngestionStarted(ref(), 2, "a"))
     assert isinstance(r.reply, EventIgnored) and "not assigned" in r.reply.reason
     assert r.messages == ()
-    assert two_node.mapper(ref()).status(2) == Down()  # type: ignore[union-attr]
+    assert two_node.mapper(ref()).status(2) == Stopped()  # type: ignore[union-attr]
 
 
 def test_late_event_from_previous_owner_is_ignored() -> None:
@@ -335,7 +336,8 @@ def test_events_for_unknown_dataset_or_bad_shard_are_ignored(two_node: ShardMana
 
 def test_recovery_progress_goes_to_subscribers_but_not_to_nodes(two_node: ShardManager) -> None:
     first = two_node.update_from_external_shard_event("a", RecoveryInProgress(ref(), 2, "a", 10))
-    assert first.node_maps()  # Assigned -> Recovery changes what the node runs
+    assert first.node_maps() == []  # Assigned -> Recovery: the node runs the shard either way
+    assert first.payloads_for("s") == [RecoveryInProgress(ref(), 2, "a", 10)]
     tick = two_node.update_from_external_shard_event("a", RecoveryInProgress(ref(), 2, "a", 60))
     assert tick.node_maps() == []
     assert tick.payloads_for("s") == [RecoveryInProgress(ref(), 2, "a", 60)]
@@ -468,7 +470,7 @@ def test_stop_then_start_elsewhere(three_nodes: ShardManager) -> None:
     stop = mgr.stop_shards(ref(), [0, 1])
     assert stop.reply == ShardsStopped(ref(), (0, 1))
     m = mgr.mapper(ref())
-    assert m.status(0) == Down() and m.owner(0) is None  # type: ignore[union-attr]
+    assert m.status(0) == Stopped() and m.owner(0) is None  # type: ignore[union-attr]
     assert stop.node_maps("c")[0].shards() == [2, 3]
     start = mgr.start_shards(ref(), "a", [0, 1])
     assert start.reply == ShardsStarted(ref(), "a", (0, 1))
@@ -500,11 +502,19 @@ def test_stop_validations(three_nodes: ShardManager) -> None:
     assert mgr.mapper(ref()).owner(1) == "c"  # type: ignore[union-attr]
 
 
-def test_stopped_shards_are_picked_up_by_the_next_reassignment(three_nodes: ShardManager) -> None:
+def test_stopped_shards_stay_stopped_through_member_changes(three_nodes: ShardManager) -> None:
+    """FiloDB: a stopped shard stays stopped until an operator starts it (it used to go Down,
+    and the next join or leave took it)."""
     mgr = three_nodes
     mgr.stop_shards(ref(), [0, 1])
-    mgr.add_member("d")  # newcomer takes the unowned shards
-    assert owned(mgr)["d"] == [0, 1]
+    joined = mgr.add_member("d")
+    assert joined.reply == MemberAdded("d", ())
+    mgr.remove_member("b")  # b's shards are reassigned; the stopped ones are not
+    m = mgr.mapper(ref())
+    assert m is not None
+    assert [(m.owner(s), m.status(s)) for s in (0, 1)] == [(None, Stopped())] * 2
+    assert owned(mgr) == {"c": [2, 3], "d": [4, 5, 6, 7]}
+    assert mgr.start_shards(ref(), "a", [0, 1]).reply == ShardsStarted(ref(), "a", (0, 1))
 
 
 # ----- recovery ---------------------------------------------------------------------------------
@@ -568,8 +578,12 @@ def test_recover_subscriptions_from_a_guardian() -> None:
     result = new.recover_subscriptions(state)
     assert set(new.subscribers(ref())) == {"q1", "q2"}
     assert new.watchers == ("guardian",)
-    assert result.payloads_for("guardian") == [new.subscription_state()]
-    assert new.recover_subscriptions(state).messages == ()  # nothing new
+    snap = new.snapshot(ref())
+    assert result.payloads_for("guardian") == [snap, new.subscription_state()]
+    assert result.payloads_for("q1") == [snap]  # recovered: a fresh snapshot at once
+    assert result.payloads_for("q2") == []  # subscribed to this singleton: already has one
+    again = new.recover_subscriptions(state)
+    assert not any(isinstance(m.payload, SubscriptionsChanged) for m in again.messages)
 
 
 def test_remove_stale_coordinators() -> None:
@@ -655,6 +669,3 @@ def test_late_ingestion_stopped_after_a_restart_on_the_same_node_is_ignored() ->
     assert isinstance(mgr.mapper(ref("one")).status(0), Assigned)
     mgr.update_from_external_shard_event("a", IngestionStarted(ref("one"), 0, "a"))
     assert isinstance(mgr.mapper(ref("one")).status(0), Active)
-    # A real stop of a live shard still counts.
-    mgr.update_from_external_shard_event("a", IngestionStopped(ref("one"), 0, "a"))
-    assert str(mgr.mapper(ref("one")).status(0)) == "Stopped"
