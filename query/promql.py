@@ -9,6 +9,7 @@ with `QueryError(kind="unsupported")` naming the construct, so callers never get
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -22,6 +23,7 @@ __all__ = [
     "ARITHMETIC_OPS",
     "COMPARISON_OPS",
     "MATH_FUNCTIONS",
+    "MAX_QUERY_DEPTH",
     "RANGE_FUNCTIONS",
     "SET_OPS",
     "Aggregate",
@@ -37,6 +39,7 @@ __all__ = [
     "VectorMatching",
     "VectorSelector",
     "children",
+    "depth_bound",
     "format_expr",
     "parse",
     "selectors",
@@ -68,6 +71,14 @@ AGGREGATIONS = frozenset({"sum", "avg", "min", "max", "count", "topk", "bottomk"
 ARITHMETIC_OPS = frozenset({"+", "-", "*", "/", "%", "^"})
 COMPARISON_OPS = frozenset({"==", "!=", ">", "<", ">=", "<="})
 SET_OPS = frozenset({"and", "or", "unless"})
+
+# How deep a query's expression tree may be: parenthesised groups, function calls, aggregations,
+# range selectors and binary or unary operators each count one level (see `depth_bound`).
+# Prometheus has no limit; here a deeper query is a 400 before anything recurses over it: the
+# Rust parser crashes the whole process (SIGSEGV, stack overflow) from a few thousand levels,
+# and conversion, evaluation and pickling recurse in Python. 200 leaves room below Python's
+# recursion limit for all of them (tests/query/test_query_limits.py evaluates 200 levels).
+MAX_QUERY_DEPTH = 200
 
 # promql_parser's enums are unhashable; key them by member name.
 _MATCH_OPS = {"Equal": MatchOp.EQ, "NotEqual": MatchOp.NE, "Re": MatchOp.RE, "NotRe": MatchOp.NRE}
@@ -298,8 +309,72 @@ def value_type(expr: Expr) -> ValueType:
 # ------------------------------------------------------------------------------------- parsing
 
 
-def parse(text: str) -> Expr:
-    """Parse PromQL into FiloPy's AST; raise QueryError (bad_data / unsupported) otherwise."""
+# Tokens that matter for nesting depth; string literals and comments are matched whole so that
+# brackets and operators inside them do not count (an unterminated one runs to the end).
+_DEPTH_TOKENS = re.compile(
+    r""""(?:[^"\\]|\\.)*"?|'(?:[^'\\]|\\.)*'?|`[^`]*`?|#[^\n]*"""
+    r"|[{}()\[\]]|==|!=|>=|<=|[-+*/%^<>]|\b(?:and|or|unless|atan2)\b",
+    re.DOTALL,
+)
+
+
+def _too_deep(limit: int) -> QueryError:
+    return QueryError(
+        "bad_data",
+        f"query too deep: its expression nests more than {limit} levels (parentheses, function "
+        "calls, aggregations and operators each count one); simplify it or split it",
+    )
+
+
+def depth_bound(text: str, limit: int = MAX_QUERY_DEPTH) -> int:
+    """An upper bound of the depth of the expression tree `text` parses to, read from the text
+    alone (the parser must not see a query too deep for it); raise QueryError past `limit`.
+
+    A bracketed group is one level plus one per operator in it (a chain `a + b + c` is a tree
+    as deep as it has operators) plus its deepest inner group; the whole query counts its
+    operators, its deepest group and one for the leaves. Operators inside label matchers,
+    string literals and comments do not count; a unary minus counts like an operator.
+    """
+    stack = [[0, 0]]  # per open group: operators in it, deepest closed inner group
+    braces = 0
+    for m in _DEPTH_TOKENS.finditer(text):
+        tok = m.group()
+        c = tok[0]
+        if c in "\"'`#":
+            continue
+        if c == "{":
+            braces += 1
+        elif c == "}":
+            braces = max(0, braces - 1)
+        elif braces:
+            continue  # label matchers: `!=` there is not an operator
+        elif c in "([":
+            stack.append([0, 0])
+            if len(stack) > limit:
+                raise _too_deep(limit)
+        elif c in ")]":
+            if len(stack) > 1:  # else unbalanced: the parser reports it
+                ops, inner = stack.pop()
+                stack[-1][1] = max(stack[-1][1], 1 + ops + inner)
+        else:
+            stack[-1][0] += 1
+            if stack[-1][0] + len(stack) > limit:
+                raise _too_deep(limit)
+    while len(stack) > 1:  # unclosed groups (a parse error, but bound them all the same)
+        ops, inner = stack.pop()
+        stack[-1][1] = max(stack[-1][1], 1 + ops + inner)
+    ops, inner = stack[0]
+    depth = ops + inner + 1
+    if depth > limit:
+        raise _too_deep(limit)
+    return depth
+
+
+def parse(text: str, max_depth: int = MAX_QUERY_DEPTH) -> Expr:
+    """Parse PromQL into FiloPy's AST; raise QueryError (bad_data / unsupported) otherwise.
+
+    A query nesting deeper than `max_depth` levels is refused (bad_data) before parsing."""
+    depth_bound(text, max_depth)
     try:
         raw = pp.parse(text)
     except Exception as e:  # the Rust parser raises ValueError; be robust to others

@@ -26,7 +26,15 @@ from filopy.client import DatasetUnknownError, FiloPyClient, Subscription
 from filopy.dataset import Dataset
 from filopy.hashing import check_spread
 from filopy.mapper import ShardMapper
-from filopy.shard_status import Active, CurrentShardSnapshot, ShardEvent
+from filopy.shard_status import (
+    Active,
+    CurrentShardSnapshot,
+    Degraded,
+    Recovery,
+    ShardEvent,
+    ShardMapState,
+    ShardStatus,
+)
 from filopy.store.api import LabelMatcher
 from query.engine import (
     MemorySource,
@@ -77,7 +85,10 @@ class QueryResult:
 
 
 class _MapWatch:
-    """A dataset's shard map kept current by a subscription, on a daemon thread."""
+    """A dataset's shard map kept current by a subscription, on a daemon thread.
+
+    Queries read the map's immutable snapshot (`ShardMapState`, rebuilt at most once per change
+    and shared), never a copy of the mapper: O(1) per query even for 65536 shards."""
 
     def __init__(self, client: FiloPyClient, name: str) -> None:
         self._sub: Subscription = client.subscribe(name)
@@ -107,9 +118,9 @@ class _MapWatch:
             log.info("shard map subscription ended (%s); the next query re-subscribes", e)
         self.closed = True
 
-    def mapper(self) -> ShardMapper:
+    def state(self) -> ShardMapState:
         with self._lock:
-            return self._mapper.copy()
+            return self._mapper.snapshot()
 
     def close(self) -> None:
         """Stop following (within one poll) and unsubscribe; call before Ray shuts down."""
@@ -153,14 +164,15 @@ class QueryService:
                 raise DatasetUnknownError(name)
         return ds
 
-    def mapper(self, name: str) -> ShardMapper:
+    def shard_map(self, name: str) -> ShardMapState:
+        """The dataset's current shard map (an immutable snapshot, shared: do not copy it)."""
         with self._lock:
             watch = self._maps.get(name)
             if watch is None or watch.closed:
                 if watch is not None:  # the dataset may have been removed and re-created
                     self._datasets.pop(name, None)
                 watch = self._maps[name] = _MapWatch(self._client, name)
-        return watch.mapper()
+        return watch.state()
 
     def _node(self, node: str) -> Any:
         handle = self._nodes.get(node)
@@ -228,7 +240,7 @@ class QueryService:
     ) -> QueryResult:
         """Label sets of the series matching any of the selectors (`/api/v1/series`)."""
         ds = self.dataset(dataset)
-        run = _Run(self, ds, self.mapper(dataset), None, partial, DEFAULT_LOOKBACK_MS)
+        run = _Run(self, ds, self.shard_map(dataset), None, partial, DEFAULT_LOOKBACK_MS)
         _, shards = route(ds, selectors_, None)
         request = NodeQuery(
             "series", matchers=tuple(tuple(m) for m in selectors_), start_ms=start_ms, end_ms=end_ms
@@ -246,12 +258,12 @@ class QueryService:
         ds = self.dataset(dataset)
         self._check_spread(ds, spread)
         expr = parse(query)
-        mapper = self.mapper(dataset)
+        shard_map = self.shard_map(dataset)
         sels = selectors(expr)
         routes, shards = route(ds, [s.matchers for s in sels], spread)
         nodes: dict[str, list[int]] = {}
         for s in shards:
-            owner = mapper.owner(s)
+            owner = shard_map.owner(s)
             nodes.setdefault(owner or "(none)", []).append(s)
         return {
             "query": query,
@@ -261,7 +273,7 @@ class QueryService:
                 for sel, r in zip(sels, routes, strict=True)
             ],
             "shards": list(shards),
-            "shardStatus": {str(s): str(mapper.status(s)) for s in shards},
+            "shardStatus": {str(s): str(shard_map.status(s)) for s in shards},
             "nodes": nodes,
             "remote": [{"kind": kind, "expr": text} for kind, text in _remote_parts(expr)],
         }
@@ -278,7 +290,7 @@ class QueryService:
         ds = self.dataset(dataset)
         self._check_spread(ds, spread)
         expr = parse(query)
-        run = _Run(self, ds, self.mapper(dataset), spread, partial, lookback_ms)
+        run = _Run(self, ds, self.shard_map(dataset), spread, partial, lookback_ms)
         value = evaluate(expr, run, times, lookback_ms)
         return run.result(value)
 
@@ -290,12 +302,12 @@ class _Run:
         self,
         svc: QueryService,
         dataset: Dataset,
-        mapper: ShardMapper,
+        shard_map: ShardMapState,
         spread: int | None,
         partial: bool,
         lookback_ms: int,
     ) -> None:
-        self.svc, self.dataset, self.mapper = svc, dataset, mapper
+        self.svc, self.dataset, self.shard_map = svc, dataset, shard_map
         self.spread, self.partial, self.lookback_ms = spread, partial, lookback_ms
         self.warnings: list[str] = []
         self.shards: set[int] = set()
@@ -336,13 +348,18 @@ class _Run:
         return merge_partials(parts)
 
     def fan_out(self, shards: Sequence[int], request: NodeQuery) -> list[NodeAnswer]:
-        """Send the request to the owners of `shards`, in parallel; unavailable shards fail
-        the query, or are left out with a warning when partial results are allowed."""
+        """Send the request to the owners of `shards`, in parallel.
+
+        A shard is served when the map has its owner ingesting it: Active, and also Assigned,
+        Recovery or Degraded, whose node answers from what it holds (memstore and ColumnStore)
+        while it catches up, with a warning naming those shards. Other shards (no owner,
+        Stopped, Error, Down) fail the query, or are left out with a warning when partial
+        results are allowed."""
         by_node: dict[str, list[int]] = {}
         down: dict[int, str] = {}
         for s in shards:
-            owner, status = self.mapper.owner(s), self.mapper.status(s)
-            if owner is None or not isinstance(status, Active):
+            owner, status = self.shard_map.owner(s), self.shard_map.status(s)
+            if owner is None or not status.ingesting:
                 down[s] = str(status)
             else:
                 by_node.setdefault(owner, []).append(s)
@@ -356,29 +373,85 @@ class _Run:
             calls[node] = handle.query.remote(self.dataset.ref, node_shards, request)
         answers: list[NodeAnswer] = []
         for node, call in calls.items():
-            try:
-                answer = ray.get(call, timeout=self.svc._timeout_s)
-            except ShardsNotHere as e:  # our map was stale: those shards just moved
-                moved = getattr(e, "cause", e).shards or by_node[node]
-                down.update({s: f"moved from {node}" for s in moved})
-                continue
-            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
-                down.update({s: f"node {node} failed: {type(e).__name__}" for s in by_node[node]})
-                self.svc._nodes.pop(node, None)
+            answer, served = self._answer(node, call, by_node[node], request, down)
+            if answer is None:
                 continue
             answers.append(answer)
-            self.nodes.setdefault(node, set()).update(by_node[node])
-            self.shards.update(by_node[node])
+            self.nodes.setdefault(node, set()).update(served)
+            self.shards.update(served)
             self.series += answer.series
             self.samples += answer.samples
+            self._warn_catching_up(served)
         if down:
             if not self.partial:
                 raise ShardsUnavailable(self.dataset.name, down)
             listed = ", ".join(f"{s} ({st})" for s, st in sorted(down.items()))
-            warning = f"partial result: shards {listed} of {self.dataset.name!r} were not queried"
-            if warning not in self.warnings:
-                self.warnings.append(warning)
+            self._warn(f"partial result: shards {listed} of {self.dataset.name!r} were not queried")
         return answers
+
+    def _answer(
+        self,
+        node: str,
+        call: Any,
+        node_shards: list[int],
+        request: NodeQuery,
+        down: dict[int, str],
+    ) -> tuple[NodeAnswer | None, list[int]]:
+        """A node's answer and the shards it covers; failures go to `down`. A node that no
+        longer runs some of the shards (our map was stale) is asked again for the others."""
+        try:
+            return ray.get(call, timeout=self.svc._timeout_s), node_shards
+        except ShardsNotHere as e:
+            missing = set(getattr(e, "cause", e).shards or node_shards)
+            for s in missing & set(node_shards):
+                status = self.shard_map.status(s)
+                down[s] = (
+                    f"moved from {node}"
+                    if isinstance(status, Active)
+                    else f"{status}, not running on {node} yet"
+                )
+            rest = [s for s in node_shards if s not in missing]
+            if not rest:
+                return None, []
+            try:
+                call = self.svc._node(node).query.remote(self.dataset.ref, rest, request)
+            except ValueError:
+                down.update({s: f"node {node} is gone" for s in rest})
+                return None, []
+            return self._answer(node, call, rest, request, down)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
+            down.update({s: f"node {node} failed: {type(e).__name__}" for s in node_shards})
+            self.svc._nodes.pop(node, None)
+            return None, []
+
+    def _warn(self, warning: str) -> None:
+        if warning not in self.warnings:
+            self.warnings.append(warning)
+
+    def _warn_catching_up(self, served: Sequence[int]) -> None:
+        """One warning per reason for the served shards that are not Active yet."""
+        by_reason: dict[str, list[int]] = {}
+        for s in served:
+            status = self.shard_map.status(s)
+            if not isinstance(status, Active):
+                by_reason.setdefault(_catching_up(status), []).append(s)
+        for reason, group in by_reason.items():
+            listed = ", ".join(str(s) for s in sorted(group))
+            self._warn(
+                f"{'shard' if len(group) == 1 else 'shards'} {listed} of dataset "
+                f"{self.dataset.name!r} {'is' if len(group) == 1 else 'are'} {reason}; "
+                "results may miss recent samples"
+            )
+
+
+def _catching_up(status: ShardStatus) -> str:
+    """Why a served shard may lack recent samples, for the query's warning."""
+    match status:
+        case Recovery():
+            return "recovering (replaying the Kafka backlog)"
+        case Degraded(message=message):
+            return f"degraded ({message})" if message else "degraded"
+    return f"{str(status).lower()} (starting ingestion)"
 
 
 def str_matchers(matchers: Sequence[LabelMatcher]) -> str:

@@ -296,16 +296,16 @@ def test_unavailable_shards_fail_the_query_or_give_a_partial_result(
     query = 'count(up{_ws_="demo", _ns_="api"})'
     plan = service.explain(NAME, query)
     stopped = plan["shards"][0]
-    owner = service.mapper(NAME).owner(stopped)
+    owner = service.shard_map(NAME).owner(stopped)
     assert owner is not None
     rest.client.stop_shards(NAME, [stopped])
     try:
         rest.wait_for("the shard stopped", lambda: not rest.all_active(NAME))
         rest.wait_for(
             "the query service saw it",
-            lambda: str(service.mapper(NAME).status(stopped)) != "Active",
+            lambda: str(service.shard_map(NAME).status(stopped)) != "Active",
         )
-        status = str(service.mapper(NAME).status(stopped))
+        status = str(service.shard_map(NAME).status(stopped))
         with pytest.raises(ShardsUnavailable, match=re.escape(f"{stopped} ({status})")):
             service.instant(NAME, query, INSTANTS[1], lookback_ms=LOOKBACK)
         part = service.instant(NAME, query, INSTANTS[1], lookback_ms=LOOKBACK, partial=True)
