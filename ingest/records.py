@@ -86,6 +86,10 @@ def _clip(text: str) -> str:
     return text if len(text) <= _BAD_EXAMPLE_CHARS else text[:_BAD_EXAMPLE_CHARS] + "..."
 
 
+def _short(text: str, n: int = 40) -> str:
+    return text if len(text) <= n else text[:n] + "..."
+
+
 def _utf8_len(s: str) -> int:
     return len(s) if s.isascii() else len(s.encode("utf-8", "surrogatepass"))
 
@@ -117,23 +121,24 @@ def series_problem(
             f"{len(labels)} labels, over limits.max_labels_per_series = "
             f"{limits.max_labels_per_series}"
         )
-    bound = 2
-    for k, v in labels.items():
-        kb, vb = _utf8_len(k), _utf8_len(v)
+    sizes = [(k, v, _utf8_len(k), _utf8_len(v)) for k, v in labels.items()]
+    # Reasons in `SERIES_REASONS` order, as the binary decoder's vectorised checks give them.
+    for _, v, kb, vb in sizes:
         if kb == 0 and vb:
-            return BadRecord.EMPTY_LABEL_NAME, f"the value {_clip(v)!r} has an empty label name"
+            return BadRecord.EMPTY_LABEL_NAME, f"the value {_short(v)!r} has an empty label name"
+    for k, _, kb, _ in sizes:
         if kb > limits.max_label_name_bytes:
             return BadRecord.LABEL_NAME_TOO_LONG, (
-                f"label name {_clip(k)!r} is {kb} bytes, over limits.max_label_name_bytes = "
+                f"label name {_short(k)!r} is {kb} bytes, over limits.max_label_name_bytes = "
                 f"{limits.max_label_name_bytes}"
             )
+    for k, _, _, vb in sizes:
         if vb > limits.max_label_value_bytes:
             return BadRecord.LABEL_TOO_LONG, (
-                f"label {_clip(k)!r} has a value of {vb} bytes, over "
+                f"label {_short(k)!r} has a value of {vb} bytes, over "
                 f"limits.max_label_value_bytes = {limits.max_label_value_bytes}"
             )
-        if vb:
-            bound += _JSON_GROWTH * (kb + vb) + _JSON_PER_LABEL
+    bound = 2 + sum(_JSON_GROWTH * (kb + vb) + _JSON_PER_LABEL for _, _, kb, vb in sizes if vb)
     if bound > limits.max_series_key_bytes:
         size = len(encode_part_key(labels).encode("utf-8", "surrogatepass"))
         if size > limits.max_series_key_bytes:
@@ -147,9 +152,9 @@ def series_problem(
 def _problem_text(labels: Mapping[str, str], metric_column: str, limits: LabelLimits) -> str:
     problem = series_problem(labels, metric_column, limits)
     reason, why = problem if problem else (BadRecord.UNDECODABLE, "?")
-    shown = {_clip(k): _clip(v) for k, v in islice(labels.items(), 8)}
-    more = f" (+{len(labels) - 8} more labels)" if len(labels) > 8 else ""
-    return _clip(f"{reason.value}: {why}; series {shown}{more}")
+    shown = {_short(k): _short(v) for k, v in islice(labels.items(), 6)}
+    more = f" (+{len(labels) - 6} more labels)" if len(labels) > 6 else ""
+    return f"{reason.value}: {why}; series " + _clip(f"{shown}{more}")
 
 
 def _series_codes(
@@ -549,8 +554,13 @@ class _InfluxBuilder:
             self.vals.append(x)
 
 
+_FAST_KEY_CHARS = 65535 // 4  # the parser refuses keys over 65535 bytes: it decides long ones
+
+
 def _fast_entry(b: _InfluxBuilder, key: str) -> _Entry:
     """Parse `measurement,k=v,...` without escapes, validated like the parser."""
+    if len(key) > _FAST_KEY_CHARS:
+        raise _Fallback
     measurement, *tag_items = key.split(",")
     if not measurement or "=" in measurement or measurement[0] == "#":
         raise _Fallback

@@ -101,6 +101,24 @@ TABLES = (
 )
 
 
+def _max_part_key_bytes(name: str) -> int:
+    """Cassandra keys hold at most 65535 bytes; the chunks' key (dataset, shard, part_key) frames
+    each component in 3 bytes. Datasets' label limits keep series keys well below this."""
+    return 0xFFFF - 3 * 3 - len(name.encode("utf-8")) - 4
+
+
+def _check_part_keys(name: str, keys: Iterable[str]) -> None:
+    """A clear error for a key Cassandra cannot hold (the driver would raise struct.error)."""
+    limit = _max_part_key_bytes(name)
+    for key in keys:
+        if len(key) * 4 > limit and len(key.encode("utf-8")) > limit:
+            raise ValueError(
+                f"part key of {len(key.encode('utf-8'))} bytes exceeds the {limit} bytes "
+                f"Cassandra can key for dataset {name!r} (limits.max_series_key_bytes): "
+                f"{key[:100]}..."
+            )
+
+
 def _cql_map(m: Mapping[str, str]) -> str:
     def q(s: str) -> str:
         return "'" + str(s).replace("'", "''") + "'"
@@ -422,6 +440,7 @@ class CassandraColumnStore(_UsesConnection, ColumnStore):
         yield batch, None
 
     def _write_part_keys(self, name: str, shard: int, records: list[PartKeyRecord]) -> None:
+        _check_part_keys(name, (r.part_key for r in records))
         rows = [(name, shard, r.part_key, r.start_time, r.end_time) for r in records]
         sizes = [len(r.part_key) + 32 for r in records]
         self._conn.execute_many(
@@ -437,6 +456,7 @@ class CassandraColumnStore(_UsesConnection, ColumnStore):
         by_key: dict[str, list[ChunkRecord]] = {}
         for c in chunks:
             by_key.setdefault(c.part_key, []).append(c)
+        _check_part_keys(name, by_key)
 
         def statements() -> Iterator[tuple[Statement | PreparedStatement, Sequence[Any] | None]]:
             for key, cs in by_key.items():
@@ -451,6 +471,8 @@ class CassandraColumnStore(_UsesConnection, ColumnStore):
     def _read_chunks(
         self, name: str, shard: int, part_keys: list[str], lo: int, start: int, end: int
     ) -> dict[str, list[ChunkRecord]]:
+        limit = _max_part_key_bytes(name)  # a longer key cannot have been stored: no chunks
+        part_keys = [k for k in part_keys if len(k) <= limit // 4 or len(k.encode()) <= limit]
         results = self._conn.execute_many(
             ((self._select_chunks, (name, shard, k, lo, end, start)) for k in part_keys),
             self.read_concurrency,
