@@ -73,8 +73,9 @@ def test_stop_then_start_a_shard_elsewhere(rest, dataset: str) -> None:
     stopped = post(rest, dataset, "stopshards", {"shardList": [0]})
     assert stopped.status_code == 200, stopped.text
     assert stopped.json() == {"status": "success", "data": {"shardList": [0]}}
-    assert status(rest, dataset)[0] == {"shard": 0, "status": "Down", "address": ""}
-    assert by_address(rest, dataset)[""] == [{"shard": 0, "status": "Down"}]
+    # Stopped and unowned, and it stays so until started (no reassignment takes it).
+    assert status(rest, dataset)[0] == {"shard": 0, "status": "Stopped", "address": ""}
+    assert by_address(rest, dataset)[""] == [{"shard": 0, "status": "Stopped"}]
 
     # The other node holds 2 of max 2 shards: no room until the owner's count drops too.
     full = post(rest, dataset, "startshards", {"address": other, "shardList": [0]})
@@ -216,6 +217,16 @@ def test_events_stream_a_snapshot_then_every_shard_event(rest, dataset: str) -> 
             "event": "ShardDown",
             "address": owner,
             "status": "Down",
+        }
+        # Then Stopped without an owner: it stays so until an operator starts it.
+        event, stopped = stream.next()
+        assert event == "shard_event"
+        assert stopped == {
+            "dataset": dataset,
+            "shard": 1,
+            "event": "IngestionStopped",
+            "address": "",
+            "status": "Stopped",
         }
         assert (
             post(rest, dataset, "startshards", {"address": owner, "shardList": [1]}).status_code

@@ -48,7 +48,8 @@ def test_health_follows_the_shards(rest, name: str) -> None:
     owner = status(rest, name)[2]["address"]
     assert post(rest, name, "stopshards", {"shardList": [2, 3, 5]}).status_code == 200
     message = error_of(rest.http.get("/__health"), 503, "unavailable")
-    assert message == f"unhealthy shards: dataset {name!r}: Down: 2-3, 5"
+    # Stopped by an operator: unowned and not ingesting until started again, so unhealthy.
+    assert message == f"unhealthy shards: dataset {name!r}: Stopped: 2-3, 5"
 
     assert post(rest, name, "startshards", {"address": owner, "shardList": [2]}).status_code == 200
     post(rest, name, "startshards", {"address": owner, "shardList": [3, 5]})
@@ -92,9 +93,9 @@ def test_metrics_parse_and_count_shards(rest, name: str) -> None:
     assert m["filopy_ingested_samples"] == []
 
     post(rest, name, "stopshards", {"shardList": [0]})
-    down = metrics(rest)["filopy_shards"]
-    assert value(down, "filopy_shards", dataset=name, status="Down") == 1
-    assert value(down, "filopy_shards", dataset=name, status="Active") == 3
+    stopped = metrics(rest)["filopy_shards"]
+    assert value(stopped, "filopy_shards", dataset=name, status="Stopped") == 1
+    assert value(stopped, "filopy_shards", dataset=name, status="Active") == 3
     rest.http.delete(f"/api/v1/datasets/{name}")
     gone = metrics(rest)
     assert not [s for s in gone["filopy_shards"] if s.labels["dataset"] == name]
