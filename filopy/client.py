@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import threading
 import time
 import uuid
 from collections import deque
@@ -124,6 +125,7 @@ class FiloPyClient:
         self._query_service: Any = None
         self.timeout_s = settings.cluster.ping_timeout_s * 15
         self._sink: ActorHandle | None = None
+        self._create_lock = threading.Lock()
         self._sink_name = f"filopy-sink-{uuid.uuid4().hex}"
 
     def _event_sink(self) -> tuple[str, ActorHandle]:
@@ -131,22 +133,26 @@ class FiloPyClient:
 
         It lives on this process's own node and is owned by this process: it shares the
         subscriber's fate, neither dying with another node nor outliving the subscriber.
+        Subscriptions opened from several threads at once (the REST app's SSE streams) get the
+        same actor: a process-local lock, and get-or-create by name behind it.
         """
-        if self._sink is None:
-            here = NodeAffinitySchedulingStrategy(
-                ray.get_runtime_context().get_node_id(), soft=False
-            )
-            self._sink = (
-                ray.remote(ShardEventSink)
-                .options(
-                    name=self._sink_name,
-                    namespace=self._settings.ray.namespace,
-                    num_cpus=0,
-                    scheduling_strategy=here,
+        with self._create_lock:
+            if self._sink is None:
+                here = NodeAffinitySchedulingStrategy(
+                    ray.get_runtime_context().get_node_id(), soft=False
                 )
-                .remote()
-            )
-        return self._sink_name, self._sink
+                self._sink = (
+                    ray.remote(ShardEventSink)
+                    .options(
+                        name=self._sink_name,
+                        namespace=self._settings.ray.namespace,
+                        get_if_exists=True,
+                        num_cpus=0,
+                        scheduling_strategy=here,
+                    )
+                    .remote()
+                )
+            return self._sink_name, self._sink
 
     @property
     def settings(self) -> Settings:
@@ -237,11 +243,12 @@ class FiloPyClient:
         """The `query.service.QueryService` of this client (created on first use): PromQL
         instant/range queries, series, explain. It follows each queried dataset's shard map
         through a subscription, so queries cost no call to the singleton."""
-        if self._query_service is None:
-            from query.service import QueryService  # the query layer builds on this module
+        with self._create_lock:  # REST requests ask from several threads: one service
+            if self._query_service is None:
+                from query.service import QueryService  # the query layer builds on this module
 
-            self._query_service = QueryService(self, self.timeout_s)
-        return self._query_service
+                self._query_service = QueryService(self, self.timeout_s)
+            return self._query_service
 
     def query(self, dataset: str, promql: str, time_ms: int | None = None, **options: Any) -> Any:
         """An instant PromQL query at `time_ms` (default: now); see `QueryService.instant`."""
