@@ -140,6 +140,15 @@ def test_a_store_stall_past_its_timeout_degrades_shards_then_heals_without_help(
         health = http.get("/__health")
         assert health.status_code == 503, health.text
         assert "Degraded" in health.text and "store unavailable" in health.text
+        # Degraded shards still answer queries (memory + store), with a warning (item 10).
+        answer = http.get(
+            f"/promql/{ds.name}/api/v1/query",
+            params={"query": 'count(m{_ws_="w"})', "time": (T0 + 79_000) / 1000},
+        )
+        assert answer.status_code == 200, answer.text
+        body = answer.json()
+        assert body["data"]["result"][0]["value"][1] == str(SERIES)  # every series, in memory
+        assert any("degraded (store unavailable" in w for w in body["warnings"]), body
         time.sleep(8 * c.settings.store.sqlite_busy_timeout_s)
         totals = _totals(c, ds)
         assert totals["failures"] >= 2 * len(degraded), totals  # retried, each one counted
