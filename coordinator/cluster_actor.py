@@ -456,6 +456,7 @@ class NodeClusterActor:
 
 
 def _head_node_id() -> str | None:
+    """The Ray head node's id (the node holding Ray's `node:__internal_head__` marker)."""
     for n in ray.nodes():
         if n.get("Alive") and "node:__internal_head__" in n.get("Resources", {}):
             return str(n["NodeID"])
@@ -465,14 +466,17 @@ def _head_node_id() -> str | None:
 def start_cluster_actor(settings: Settings) -> ActorHandle:
     """Get or create the singleton (detached; Ray restarts it if its process or node dies).
 
-    It prefers the Ray head node: the cluster cannot outlive the head anyway, while any other
-    node may come and go, and every move of the singleton is a recovery.
+    It runs on the Ray head node: the cluster cannot outlive the head anyway, while any other
+    node may come and go, and every move of the singleton is a recovery (losing a worker that
+    hosted it costs a recovery on top of the node's own failover). The affinity is strict: Ray
+    2.60 placed a `soft=True` affinity on a worker even with the head free. A restart of the
+    process keeps the strategy, so it comes back on the head too.
     """
     head = _head_node_id()
     placement = (
         {}
         if head is None
-        else {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=head, soft=True)}
+        else {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=head, soft=False)}
     )
     return (
         ray.remote(NodeClusterActor)
