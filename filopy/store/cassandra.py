@@ -36,6 +36,7 @@ from cassandra import (
 )
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable
 from cassandra.concurrent import execute_concurrent
+from cassandra.connection import ConnectionException
 from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from cassandra.query import (
     BatchStatement,
@@ -141,6 +142,8 @@ def _translate(what: str) -> Iterator[None]:
         raise StoreTimeout(f"{what}: Cassandra request timed out: {e}") from e
     except Unavailable as e:
         raise StoreUnavailable(f"{what}: not enough Cassandra replicas alive: {e}") from e
+    except ConnectionException as e:  # a connection dropped mid-request (node stopping, network)
+        raise StoreUnavailable(f"{what}: Cassandra connection lost: {e}") from e
     except (RequestExecutionException, RequestValidationException, DriverException) as e:
         raise StoreError(f"{what}: {type(e).__name__}: {e}") from e
 

@@ -21,3 +21,15 @@ def test_errors_round_trip_with_their_fields_and_message() -> None:
         assert type(back) is type(err)
         assert str(back) == str(err)
         assert vars(back) == vars(err)
+
+
+def test_a_dropped_cassandra_connection_is_an_outage_not_a_failure() -> None:
+    """The flusher retries StoreUnavailable with backoff; any other StoreError stops the shard."""
+    import pytest
+    from cassandra.connection import ConnectionShutdown
+
+    from filopy.store import StoreUnavailable
+    from filopy.store.cassandra import _translate
+
+    with pytest.raises(StoreUnavailable, match="connection lost"), _translate("writing chunks"):
+        raise ConnectionShutdown("Connection to 127.0.0.1:9042 was closed")
