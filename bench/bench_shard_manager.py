@@ -1,11 +1,18 @@
-"""Time the shard manager's two heaviest calls at a realistic large size.
+"""Time the shard manager's heaviest calls at realistic large sizes.
 
-4096 shards over 256 nodes: ``add_dataset`` (members already joined, so it assigns every shard)
-and ``remove_member`` of one node (its shards go Down and are offered to the other 255). Each
-run builds a fresh manager; the best and median of several runs are reported, printed and
-written to bench/results/shard_manager.txt. Target: under 50 ms each.
+1. 4096 shards over 256 nodes: ``add_dataset`` (members already joined, so it assigns every
+   shard) and ``remove_member`` of one node (its shards go Down and are offered to the other
+   255). Each run builds a fresh manager; best and median of several runs. Target: under 50 ms.
+2. A big dataset becoming Active: 4096 and 65536 shards over 3 nodes, with a guardian watching:
+   ``add_dataset``, then every shard reports ``RecoveryInProgress`` then ``IngestionStarted``,
+   one report per call (as nodes sent them before batching) and, when the manager has it, in
+   batches of 256 per node (``update_from_external_shard_events``). Every message of every call
+   is pickled once, as the Ray actor would ship it. Wall time, and peak memory in a second run
+   under tracemalloc. Aim (issue 11 item 8): 65536 Active in under 30 s, under 500 MB.
 
-    .venv/bin/python bench/bench_shard_manager.py [--runs N]
+Results are printed and written to bench/results/shard_manager.txt.
+
+    .venv/bin/python bench/bench_shard_manager.py [--runs N] [--only-big] [--sizes 4096,65536]
 """
 
 from __future__ import annotations
@@ -17,13 +24,16 @@ import platform
 import statistics
 import sys
 import time
+import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the real packages, whatever the editable install resolves
 
 from coordinator import NodeShardMap, ShardManager  # noqa: E402
-from filopy import Dataset  # noqa: E402
+from coordinator.manager import Result  # noqa: E402
+from filopy import Dataset, IngestionStarted, RecoveryInProgress, ShardEvent  # noqa: E402
 
 NUM_SHARDS = 4096
 NUM_NODES = 256
@@ -66,6 +76,76 @@ def one_run(with_subscribers: bool) -> tuple[float, float, float, int, int, int]
     )
 
 
+BIG_NODES = 3
+BATCH = 256
+
+
+def become_active(num_shards: int, batched: bool) -> tuple[int, int, int]:
+    """add_dataset, then Recovery and Active reports for every shard; pickles every message.
+
+    Returns (messages, node maps, pickled bytes)."""
+    mgr = ShardManager()
+    nodes = [f"node-{i}" for i in range(BIG_NODES)]
+    for node in nodes:
+        mgr.add_member(node)
+    mgr.subscribe_all("guardian")
+    ds = Dataset(name="big", num_shards=num_shards, min_num_nodes=BIG_NODES)
+    totals = [0, 0, 0]
+
+    def ship(result: Result) -> None:
+        totals[0] += len(result.messages)
+        for m in result.messages:
+            totals[1] += isinstance(m, NodeShardMap)
+            totals[2] += len(pickle.dumps(m))
+
+    ship(mgr.add_dataset(ds))
+    mapper = mgr.mapper(ds.ref)
+    assert mapper is not None
+    by_node = {n: mapper.shards_for_node(n) for n in nodes}
+    del mapper
+    make: list[Callable[[str, int], ShardEvent]] = [
+        lambda n, s: RecoveryInProgress(ds.ref, s, n, 0),
+        lambda n, s: IngestionStarted(ds.ref, s, n),
+    ]
+    for build in make:
+        for node, shards in by_node.items():
+            if batched:
+                for i in range(0, len(shards), BATCH):
+                    events = [build(node, s) for s in shards[i : i + BATCH]]
+                    ship(mgr.update_from_external_shard_events(node, events))
+            else:
+                for s in shards:
+                    ship(mgr.update_from_external_shard_event(node, build(node, s)))
+    snap = mgr.snapshot(ds.ref)
+    assert all(str(st) == "Active" for st in snap.state.statuses)  # type: ignore[union-attr]
+    return totals[0], totals[1], totals[2]
+
+
+def big_dataset_lines(sizes: list[int]) -> list[str]:
+    lines = [
+        f"Big dataset becoming Active: add_dataset + Recovery + Active reports for every shard, "
+        f"{BIG_NODES} nodes, a guardian watching; every message pickled (time), then again under "
+        "tracemalloc (peak Python memory)",
+    ]
+    modes = [False, True] if hasattr(ShardManager, "update_from_external_shard_events") else [False]
+    for n in sizes:
+        for batched in modes:
+            t0 = time.perf_counter()
+            msgs, maps, nbytes = become_active(n, batched)
+            seconds = time.perf_counter() - t0
+            tracemalloc.start()
+            become_active(n, batched)
+            _, peak = tracemalloc.get_traced_memory()
+            tracemalloc.stop()
+            how = f"batches of {BATCH}" if batched else "one report per call"
+            lines.append(
+                f"  {n:6d} shards, {how:<20} {seconds:8.2f} s   peak {peak / 2**20:8.1f} MB   "
+                f"{msgs} messages ({maps} node maps), {nbytes / 2**20:.1f} MB pickled"
+            )
+            print(lines[-1], flush=True)
+    return lines
+
+
 def summarize(label: str, samples: list[float]) -> tuple[str, float]:
     best, median = min(samples), statistics.median(samples)
     verdict = "ok" if median < TARGET_MS else f"OVER {TARGET_MS:.0f} ms target"
@@ -75,7 +155,15 @@ def summarize(label: str, samples: list[float]) -> tuple[str, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--only-big", action="store_true", help="only the big-dataset part")
+    parser.add_argument("--sizes", default="4096,65536", help="shard counts of the big part")
+    parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args()
+    big = big_dataset_lines([int(x) for x in args.sizes.split(",")])
+    if args.only_big:
+        if not args.no_write:
+            RESULTS.write_text("\n".join(big) + "\n")
+        return 0
 
     lines = [
         f"ShardManager benchmark: {NUM_SHARDS} shards over {NUM_NODES} nodes, "
@@ -101,10 +189,12 @@ def main() -> int:
         )
         lines.append(f"  pickling every add_dataset message separately: median {pickle_ms:.2f} ms")
         lines.append("")
+    lines += big
     report = "\n".join(lines).rstrip() + "\n"
     print(report, end="")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(report)
+    if not args.no_write:
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        RESULTS.write_text(report)
     return 0 if all_ok else 1
 
 
