@@ -62,3 +62,12 @@ def ray_cluster() -> Iterator[object]:
         yield cluster
     finally:
         cluster.shutdown()
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects, so `make unit` never needs a service
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test by the services its fixtures start, whatever markers it declares."""
+    needs = {"kafka_bootstrap": "kafka", "cassandra_address": "cassandra", "ray_cluster": "ray"}
+    for item in items:
+        for fixture in set(getattr(item, "fixturenames", ())) & needs.keys():
+            item.add_marker(needs[fixture])
