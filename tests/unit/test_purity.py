@@ -15,6 +15,8 @@ PURE = [
     "coordinator.manager",
     "coordinator.strategy",
     "coordinator.failure_detector",
+    "coordinator.membership",
+    "coordinator.inbox",
     "coordinator.guardian",
     "query.promql",
     "query.engine",
