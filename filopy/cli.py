@@ -76,7 +76,9 @@ def demo(
 @_clean_errors
 def up(
     nodes: Annotated[int, typer.Option(min=1, help="FiloPy nodes to start.")] = 3,
-    port: Annotated[int, typer.Option(help="REST API port on 127.0.0.1.")] = 8080,
+    port: Annotated[
+        int, typer.Option(envvar="FILOPY_REST_PORT", help="REST API port on 127.0.0.1.")
+    ] = 8080,
 ) -> None:
     """Start a local cluster in the background: Ray head + FiloPy nodes on 127.0.0.1, the
     singleton, the REST API, and Kafka (and Cassandra if configured) via scripts/services.sh."""
@@ -110,23 +112,20 @@ def down() -> None:
 def serve(
     address: RayAddress = "auto",
     host: Annotated[str, typer.Option(help="Interface the REST API listens on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="REST API port.")] = 8080,
+    port: Annotated[int, typer.Option(envvar="FILOPY_REST_PORT", help="REST API port.")] = 8080,
 ) -> None:
     """Run the cluster singleton on a Ray cluster (if not running yet) and serve the REST API."""
+    import ray
     import uvicorn
 
-    from filopy import ray_env
-
-    # isort: split
-    import ray
-
     from coordinator.cluster_actor import start_cluster_actor
+    from filopy import ray_env
     from filopy.client import FiloPyClient, resolve_address
     from filopy.config import load_settings
     from filopy.rest import create_app
 
     settings = load_settings()
-    ray_env.check_loopback()
+    ray_env.bind_loopback()  # Ray is imported by now: binding at connect time is what counts
     ray.init(
         address=resolve_address(address), namespace=settings.ray.namespace, logging_level="WARNING"
     )
@@ -162,17 +161,30 @@ def status(
 @_clean_errors
 def watch(
     dataset: Annotated[str, typer.Argument(help="Dataset name.")],
+    seconds: Annotated[
+        float | None,
+        typer.Option("--for", min=0, help="Stop after this many seconds; default: until Ctrl-C."),
+    ] = None,
     address: RayAddress = "auto",
 ) -> None:
     """Print the current snapshot, then every shard event as it happens (Ctrl-C to stop)."""
+    import time
+
+    from filopy.mapper import ShardMapper
     from filopy.shard_status import CurrentShardSnapshot
+    from filopy.views import shard_grid
 
+    deadline = None if seconds is None else time.monotonic() + seconds
     with _client(address).subscribe(dataset) as updates:
-        for update in updates:
+        while deadline is None or time.monotonic() < deadline:
+            left = updates.POLL_S if deadline is None else deadline - time.monotonic()
+            try:
+                update = updates.next(max(0.0, min(left, updates.POLL_S)))
+            except TimeoutError:
+                continue
+            except StopIteration:  # the dataset was removed
+                break
             if isinstance(update, CurrentShardSnapshot):
-                from filopy.mapper import ShardMapper
-                from filopy.views import shard_grid
-
                 console.print(shard_grid(ShardMapper.from_state(update.state), dataset))
             else:
                 console.print(f"shard {update.shard:>4}  {type(update).__name__}  {update.node}")

@@ -102,7 +102,7 @@ def connect(
     """Connect to the FiloPy cluster on the Ray cluster at `address` (a no-op join if already)."""
     settings = settings or load_settings()
     if not ray.is_initialized():
-        ray_env.check_loopback()
+        ray_env.bind_loopback()
         ray.init(
             address=resolve_address(address),
             namespace=settings.ray.namespace,

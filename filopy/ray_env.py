@@ -1,9 +1,16 @@
-"""Ray on loopback, for a cluster that lives on one machine. Import before `import ray`.
+"""Ray on loopback, for a cluster that lives on one machine.
 
 Ray rewrites a loopback address given to `ray.init()` into the host's "reachable" address
 (`ray._private.services.resolve_ip_for_localhost`), so a driver of a cluster bound to 127.0.0.1
 would dial the host's IP and hang. With Ray's cluster switch off, Ray resolves its own address to
-loopback. The switch is read when Ray is imported, hence this module's place before it.
+loopback.
+
+`bind_loopback()` turns the switch off, whatever was imported before: every place FiloPy starts
+or joins a Ray cluster (`filopy.connect`, `filopy serve`, `filopy.testing.LocalRayCluster`) calls
+it right before, so no import order can get it wrong. Ray reads the switch into a module constant
+when it is imported and looks the constant up each time it resolves an address, so the function
+sets both the constant (for this process) and the environment variable (for the Ray processes
+this one starts afterwards).
 
 A cluster spread over several machines must not bind to loopback: set FILOPY_RAY_LOOPBACK=0.
 """
@@ -14,19 +21,25 @@ import os
 import sys
 
 RAY_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
-LOOPBACK = os.environ.get("FILOPY_RAY_LOOPBACK", "1") != "0"
+LOOPBACK_VAR = "FILOPY_RAY_LOOPBACK"
 
-if LOOPBACK and "ray" not in sys.modules:
+
+def loopback() -> bool:
+    """Whether FiloPy binds Ray to 127.0.0.1 (the default; FILOPY_RAY_LOOPBACK=0 turns it off)."""
+    return os.environ.get(LOOPBACK_VAR, "1") != "0"
+
+
+def bind_loopback() -> None:
+    """Make Ray resolve this machine's address to 127.0.0.1 from now on. Call before
+    `ray.init()` or starting Ray nodes; a no-op with FILOPY_RAY_LOOPBACK=0."""
+    if not loopback():
+        return
+    os.environ[RAY_SWITCH] = "0"  # Ray processes started from here on (raylets, workers)
+    constants = sys.modules.get("ray._private.ray_constants")
+    if constants is not None:  # Ray already imported: its constant was read then
+        constants.ENABLE_RAY_CLUSTER = False  # type: ignore[attr-defined]
+
+
+# Importing this module early still helps code that calls `ray.init()` itself.
+if loopback() and "ray" not in sys.modules:
     os.environ.setdefault(RAY_SWITCH, "0")
-
-
-def check_loopback() -> None:
-    """Fail clearly if Ray was imported too early to be bound to loopback."""
-    from ray._private import ray_constants
-
-    if LOOPBACK and ray_constants.ENABLE_RAY_CLUSTER:
-        raise RuntimeError(
-            f"Ray was imported before filopy.ray_env without {RAY_SWITCH}=0 in the environment, "
-            "so it would dial the host's address instead of 127.0.0.1; import filopy.ray_env "
-            "first, set the variable, or set FILOPY_RAY_LOOPBACK=0 for a multi-machine cluster"
-        )

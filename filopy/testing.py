@@ -37,7 +37,7 @@ class LocalRayCluster:
         namespace: str | None = None,
         system_config: dict[str, Any] | None = None,
     ) -> None:
-        ray_env.check_loopback()
+        ray_env.bind_loopback()
         self._cluster = Cluster(
             initialize_head=True,
             head_node_args={
