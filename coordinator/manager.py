@@ -23,8 +23,33 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from enum import StrEnum
 
+from coordinator.messages import (
+    DatasetExists,
+    DatasetRemoved,
+    DatasetUnknown,
+    DatasetVerified,
+    EventApplied,
+    EventIgnored,
+    EventsApplied,
+    MemberAdded,
+    MemberRemoved,
+    Message,
+    NodeShardMap,
+    RejectReason,
+    Reply,
+    Result,
+    ShardRequestRejected,
+    ShardsRecovered,
+    ShardsStarted,
+    ShardsStopped,
+    StaleNodesRemoved,
+    Subscribed,
+    SubscriberMessage,
+    SubscriberPayload,
+    SubscriptionsChanged,
+    Unsubscribed,
+)
 from coordinator.strategy import DefaultShardAssignmentStrategy, ShardAssignmentStrategy
 from filopy.dataset import Dataset, DatasetRef
 from filopy.mapper import ShardMapper
@@ -74,217 +99,6 @@ __all__ = [
 
 Clock = Callable[[], float]
 DEFAULT_REASSIGNMENT_MIN_INTERVAL = 2 * 60 * 60.0  # seconds
-
-
-# ----- replies ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class DatasetVerified:
-    """The dataset was added and its shards assigned to the current members."""
-
-    ref: DatasetRef
-
-
-@dataclass(frozen=True, slots=True)
-class DatasetExists:
-    ref: DatasetRef
-
-
-@dataclass(frozen=True, slots=True)
-class DatasetUnknown:
-    ref: DatasetRef
-
-
-@dataclass(frozen=True, slots=True)
-class DatasetRemoved:
-    """Reply to ``remove_dataset``, and the last message its subscribers get."""
-
-    ref: DatasetRef
-
-
-@dataclass(frozen=True, slots=True)
-class Subscribed:
-    ref: DatasetRef | None  # None: subscribed to everything (``subscribe_all``)
-
-
-@dataclass(frozen=True, slots=True)
-class Unsubscribed:
-    subscriber: str
-
-
-@dataclass(frozen=True, slots=True)
-class MemberAdded:
-    node: str
-    assignments: tuple[tuple[DatasetRef, tuple[int, ...]], ...]
-
-
-@dataclass(frozen=True, slots=True)
-class MemberRemoved:
-    node: str
-    freed: tuple[tuple[DatasetRef, tuple[int, ...]], ...]
-
-
-@dataclass(frozen=True, slots=True)
-class StaleNodesRemoved:
-    nodes: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class ShardsStarted:
-    ref: DatasetRef
-    node: str
-    shards: tuple[int, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class ShardsStopped:
-    ref: DatasetRef
-    shards: tuple[int, ...]
-
-
-class RejectReason(StrEnum):
-    UNKNOWN_NODE = "unknown_node"
-    INVALID_SHARDS = "invalid_shards"
-    SAME_NODE = "same_node"
-    OWNED_BY_OTHER = "owned_by_other"
-    CAPACITY_EXCEEDED = "capacity_exceeded"
-    NOT_ASSIGNED = "not_assigned"
-
-
-@dataclass(frozen=True, slots=True)
-class ShardRequestRejected:
-    """A start/stop request failed validation; nothing changed."""
-
-    ref: DatasetRef
-    reason: RejectReason
-    message: str
-
-
-@dataclass(frozen=True, slots=True)
-class EventApplied:
-    event: ShardEvent
-
-
-@dataclass(frozen=True, slots=True)
-class EventIgnored:
-    event: ShardEvent
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class EventsApplied:
-    """Reply to ``update_from_external_shard_events``: how many applied, and the rest."""
-
-    applied: int
-    ignored: tuple[EventIgnored, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class ShardsRecovered:
-    ref: DatasetRef
-    installed: bool  # False: the manager already had a newer map
-    version: int
-
-
-Reply = (
-    DatasetVerified
-    | DatasetExists
-    | DatasetUnknown
-    | DatasetRemoved
-    | Subscribed
-    | Unsubscribed
-    | MemberAdded
-    | MemberRemoved
-    | StaleNodesRemoved
-    | ShardsStarted
-    | ShardsStopped
-    | ShardRequestRejected
-    | EventApplied
-    | EventIgnored
-    | EventsApplied
-    | ShardsRecovered
-)
-
-
-# ----- messages ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class SubscriptionsChanged:
-    """All subscriptions, for guardians to keep so a new singleton can recover them."""
-
-    by_dataset: tuple[tuple[DatasetRef, tuple[str, ...]], ...]
-    watchers: tuple[str, ...]
-
-    def subscribers(self, ref: DatasetRef) -> tuple[str, ...]:
-        for r, subs in self.by_dataset:
-            if r == ref:
-                return subs
-        return ()
-
-
-SubscriberPayload = (
-    CurrentShardSnapshot | ShardEvent | DatasetUnknown | DatasetRemoved | SubscriptionsChanged
-)
-
-
-@dataclass(frozen=True, slots=True)
-class SubscriberMessage:
-    """``payload`` for ``subscriber``; ``version`` is the dataset's map version after it."""
-
-    subscriber: str
-    payload: SubscriberPayload
-    version: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class NodeShardMap:
-    """The full shard map of one dataset for one node: run exactly your ingesting shards.
-
-    ``removed`` means the dataset is gone: stop everything for it and forget its version.
-    """
-
-    node: str
-    ref: DatasetRef
-    dataset: Dataset
-    state: ShardMapState
-    removed: bool = False
-
-    @property
-    def version(self) -> int:
-        return self.state.version
-
-    def shards(self) -> list[int]:
-        return [] if self.removed else self.state.shards_for_node(self.node)
-
-    def ingesting_shards(self) -> list[int]:
-        return [] if self.removed else self.state.ingesting_shards(self.node)
-
-
-Message = NodeShardMap | SubscriberMessage
-
-
-@dataclass(frozen=True, slots=True)
-class Result:
-    """What a manager call produced: messages to deliver, and a reply for the caller."""
-
-    messages: tuple[Message, ...] = ()
-    reply: Reply | None = None
-
-    def node_maps(self, node: str | None = None) -> list[NodeShardMap]:
-        return [
-            m
-            for m in self.messages
-            if isinstance(m, NodeShardMap) and (node is None or m.node == node)
-        ]
-
-    def payloads_for(self, subscriber: str) -> list[SubscriberPayload]:
-        return [
-            m.payload
-            for m in self.messages
-            if isinstance(m, SubscriberMessage) and m.subscriber == subscriber
-        ]
 
 
 @dataclass(slots=True)
@@ -445,7 +259,12 @@ class ShardManager:
         ref = dataset.ref
         if ref in self._datasets:
             return Result(reply=DatasetExists(ref))
-        self._install(dataset, ShardMapper(dataset.num_shards, self._retired_versions.pop(ref, 0)))
+        # The first version is the creation time in microseconds (and past any version this
+        # manager gave the name before): a re-created dataset's maps are newer than every map of
+        # its predecessor, even one a node kept because it missed the removal while out of the
+        # cluster and a singleton restart since forgot the old version.
+        first = max(self._retired_versions.pop(ref, 0), int(self._clock() * 1_000_000))
+        self._install(dataset, ShardMapper(dataset.num_shards, first))
         pending = self._begin(ref)
         pending.snapshot_to_subscribers = True
         pending.nodes_need_map = True
