@@ -176,6 +176,25 @@ def test_versions_grow_across_changes() -> None:
     assert v1 < v3 and v2 <= v3
 
 
+def test_a_dataset_re_created_by_a_new_singleton_has_newer_maps_than_its_predecessor() -> None:
+    """A node out of the cluster when a dataset was removed keeps the old map; a restarted
+    singleton that re-creates the dataset must send maps that node takes."""
+    now = [1_000.0]
+    old = ShardManager(clock=lambda: now[0])
+    for n in ("a", "b"):
+        old.add_member(n)
+    old.add_dataset(dataset(num_shards=4, min_num_nodes=2))
+    for _ in range(50):  # many changes: the old map's version climbs
+        old.remove_member("a")
+        old.add_member("a")
+    kept = old.mapper(ref()).version  # type: ignore[union-attr]
+    now[0] += 1.0  # the restart takes time
+    new = ShardManager(clock=lambda: now[0])
+    for n in ("a", "b"):
+        new.add_member(n)
+    assert new.add_dataset(dataset(num_shards=4, min_num_nodes=2)).node_maps()[0].version > kept
+
+
 def test_remove_dataset_tells_nodes_and_subscribers_and_drops_subscriptions() -> None:
     mgr = manager_with(["a", "b"])
     mgr.add_dataset(dataset(num_shards=4, min_num_nodes=2))
