@@ -7,6 +7,8 @@ a restart from the MetaStore and the node guardians.
 
 Every manager call and the delivery of its messages happen without an `await` in between, so
 messages to one target leave in the order the manager produced them (Ray keeps that order).
+Every resync interval each subscriber also gets its full state as a resync batch, which heals a
+subscriber that lost a delivery (see `coordinator.inbox`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from coordinator.failure_detector import PingFailureDetector
 from coordinator.guardian import GuardianState, merged_subscriptions, newest_maps
-from coordinator.inbox import Sequencer
+from coordinator.inbox import Sequencer, Stream
 from coordinator.manager import (
     DatasetUnknown,
     EventIgnored,
@@ -81,6 +83,9 @@ class NodeClusterActor:
         self._started_at = time.time()
         # Async actors may run calls out of order: stamp deliveries so receivers can reorder them.
         self._sequencer = Sequencer(self._started_at)
+        # Per receiver, the (stream, seq) of the last resync batch it took: a receiver sent
+        # nothing since then has missed nothing, and needs no resync.
+        self._resynced: dict[str, tuple[Stream, int]] = {}
         self._last_event_seq: dict[tuple[str, DatasetRef, int], int] = {}
         self._tasks = [asyncio.get_running_loop().create_task(self._main())]
 
@@ -176,6 +181,8 @@ class NodeClusterActor:
         reply = self._deliver(self._mgr.unsubscribe(subscriber, ref))
         if ref is None:
             self._subscribers.pop(subscriber, None)
+            self._sequencer.forget(subscriber)
+            self._resynced.pop(subscriber, None)
         return reply
 
     async def shard_event(self, node: str, event: ShardEvent, seq: int | None = None) -> Reply:
@@ -191,7 +198,9 @@ class NodeClusterActor:
 
     # ----- delivery --------------------------------------------------------------------------
 
-    def _deliver(self, result: Result) -> Reply:
+    def _deliver(self, result: Result, *, resync: bool = False) -> Reply:
+        """Send the messages of a manager call: maps to nodes, one stamped batch per subscriber.
+        `resync`: the batches are their subscribers' full state (see `_resync_subscribers`)."""
         batches: dict[str, list[SubscriberMessage]] = {}
         for m in result.messages:
             if isinstance(m, NodeShardMap):
@@ -203,19 +212,35 @@ class NodeClusterActor:
         for sub, msgs in batches.items():
             handle = self._subscribers.get(sub)
             if handle is not None:
-                delivery = self._sequencer.stamp(sub, tuple(msgs))
-                self._watch(handle.deliver.remote(delivery), on_dead=lambda s=sub: self._drop(s))
+                delivery = self._sequencer.stamp(sub, tuple(msgs), resync=resync)
+                at = (delivery.stream, delivery.seq)
+                self._watch(
+                    handle.deliver.remote(delivery),
+                    on_dead=lambda s=sub: self._drop(s),
+                    on_done=(lambda s=sub, a=at: self._took_resync(s, a)) if resync else None,
+                )
         return result.reply
+
+    def _took_resync(self, subscriber: str, at: tuple[Stream, int]) -> None:
+        if subscriber in self._subscribers:
+            self._resynced[subscriber] = at
 
     def _node_handle(self, node: str) -> ActorHandle | None:
         return self._members.get(node) or self._quarantined.get(node) or self._joining.get(node)
 
-    def _watch(self, ref: Any, on_dead: Callable[[], None] | None = None) -> None:
+    def _watch(
+        self,
+        ref: Any,
+        on_dead: Callable[[], None] | None = None,
+        on_done: Callable[[], None] | None = None,
+    ) -> None:
         """Observe a fire-and-forget call: a dead receiver is dropped, never left behind."""
 
         async def wait() -> None:
             try:
                 await ref
+                if on_done is not None:
+                    on_done()
             except ray.exceptions.RayActorError:
                 if on_dead is not None:
                     on_dead()
@@ -228,6 +253,8 @@ class NodeClusterActor:
         if subscriber in self._subscribers:
             log.info("subscriber %s is gone; unsubscribing it", subscriber)
             self._subscribers.pop(subscriber, None)
+            self._sequencer.forget(subscriber)
+            self._resynced.pop(subscriber, None)
             self._deliver(self._mgr.unsubscribe(subscriber))
 
     # ----- membership ------------------------------------------------------------------------
@@ -345,6 +372,28 @@ class NodeClusterActor:
                 on_dead=lambda ss=subs: [self._drop(s) for s in ss],
             )
 
+    def _resync_subscribers(self) -> None:
+        """Send every subscriber its full state as one resync batch: a fresh snapshot of each
+        dataset it follows, plus the subscription lists for watchers (guardians). An inbox that
+        lost a batch, and so holds back everything after it, resumes from this one; an inbox
+        that missed nothing drops it. One snapshot per dataset, shared by its audience.
+
+        Receivers sent nothing since the last resync they took are skipped: they missed nothing,
+        so an idle cluster sends no snapshots (a 65536-shard one pickles to 130 KB in ~0.1 s)."""
+        stale = {
+            sub
+            for sub in self._subscribers
+            if self._resynced.get(sub) != self._sequencer.position(sub)
+        }
+        if not stale:
+            return
+        messages = [
+            m for m in self._mgr.snapshots_to_subscribers().messages if m.subscriber in stale
+        ]
+        state = self._mgr.subscription_state()
+        messages += [SubscriberMessage(w, state) for w in self._mgr.watchers if w in stale]
+        self._deliver(Result(tuple(messages)), resync=True)
+
     # ----- loops and recovery ----------------------------------------------------------------
 
     async def _main(self) -> None:
@@ -373,6 +422,7 @@ class NodeClusterActor:
             self._every(c.membership_interval_s, self._sync_membership),
             self._every(c.ping_interval_s, self._ping_all),
             self._every(c.resync_interval_s, self._resync),
+            self._every(c.resync_interval_s, self._resync_subscribers),
         )
 
     @staticmethod

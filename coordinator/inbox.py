@@ -5,6 +5,13 @@ singleton's incarnation and the registration number of that subscription) and a 
 within the stream. The receiver's `OrderedInbox` releases batches strictly in sequence order,
 holding early ones back. A newer stream (a restarted singleton, or a re-subscription) resets the
 sequence; anything from an older stream is dropped, since its sender is gone or superseded.
+
+A batch that never arrives would hold back everything after it forever. So the singleton
+periodically sends every receiver a *resync* batch: the receiver's full state (a fresh snapshot
+of each dataset it follows), which supersedes every batch stamped before it. An inbox with a gap
+before a resync batch drops what it was waiting for and resumes from the resync; an inbox with no
+gap has already released everything the resync says, so it drops the resync instead (receivers
+see a repeated snapshot only when they may have missed something).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ class Delivery:
     stream: Stream
     seq: int  # 1, 2, 3, ... within the stream
     messages: tuple[Any, ...]
+    resync: bool = False  # the receiver's full state: supersedes every batch before it
 
 
 class OrderedInbox:
@@ -27,15 +35,26 @@ class OrderedInbox:
         self._stream: Stream | None = None
         self._next = 1
         self._early: dict[int, Delivery] = {}
+        self._resyncs = 0
 
     def push(self, delivery: Delivery) -> list[Any]:
         """The messages now ready, in order (possibly none, possibly several batches' worth)."""
         if self._stream is None or delivery.stream > self._stream:
             self._stream, self._next, self._early = delivery.stream, 1, {}
         elif delivery.stream < self._stream or delivery.seq < self._next:
-            return []  # from a superseded stream, or a duplicate
-        self._early[delivery.seq] = delivery
+            return []  # from a superseded stream, a duplicate, or superseded by a resync
         ready: list[Any] = []
+        if delivery.resync and (delivery.seq > self._next or self._next == 1):
+            # A gap (lost or late batches) or a fresh stream: take the full state, drop what it
+            # supersedes; a batch before it that arrives later is dropped as superseded.
+            self._early = {s: d for s, d in self._early.items() if s > delivery.seq}
+            self._resyncs += 1
+            ready.extend(delivery.messages)
+            self._next = delivery.seq + 1
+        elif delivery.resync and delivery.seq == self._next:
+            self._next += 1  # nothing missed: the receiver already holds this state
+        else:
+            self._early[delivery.seq] = delivery
         while self._next in self._early:
             ready.extend(self._early.pop(self._next).messages)
             self._next += 1
@@ -43,8 +62,13 @@ class OrderedInbox:
 
     @property
     def waiting(self) -> int:
-        """Batches held back until the ones before them arrive."""
+        """Batches held back until the ones before them arrive (or a resync supersedes them)."""
         return len(self._early)
+
+    @property
+    def resyncs(self) -> int:
+        """How many times a resync batch filled a gap (or started a stream) here."""
+        return self._resyncs
 
 
 class Sequencer:
@@ -60,9 +84,19 @@ class Sequencer:
         self._registrations += 1
         self._streams[receiver] = [(self._incarnation, self._registrations), 0]
 
-    def stamp(self, receiver: str, messages: tuple[Any, ...]) -> Delivery:
+    def stamp(self, receiver: str, messages: tuple[Any, ...], *, resync: bool = False) -> Delivery:
+        """The next batch for `receiver`; `resync` when `messages` are its full state."""
         if receiver not in self._streams:
             self.register(receiver)
         entry = self._streams[receiver]
         entry[1] += 1
-        return Delivery(entry[0], entry[1], messages)
+        return Delivery(entry[0], entry[1], messages, resync)
+
+    def position(self, receiver: str) -> tuple[Stream, int] | None:
+        """The stream and sequence number of the last batch stamped for `receiver`."""
+        entry = self._streams.get(receiver)
+        return None if entry is None else (entry[0], entry[1])
+
+    def forget(self, receiver: str) -> None:
+        """Drop a receiver that is gone (its next batch, if any, starts a new stream)."""
+        self._streams.pop(receiver, None)
