@@ -51,6 +51,7 @@ from coordinator.messages import (
     Unsubscribed,
 )
 from coordinator.strategy import DefaultShardAssignmentStrategy, ShardAssignmentStrategy
+from coordinator.subscriptions import ShardSubscriptions
 from filopy.dataset import Dataset, DatasetRef
 from filopy.mapper import ShardMapper
 from filopy.shard_status import (
@@ -142,8 +143,7 @@ class ShardManager:
         self._members: dict[str, None] = {}  # deployment order, newest last
         self._datasets: dict[DatasetRef, Dataset] = {}
         self._mappers: dict[DatasetRef, ShardMapper] = {}
-        self._subscribers: dict[DatasetRef, dict[str, None]] = {}
-        self._watchers: dict[str, None] = {}
+        self._subs = ShardSubscriptions()
         self._reassigned_at: dict[tuple[DatasetRef, int], float] = {}
         self._error_stats: dict[DatasetRef, ErrorReassignmentStats] = {}
         self._retired_versions: dict[DatasetRef, int] = {}
@@ -174,19 +174,19 @@ class ShardManager:
         return DatasetUnknown(ref) if m is None else CurrentShardSnapshot(ref, m.snapshot())
 
     def subscribers(self, ref: DatasetRef) -> tuple[str, ...]:
-        return tuple(self._subscribers.get(ref, ()))
+        return self._subs.subscribers(ref)
 
     @property
     def watchers(self) -> tuple[str, ...]:
-        return tuple(self._watchers)
+        return self._subs.watchers
+
+    @property
+    def subscriptions(self) -> ShardSubscriptions:
+        """Who listens to what: an immutable value, safe to hand out."""
+        return self._subs
 
     def subscription_state(self) -> SubscriptionsChanged:
-        by_dataset = tuple(
-            (ref, tuple(sorted(subs)))
-            for ref, subs in sorted(self._subscribers.items(), key=lambda kv: kv[0].name)
-            if subs
-        )
-        return SubscriptionsChanged(by_dataset, tuple(sorted(self._watchers)))
+        return self._subs.as_message()
 
     def error_reassignments(self, ref: DatasetRef) -> ErrorReassignmentStats:
         s = self._error_stats.get(ref, ErrorReassignmentStats())
@@ -275,7 +275,6 @@ class ShardManager:
         ref = dataset.ref
         self._datasets[ref] = dataset
         self._mappers[ref] = mapper
-        self._subscribers.setdefault(ref, {})
         self._error_stats.setdefault(ref, ErrorReassignmentStats())
 
     def remove_dataset(self, ref: DatasetRef) -> Result:
@@ -298,7 +297,8 @@ class ShardManager:
         ]
         self._retired_versions[ref] = mapper.version + 1
         del self._datasets[ref], self._mappers[ref]
-        had_subscribers = bool(self._subscribers.pop(ref, None))
+        had_subscribers = bool(self._subs.subscribers(ref))
+        self._subs = self._subs.without_dataset(ref)
         self._error_stats.pop(ref, None)
         self._reassigned_at = {k: v for k, v in self._reassigned_at.items() if k[0] != ref}
         if had_subscribers:
@@ -313,9 +313,8 @@ class ShardManager:
         if mapper is None:
             unknown = DatasetUnknown(ref)
             return Result((SubscriberMessage(subscriber, unknown),), unknown)
-        subs = self._subscribers[ref]
-        is_new = subscriber not in subs
-        subs[subscriber] = None
+        is_new = subscriber not in self._subs.subscribers(ref)
+        self._subs = self._subs.subscribe(subscriber, ref)
         state = mapper.snapshot()
         messages: list[Message] = [
             SubscriberMessage(subscriber, CurrentShardSnapshot(ref, state), state.version)
@@ -326,8 +325,8 @@ class ShardManager:
 
     def subscribe_all(self, subscriber: str) -> Result:
         """Every dataset's snapshot and events, plus subscription changes (for guardians)."""
-        is_new = subscriber not in self._watchers
-        self._watchers[subscriber] = None
+        is_new = subscriber not in self._subs.watchers
+        self._subs = self._subs.watch(subscriber)
         messages: list[Message] = []
         for ref, mapper in self._mappers.items():
             state = mapper.snapshot()
@@ -342,15 +341,8 @@ class ShardManager:
 
     def unsubscribe(self, subscriber: str, ref: DatasetRef | None = None) -> Result:
         """Drop a subscriber from one dataset, or from everything; fine if it is long gone."""
-        targets = list(self._subscribers.values()) if ref is None else [self._subscribers.get(ref)]
-        if ref is None:
-            targets.append(self._watchers)
-        changed = False
-        for subs in targets:
-            if subs is not None and subscriber in subs:
-                del subs[subscriber]
-                changed = True
-        messages = self._subscriptions_changed() if changed else []
+        before, self._subs = self._subs, self._subs.unsubscribe(subscriber, ref)
+        messages = self._subscriptions_changed() if self._subs != before else []
         return Result(tuple(messages), Unsubscribed(subscriber))
 
     def recover_subscriptions(self, state: SubscriptionsChanged) -> Result:
@@ -358,18 +350,13 @@ class ShardManager:
         recovered subscriber a fresh snapshot of its datasets: what it holds came from the old
         singleton, whose versions and in-flight events this one never saw. Subscribers of a
         dataset not known yet get their snapshot when it is added."""
-        before = self.subscription_state()
+        before, self._subs = self._subs, self._subs.merged(state)
         messages: list[Message] = []
         for ref, subs in state.by_dataset:
-            bucket = self._subscribers.setdefault(ref, {})
-            for s in subs:
-                bucket[s] = None
             messages += self._snapshots(ref, subs)
-        for w in state.watchers:
-            self._watchers[w] = None
         for ref in self._mappers:
             messages += self._snapshots(ref, state.watchers)
-        if self.subscription_state() != before:
+        if self._subs.as_message() != before.as_message():
             messages += self._subscriptions_changed()
         return Result(tuple(messages))
 
@@ -393,7 +380,7 @@ class ShardManager:
 
     def _subscriptions_changed(self) -> list[Message]:
         state = self.subscription_state()
-        return [SubscriberMessage(w, state) for w in self._watchers]
+        return [SubscriberMessage(w, state) for w in self._subs.watchers]
 
     # ----- recovery ---------------------------------------------------------------------------
 
@@ -649,11 +636,8 @@ class ShardManager:
         if mapper.owner(shard) != owner or mapper.status(shard).ingesting != status.ingesting:
             pending.nodes_need_map = True
 
-    def _audience(self, ref: DatasetRef) -> list[str]:
-        subs = dict(self._subscribers.get(ref, {}))
-        for w in self._watchers:
-            subs[w] = None
-        return list(subs)
+    def _audience(self, ref: DatasetRef) -> tuple[str, ...]:
+        return self._subs.audience(ref)
 
     def _node_audience(self, pending: _Pending, mapper: ShardMapper) -> list[str]:
         """Members, plus any node that holds or held shards of the dataset in this change."""

@@ -16,6 +16,8 @@ PURE = [
     "coordinator.strategy",
     "coordinator.failure_detector",
     "coordinator.membership",
+    "coordinator.messages",
+    "coordinator.subscriptions",
     "coordinator.inbox",
     "coordinator.guardian",
     "query.promql",
