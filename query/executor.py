@@ -20,9 +20,10 @@ from filopy.store import ColumnStore
 from filopy.store.api import INT64_MAX, INT64_MIN, LabelMatcher
 from ingest.flush import read_merged_many
 from ingest.memstore import ShardMemstore
-from query.engine import SeriesData, eval_partial, eval_series_local
+from query.evaluator import eval_partial, eval_series_local
 from query.promql import Aggregate, Expr
 from query.routing import PROMETHEUS_METRIC
+from query.values import SeriesData
 
 
 @dataclass

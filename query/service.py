@@ -36,22 +36,13 @@ from filopy.shard_status import (
     ShardStatus,
 )
 from filopy.store.api import LabelMatcher
-from query.engine import (
-    MemorySource,
-    Partial,
-    StepMatrix,
-    Value,
-    concat_matrices,
-    eval_partial,
-    eval_series_local,
-    evaluate,
-    is_pushable,
-    is_series_local,
-    merge_partials,
-)
+from query.aggregate import Partial
+from query.evaluator import eval_partial, eval_series_local, evaluate
 from query.executor import NodeAnswer, NodeQuery, ShardsNotHere
 from query.promql import Aggregate, Expr, QueryError, children, format_expr, parse, selectors
+from query.pushdown import concat_matrices, is_pushable, is_series_local, merge_partials
 from query.routing import SelectorRoute, route
+from query.values import MemorySource, StepMatrix, Value
 
 log = logging.getLogger("filopy.query")
 

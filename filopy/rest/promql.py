@@ -25,9 +25,9 @@ from filopy.client import FiloPyClient
 from filopy.rest.errors import BAD_DATA, ApiError, api_error
 from filopy.rest.models import ErrorBody
 from filopy.store.api import LabelMatcher
-from query.engine import Scalar, StepMatrix, String, Value
 from query.promql import QueryError, VectorSelector, parse
 from query.service import QueryResult, QueryService
+from query.values import Scalar, StepMatrix, String, Value
 
 R = TypeVar("R")
 # 400 bad query or parameter, 404 unknown dataset, 422 execution error, 503 shards unavailable.

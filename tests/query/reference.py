@@ -1,7 +1,8 @@
 """A deliberately naive PromQL evaluator, used as the oracle for the engine's tests.
 
-It shares nothing with query/engine.py but the AST: every step is evaluated on its own, straight
-from the Prometheus definitions (engine.go / functions.go), with Python loops over all samples.
+It shares nothing with the engine (query/evaluator.py and the modules it uses) but the AST:
+every step is evaluated on its own, straight from the Prometheus definitions (engine.go /
+functions.go), with Python loops over all samples.
 An instant vector is a list of (labels, value). It follows the same documented conventions as
 the engine: left-open windows, NaN samples ignored and NaN results treated as absent, duplicate
 label sets an error only when they meet at one step, topk ties broken by label set.

@@ -19,9 +19,10 @@ import ray
 from coordinator.node_coordinator import node_actor_name
 from filopy.dataset import Dataset, SourceSettings, StoreOptions
 from ingest.gateway import Gateway
-from query.engine import Scalar, StepMatrix, range_times
+from query.evaluator import range_times
 from query.promql import parse
 from query.service import QueryService, ShardsUnavailable
+from query.values import Scalar, StepMatrix
 from tests.query.reference import Reference, key
 from tests.query.test_engine import (
     DATA,

@@ -11,23 +11,11 @@ import pytest
 
 from filopy.store.api import LabelMatcher
 from query import functions
-from query.engine import (
-    Backend,
-    LocalBackend,
-    MemorySource,
-    Partial,
-    Scalar,
-    SeriesData,
-    StepMatrix,
-    String,
-    concat_matrices,
-    eval_series_local,
-    evaluate,
-    is_pushable,
-    is_series_local,
-    range_times,
-)
+from query.aggregate import Partial
+from query.evaluator import LocalBackend, eval_series_local, evaluate, range_times
 from query.promql import Aggregate, Expr, QueryError, parse
+from query.pushdown import Backend, concat_matrices, is_pushable, is_series_local
+from query.values import MemorySource, Scalar, SeriesData, StepMatrix, String
 from tests.query.reference import Reference, RefError, key
 
 START = 1_700_000_000_000

@@ -6,20 +6,11 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from query.engine import (
-    LocalBackend,
-    MemorySource,
-    Partial,
-    SeriesData,
-    StepMatrix,
-    concat_matrices,
-    eval_partial,
-    eval_series_local,
-    evaluate,
-    finish,
-    merge_partials,
-)
+from query.aggregate import Partial
+from query.evaluator import LocalBackend, eval_partial, eval_series_local, evaluate
 from query.promql import Aggregate, Expr, parse
+from query.pushdown import concat_matrices, finish, merge_partials
+from query.values import MemorySource, SeriesData, StepMatrix
 
 MIN = 60_000
 SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])

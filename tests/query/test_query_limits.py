@@ -16,8 +16,9 @@ import promql_parser as pp
 import pytest
 
 from filopy.dataset import Dataset
-from query.engine import LocalBackend, Scalar, StepMatrix, evaluate
+from query.evaluator import LocalBackend, evaluate
 from query.promql import MAX_QUERY_DEPTH, QueryError, depth_bound, format_expr, parse
+from query.values import Scalar, StepMatrix
 from tests.query.test_engine import LOOKBACK, QUERIES, SOURCE, START
 from tests.rest.conftest import Rest, start_rest
 

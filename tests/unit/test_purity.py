@@ -21,7 +21,10 @@ PURE = [
     "coordinator.inbox",
     "coordinator.guardian",
     "query.promql",
-    "query.engine",
+    "query.values",
+    "query.binary",
+    "query.pushdown",
+    "query.evaluator",
     "query.routing",
 ]
 IO = ["ray", "confluent_kafka", "cassandra"]

@@ -1,0 +1,269 @@
+"""PromQL evaluation on step matrices, at the caller and on the nodes that hold the data.
+
+The one module that walks the expression tree. `evaluate` runs at the caller and never reads
+raw samples: it hands series-local subtrees and pushable aggregations to a `Backend` (see
+`query.pushdown`) and evaluates the rest itself. A node calls `eval_series_local` /
+`eval_partial` on its own `SeriesSource`. `LocalBackend` is the single-process backend.
+
+Semantics follow Prometheus 3:
+
+* windows are left-open: an instant selector takes the latest sample in
+  (t - offset - lookback, t - offset], a range selector sees (t - offset - range, t - offset];
+* rate/increase/delta extrapolate like Prometheus's extrapolatedRate, irate uses the last two
+  samples; all functions, arithmetic, `bool` comparisons, unary minus and `without` drop
+  `__name__`, except last_over_time and filtering comparisons, which keep it;
+* label sets made equal by dropping `__name__` are merged into one series, and are an
+  "execution" error if they have values at the same step (Prometheus's per-step check);
+* NaN means "no value" in every step matrix, so NaN-valued results (0/0, Inf-Inf, NaN scalars
+  applied to vectors) are absent rather than NaN samples, and NaN raw samples are ignored.
+  Scalars are always present and may be NaN (e.g. `scalar()` of no series);
+* topk/bottomk ties are broken by label set; instant topk/bottomk results are ordered by value,
+  every other vector result by label set.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from query import aggregate as agg_mod
+from query import functions as fn
+from query.aggregate import Partial
+from query.binary import scalar_binop, set_op, vector_scalar, vector_vector
+from query.promql import (
+    MATH_FUNCTIONS,
+    RANGE_FUNCTIONS,
+    SET_OPS,
+    Aggregate,
+    Binary,
+    Call,
+    Expr,
+    MatrixSelector,
+    NumberLiteral,
+    QueryError,
+    StringLiteral,
+    Unary,
+    VectorSelector,
+    parse,
+    value_type,
+)
+from query.pushdown import Backend, finish, is_pushable, is_series_local, partial_from_matrix
+from query.values import (
+    I64,
+    Scalar,
+    SeriesSource,
+    StepMatrix,
+    String,
+    Value,
+    drop_name,
+    execution_error,
+    finalize,
+)
+
+__all__ = [
+    "DEFAULT_LOOKBACK_MS",
+    "LocalBackend",
+    "eval_partial",
+    "eval_series_local",
+    "evaluate",
+    "range_times",
+]
+
+DEFAULT_LOOKBACK_MS = 300_000
+
+
+class LocalBackend:
+    """Evaluates series-local subtrees and partial aggregations in-process over one source."""
+
+    def __init__(self, source: SeriesSource) -> None:
+        self.source = source
+
+    def series_local(self, expr: Expr, times: I64, lookback_ms: int) -> StepMatrix:
+        return eval_series_local(expr, self.source, times, lookback_ms)
+
+    def partial_aggregate(self, agg: Aggregate, times: I64, lookback_ms: int) -> Partial:
+        return eval_partial(agg, self.source, times, lookback_ms)
+
+
+def _as_times(times: npt.ArrayLike) -> I64:
+    arr = np.asarray(times)
+    if arr.ndim != 1 or len(arr) == 0 or not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError("times must be a non-empty 1-D array of int64 milliseconds")
+    return arr.astype(np.int64)
+
+
+def range_times(start_ms: int, end_ms: int, step_ms: int) -> I64:
+    """Evaluation steps of a range query: start, start + step, ... up to end inclusive."""
+    if step_ms <= 0 or end_ms < start_ms:
+        raise ValueError("need step_ms > 0 and start_ms <= end_ms")
+    return np.arange(start_ms, end_ms + 1, step_ms, dtype=np.int64)
+
+
+class _Evaluator:
+    """Recursive evaluation. With a backend it delegates series-local and pushable subtrees;
+    with a source (on the node that holds the data) it reads samples itself."""
+
+    def __init__(
+        self,
+        times: I64,
+        lookback_ms: int,
+        backend: Backend | None = None,
+        source: SeriesSource | None = None,
+    ) -> None:
+        self.times = times
+        self.lookback_ms = lookback_ms
+        self.backend = backend
+        self.source = source
+
+    def vector(self, expr: Expr) -> StepMatrix:
+        v = self.eval(expr)
+        assert isinstance(v, StepMatrix), f"expected an instant vector from {expr}"
+        return v
+
+    def scalar(self, expr: Expr) -> Scalar:
+        v = self.eval(expr)
+        assert isinstance(v, Scalar), f"expected a scalar from {expr}"
+        return v
+
+    def eval(self, expr: Expr) -> Value:
+        if self.backend is not None and value_type(expr) == "vector":
+            if is_series_local(expr):
+                return self.backend.series_local(expr, self.times, self.lookback_ms)
+            if is_pushable(expr):
+                assert isinstance(expr, Aggregate)
+                return finish(self.backend.partial_aggregate(expr, self.times, self.lookback_ms))
+        match expr:
+            case NumberLiteral(value=v):
+                return Scalar(self.times, np.full(len(self.times), v))
+            case StringLiteral(value=s):
+                return String(self.times, s)
+            case VectorSelector():
+                batch = self._load(expr, self.lookback_ms)
+                values = fn.instant_values(batch, self.times, expr.offset_ms, self.lookback_ms)
+                return StepMatrix(self.times, batch.labels, values)
+            case MatrixSelector():
+                raise QueryError("unsupported", "unsupported: range vector (matrix) query results")
+            case Call():
+                return self._call(expr)
+            case Aggregate():
+                return self._aggregate(expr)
+            case Binary():
+                return self._binary(expr)
+            case Unary(expr=inner):
+                v = self.eval(inner)
+                if isinstance(v, Scalar):
+                    return Scalar(self.times, -v.values)
+                assert isinstance(v, StepMatrix)
+                return drop_name(StepMatrix(self.times, v.labels, -v.values))
+        raise QueryError("unsupported", f"unsupported: expression {expr!r}")
+
+    def _load(self, sel: VectorSelector, width_ms: int) -> fn.SampleBatch:
+        """One `select` covering every window of `sel` over all steps."""
+        if self.source is None:
+            raise RuntimeError("raw samples are only read by a node's evaluator (no source)")
+        lower = int(self.times.min()) - sel.offset_ms - width_ms
+        upper = int(self.times.max()) - sel.offset_ms
+        series = self.source.select(sel.matchers, lower + 1, upper)  # windows are left-open
+        return fn.SampleBatch.from_series(series, lower + 1, upper)
+
+    def _call(self, call: Call) -> Value:
+        func, args = call.func, call.args
+        if func in RANGE_FUNCTIONS:
+            ms = args[0]
+            assert isinstance(ms, MatrixSelector)
+            batch = self._load(ms.selector, ms.range_ms)
+            values = fn.range_function(func, batch, self.times, ms.range_ms, ms.selector.offset_ms)
+            out = StepMatrix(self.times, batch.labels, values)
+            return out if func == "last_over_time" else drop_name(out)
+        if func in MATH_FUNCTIONS:
+            v = self.vector(args[0])
+            bound = self.scalar(args[1]).values if len(args) > 1 else None
+            return drop_name(
+                StepMatrix(self.times, v.labels, fn.math_function(func, v.values, bound))
+            )
+        if func == "time":
+            return Scalar(self.times, self.times / 1000.0)
+        if func == "vector":
+            s = self.scalar(args[0])
+            return StepMatrix(self.times, [{}], s.values.reshape(1, -1).copy())
+        if func == "scalar":
+            v = self.vector(args[0])
+            has = ~np.isnan(v.values)
+            single = has.sum(axis=0) == 1
+            if len(v) == 0:
+                return Scalar(self.times, np.full(len(self.times), np.nan))
+            picked = np.fmax.reduce(v.values, axis=0)
+            return Scalar(self.times, np.where(single, picked, np.nan))
+        raise QueryError("unsupported", f"unsupported: function '{func}'")
+
+    def _aggregate(self, agg: Aggregate) -> StepMatrix:
+        inner = self.vector(agg.expr)
+        if agg.op in ("topk", "bottomk"):
+            assert agg.param is not None
+            k_raw = self.scalar(agg.param).values
+            bad = ~np.isfinite(k_raw) | (np.abs(k_raw) >= 2.0**63)
+            if bad.any():
+                raise execution_error(f"Scalar value {k_raw[bad][0]} overflows int64")
+            k = np.trunc(k_raw).astype(np.int64)
+            values = agg_mod.select_k(
+                inner.labels, inner.values, k, agg.grouping, agg.without, agg.op == "bottomk"
+            )
+            return StepMatrix(self.times, inner.labels, values)
+        if agg.op not in agg_mod.PUSHABLE_OPS or agg.param is not None:
+            raise QueryError("unsupported", f"unsupported: aggregation '{agg.op}'")
+        return finish(partial_from_matrix(agg, inner))
+
+    def _binary(self, b: Binary) -> Value:
+        lhs, rhs = self.eval(b.lhs), self.eval(b.rhs)
+        if isinstance(lhs, Scalar) and isinstance(rhs, Scalar):
+            return Scalar(self.times, scalar_binop(b.op, lhs.values, rhs.values))
+        if isinstance(lhs, StepMatrix) and isinstance(rhs, Scalar):
+            return vector_scalar(b.op, lhs, rhs.values, False, b.return_bool)
+        if isinstance(lhs, Scalar) and isinstance(rhs, StepMatrix):
+            return vector_scalar(b.op, rhs, lhs.values, True, b.return_bool)
+        assert isinstance(lhs, StepMatrix) and isinstance(rhs, StepMatrix)
+        if b.op in SET_OPS:
+            return set_op(b.op, lhs, rhs, b.matching)
+        return vector_vector(b.op, lhs, rhs, b.matching, b.return_bool)
+
+
+def eval_series_local(
+    expr: Expr, source: SeriesSource, times: npt.ArrayLike, lookback_ms: int = DEFAULT_LOOKBACK_MS
+) -> StepMatrix:
+    """Evaluate a series-local expression over `source` (on the node that holds the series)."""
+    if not is_series_local(expr):
+        raise ValueError(f"not a series-local expression: {expr!r}")
+    result = _Evaluator(_as_times(times), lookback_ms, source=source).vector(expr)
+    return finalize(result)
+
+
+def eval_partial(
+    agg: Aggregate,
+    source: SeriesSource,
+    times: npt.ArrayLike,
+    lookback_ms: int = DEFAULT_LOOKBACK_MS,
+) -> Partial:
+    """The partial state of a pushable aggregation over the series of `source`."""
+    if not is_pushable(agg):
+        raise ValueError(f"not a pushable aggregation: {agg!r}")
+    inner = _Evaluator(_as_times(times), lookback_ms, source=source).vector(agg.expr)
+    return partial_from_matrix(agg, inner)
+
+
+def evaluate(
+    expr: Expr | str,
+    backend: Backend,
+    times: npt.ArrayLike,
+    lookback_ms: int = DEFAULT_LOOKBACK_MS,
+) -> Value:
+    """Evaluate `expr` at each of `times` (one element for an instant query)."""
+    if isinstance(expr, str):
+        expr = parse(expr)
+    ts = _as_times(times)
+    result = _Evaluator(ts, lookback_ms, backend=backend).eval(expr)
+    if not isinstance(result, StepMatrix):
+        return result
+    order = None
+    if isinstance(expr, Aggregate) and expr.op in ("topk", "bottomk") and len(ts) == 1:
+        order = "desc" if expr.op == "topk" else "asc"
+    return finalize(result, order)
