@@ -111,9 +111,20 @@ class NodeClusterActor:
         return self._meta
 
     async def setup_dataset(self, dataset: Dataset) -> Reply:
-        """Persist the definition first (so a restart remembers it), then assign its shards."""
+        """Persist the definition first (so a restart remembers it), then assign its shards.
+
+        A definition naming no Kafka gets this cluster's `kafka.bootstrap_servers`, so the
+        stored definition names the broker it really uses. One the cluster can never hold as
+        asked is refused with `DatasetInvalid`."""
         await self._ready()
         meta = self._store()
+        dataset = dataset.with_cluster_kafka(self._settings.kafka.bootstrap_servers)
+        if dataset.min_num_nodes > dataset.num_shards:
+            raise DatasetInvalid(
+                f"min_num_nodes is {dataset.min_num_nodes}, more than num_shards "
+                f"({dataset.num_shards}): a node of the dataset holds at least one shard, so it "
+                f"can be spread over at most {dataset.num_shards} nodes"
+            )
         span = dataset.store.chunk_span_ms
         if span is not None and span > self._settings.store.max_chunk_span_ms:
             raise DatasetInvalid(

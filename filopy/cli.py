@@ -199,7 +199,8 @@ def dataset_create(
     spread: Annotated[int, typer.Option(help="Default spread (log2 of shards per shard key).")] = 1,
     topic: Annotated[str | None, typer.Option(help="Kafka topic; default filopy-NAME.")] = None,
     bootstrap: Annotated[
-        str | None, typer.Option(help="Kafka bootstrap servers; default from the settings.")
+        str | None,
+        typer.Option(help="Kafka bootstrap servers; default: the cluster's (kafka settings)."),
     ] = None,
     record_format: Annotated[
         str, typer.Option("--format", help="filopy-binary or influx-line.")
@@ -213,23 +214,21 @@ def dataset_create(
     address: RayAddress = "auto",
 ) -> None:
     """SetupDataset: register a dataset and assign its shards (its Kafka topic is created)."""
-    from filopy.config import load_settings
     from filopy.dataset import Dataset
 
     if from_json is not None:
         ds = Dataset.model_validate_json(from_json.read())
     else:
+        source: dict[str, Any] = {"topic": topic, "record_format": record_format}
+        if bootstrap is not None:  # else the cluster's kafka.bootstrap_servers
+            source["bootstrap_servers"] = bootstrap
         ds = Dataset.model_validate(
             {
                 "name": name,
                 "num_shards": shards,
                 "min_num_nodes": min_nodes,
                 "spread": {"default": spread},
-                "source": {
-                    "topic": topic,
-                    "bootstrap_servers": bootstrap or load_settings().kafka.bootstrap_servers,
-                    "record_format": record_format,
-                },
+                "source": source,
             }
         )
     created = _client(address).setup_dataset(ds)

@@ -15,6 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 DEFAULT_SHARD_KEY_COLUMNS: tuple[str, ...] = ("_ws_", "_ns_", "_metric_")
 METRIC_COLUMN = "_metric_"
+# A definition's Kafka when it names none and no cluster filled in its own (used standalone).
+DEFAULT_BOOTSTRAP_SERVERS = "127.0.0.1:9092"
 _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_\-]{0,127}$")
 
 
@@ -58,8 +60,18 @@ class SourceSettings(_Frozen):
     topic: str | None = Field(
         default=None, description="Kafka topic; defaults to 'filopy-<dataset name>'."
     )
-    bootstrap_servers: str = "127.0.0.1:9092"
+    bootstrap_servers: str = Field(
+        default=DEFAULT_BOOTSTRAP_SERVERS,
+        description="Kafka bootstrap servers. Left out: the cluster's kafka.bootstrap_servers, "
+        "filled in when the dataset is created (SetupDataset), so the stored definition names "
+        "the broker it really uses.",
+    )
     record_format: RecordFormat = RecordFormat.BINARY
+
+    @property
+    def bootstrap_given(self) -> bool:
+        """Whether the definition names its Kafka, rather than leaving it to the cluster."""
+        return "bootstrap_servers" in self.model_fields_set
 
 
 class SpreadOverride(_Frozen):
@@ -223,6 +235,14 @@ class Dataset(_Frozen):
             if all(labels.get(c) == v for c, v in o.shard_key.items()):
                 return o.spread
         return self.spread.default
+
+    def with_cluster_kafka(self, bootstrap_servers: str) -> Dataset:
+        """This definition as a cluster whose Kafka is `bootstrap_servers` holds it: a definition
+        that names no bootstrap servers gets the cluster's; one that names its own keeps them."""
+        if self.source.bootstrap_given:
+            return self
+        source = self.source.model_copy(update={"bootstrap_servers": bootstrap_servers})
+        return self.model_copy(update={"source": source})
 
     def to_json(self) -> str:
         return self.model_dump_json()

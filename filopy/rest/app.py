@@ -114,8 +114,10 @@ def create_app(client: FiloPyClient, settings: Settings) -> FastAPI:
 
         201 when created; 200 when the identical definition already exists; 409 when a dataset
         of that name exists with another definition, or its Kafka topic has another partition
-        count. With `ingest.source = "kafka"` the topic is created here.
+        count. With `ingest.source = "kafka"` the topic is created here. A definition without
+        `source.bootstrap_servers` gets the cluster's `kafka.bootstrap_servers`.
         """
+        dataset = dataset.with_cluster_kafka(settings.kafka.bootstrap_servers)
         existing = await find_dataset(dataset.name, missing_ok=True)
         if existing is not None and existing != dataset:
             raise api_error(DatasetConflict(existing, dataset), timeout_s)

@@ -6,6 +6,8 @@ from typing import Any
 
 import pytest
 
+from filopy.dataset import Dataset, DatasetInvalid
+
 pytestmark = pytest.mark.ray
 
 DATASETS = "/api/v1/datasets"
@@ -76,6 +78,12 @@ def test_full_definition_round_trips(rest, name: str) -> None:
             "chunk_span_ms": 600_000,
             "memory_retention_ms": None,
         },
+        "limits": {
+            "max_label_name_bytes": 128,
+            "max_label_value_bytes": 4096,
+            "max_labels_per_series": 32,
+            "max_series_key_bytes": 16_384,
+        },
     }
     resp = rest.http.post(DATASETS, json=definition)
     assert resp.status_code == 201, resp.text
@@ -112,6 +120,13 @@ OVERRIDE = {"shard_key": {"_ws_": "w", "_ns_": "n"}, "spread": 1}
         ({"name": "a b"}, "invalid dataset name 'a b'"),
         ({"name": "x" * 129}, "invalid dataset name"),
         ({"min_num_nodes": 0}, "min_num_nodes: Input should be greater than or equal to 1"),
+        (
+            # A node of the dataset holds at least one shard: more nodes can never be used.
+            {"min_num_nodes": 16},
+            "min_num_nodes is 16, more than num_shards (8): a node of the dataset holds at least "
+            "one shard, so it can be spread over at most 8 nodes",
+        ),
+        ({"min_num_nodes": 10**10}, "min_num_nodes is 10000000000, more than num_shards (8)"),
         (
             {"shard_key_columns": ["_ws_", "_ns_"]},
             "shard_key_columns ['_ws_', '_ns_'] must include the metric column '_metric_'",
@@ -174,6 +189,12 @@ def test_each_invalid_field_is_a_400_naming_it(rest, name: str, change: dict, me
         message = "num_shards: required"
     error = error_of(rest.http.post(DATASETS, json=body), 400, "bad_data")
     assert message in error, error
+    assert name not in rest.http.get("/api/v1/cluster").json()["data"]
+
+
+def test_the_python_client_is_refused_a_dataset_the_cluster_cannot_hold(rest, name) -> None:
+    with pytest.raises(DatasetInvalid, match="min_num_nodes is 3, more than num_shards"):
+        rest.client.setup_dataset(Dataset(name=name, num_shards=2, min_num_nodes=3))
     assert name not in rest.http.get("/api/v1/cluster").json()["data"]
 
 
