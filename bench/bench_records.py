@@ -29,8 +29,9 @@ from confluent_kafka.admin import AdminClient
 
 from filopy.dataset import Dataset, SourceSettings
 from ingest.batch import SampleBatch
+from ingest.binary_format import decode_binary, encode_binary_parts, encode_labels
 from ingest.gateway import Gateway
-from ingest.records import decode_binary, decode_influx, encode_binary_parts, encode_labels
+from ingest.line_protocol import decode_influx
 from ingest.topics import ensure_topic
 
 T0 = 1_700_000_000_000

@@ -25,16 +25,13 @@ from confluent_kafka import KafkaError, Message, Producer
 
 from filopy.dataset import Dataset
 from filopy.hashing import shard_for_series
+from ingest.bad_records import DEFAULT_TS_RANGE, SERIES_REASONS, BadRecord, series_problem
 from ingest.batch import Labels, SampleBatch
-from ingest.records import (
+from ingest.binary_format import (
     DEFAULT_COMPRESSION_LEVEL,
-    DEFAULT_TS_RANGE,
     HEADER,
-    SERIES_REASONS,
-    BadRecord,
     encode_binary_parts,
     encode_labels,
-    series_problem,
 )
 from ingest.topics import DEFAULT_TIMEOUT_S, check_topic
 
@@ -82,7 +79,7 @@ ProgressCallback = Callable[[GatewayProgress], None]
 
 class _Series(NamedTuple):
     shard: int  # -1: not sent (see `code`)
-    blob: bytes  # records.encode_labels(labels)
+    blob: bytes  # binary_format.encode_labels(labels)
     n_labels: int
     cost: int  # bytes in a message's series table
     code: int = 0  # 0, or 1 + the index in SERIES_REASONS of why the series is refused
@@ -116,7 +113,7 @@ class Gateway:
     `send(samples)` takes (labels, timestamp_ms, value) rows; `send_batch(batch)` takes a
     columnar `SampleBatch` (the fast path). Samples the ingesters would refuse are never sent:
     series breaking the dataset's contract (no metric name, over `Dataset.limits`: the reasons of
-    `records.SERIES_REASONS`), timestamps out of range and series too large for one message
+    `bad_records.SERIES_REASONS`), timestamps out of range and series too large for one message
     are skipped and counted in `skipped` by reason; the first refusal of each reason is logged
     with the rule broken and kept in `rejected`. With `strict=True` a series breaking the
     contract raises `InvalidSeries` instead, before anything of that call is sent. Call

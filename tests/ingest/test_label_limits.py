@@ -30,20 +30,13 @@ from filopy.shard_status import IngestionError, IngestionStarted, ShardEvent
 from filopy.store import INT64_MAX, INT64_MIN, ColumnStore, MetaStore, open_stores
 from filopy.store.api import ChunkRecord, encode_part_key
 from filopy.store.cassandra import open_cassandra_stores
+from ingest.bad_records import BadRecord, Decoded, series_problem
 from ingest.batch import SampleBatch
+from ingest.binary_format import HEADER, MAGIC, decode_binary, encode_binary
 from ingest.ingester import KafkaShardIngester
+from ingest.line_protocol import decode_influx
 from ingest.memstore import ShardMemstore
-from ingest.records import (
-    HEADER,
-    MAGIC,
-    BadRecord,
-    Decoded,
-    decode_binary,
-    decode_influx,
-    decoder_for,
-    encode_binary,
-    series_problem,
-)
+from ingest.records import decoder_for
 from ingest.topics import ensure_topic
 
 T0 = 1_700_000_000_000

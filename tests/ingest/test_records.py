@@ -11,18 +11,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from filopy.dataset import Dataset, RecordFormat, SourceSettings
+from ingest.bad_records import MAX_TIMESTAMP_MS
 from ingest.batch import SampleBatch
-from ingest.records import (
+from ingest.binary_format import (
     HEADER,
-    MAX_TIMESTAMP_MS,
     RecordEncodeError,
     decode_binary,
-    decode_influx,
-    decoder_for,
     encode_binary,
     encode_binary_parts,
     encode_labels,
 )
+from ingest.line_protocol import decode_influx
+from ingest.records import decoder_for
 
 INT64 = (-(1 << 63), (1 << 63) - 1)
 T0 = 1_700_000_000_000
