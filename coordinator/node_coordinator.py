@@ -2,7 +2,11 @@
 
 It receives each dataset's full, versioned shard map from the singleton and converges on it:
 start an ingester for every shard the map says this node should ingest, stop every other one.
-Stale versions are ignored, so a delayed message can never undo a newer decision. It also hosts
+Stale versions are ignored, so a delayed message can never undo a newer decision. A shard it
+cannot start (the store cannot be opened, the ingester fails to start) is retried with backoff
+(`ingest.store_retry_initial_s` doubling to `store_retry_max_s`) and reported `IngestionDegraded`
+meanwhile; after `ingest.start_max_attempts` failed attempts it is reported `IngestionError`, so
+the singleton can move it to another node. It also hosts
 the node's guardian (the singleton's recovery copy) and keeps the latest maps for query routing,
 which keeps working while the singleton is away.
 
@@ -17,7 +21,7 @@ import logging
 import os
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import ray
@@ -27,7 +31,14 @@ from coordinator.inbox import Delivery, OrderedInbox
 from coordinator.manager import NodeShardMap
 from filopy.config import Settings
 from filopy.dataset import Dataset, DatasetRef
-from filopy.shard_status import Assigned, IngestionStopped, ShardEvent, ShardMapState
+from filopy.shard_status import (
+    Assigned,
+    IngestionDegraded,
+    IngestionError,
+    IngestionStopped,
+    ShardEvent,
+    ShardMapState,
+)
 from filopy.store import ColumnStore, MetaStore, open_stores
 from ingest.base import EventReporter, IngesterFactory, ShardIngester
 from ingest.ingester import KafkaShardIngester
@@ -53,6 +64,16 @@ class NodeInfo:
     pid: int
 
 
+@dataclass(slots=True)
+class _PendingStart:
+    """A shard this node should run but has not started yet: waiting for the next attempt."""
+
+    dataset: Dataset
+    failures: int = 0  # failed attempts so far
+    since: float = field(default_factory=time.monotonic)
+    last_event: ShardEvent | None = None  # the last Degraded report, re-sent if lost
+
+
 class NodeCoordinator:
     """Converges this node's ingesters on the shard maps it is sent."""
 
@@ -74,7 +95,13 @@ class NodeCoordinator:
         self._maps: dict[DatasetRef, NodeShardMap] = {}
         self._ingesters: dict[tuple[DatasetRef, int], ShardIngester] = {}
         self._stores: tuple[MetaStore, ColumnStore] | None = None
+        self._stores_lock = asyncio.Lock()
         self._converge_lock = asyncio.Lock()
+        # Shards to run that could not be started yet, retried together with backoff.
+        self._pending: dict[tuple[DatasetRef, int], _PendingStart] = {}
+        self._retry_at = 0.0  # monotonic time of the next attempt
+        self._retry_delay = 0.0  # wait after the next failure (0: the first one)
+        self._retry_task: asyncio.Task[None] | None = None
         self._draining = False
         self._queried: Counter[tuple[str, int]] = Counter()
         self._report: EventReporter = reporter or self._report_to_singleton
@@ -117,6 +144,7 @@ class NodeCoordinator:
         The node stays a member; its shards move only when the node leaves."""
         async with self._converge_lock:
             self._draining = True
+            self._pending.clear()
             stopping = list(self._ingesters.items())
             self._ingesters.clear()
             await asyncio.gather(*(ing.stop() for _, ing in stopping))
@@ -135,6 +163,15 @@ class NodeCoordinator:
         out: dict[str, list[int]] = {}
         for ref, shard in sorted(self._ingesters, key=lambda k: (k[0].name, k[1])):
             out.setdefault(ref.name, []).append(shard)
+        return out
+
+    async def pending_shards(self) -> dict[str, dict[int, int]]:
+        """Shards this node should run but could not start yet: failed attempts per shard."""
+        out: dict[str, dict[int, int]] = {}
+        for (ref, shard), p in sorted(
+            self._pending.items(), key=lambda kv: (kv[0][0].name, kv[0][1])
+        ):
+            out.setdefault(ref.name, {})[shard] = p.failures
         return out
 
     async def epochs(self) -> dict[str, dict[int, int | None]]:
@@ -191,8 +228,13 @@ class NodeCoordinator:
         """A resent map still shows a shard as merely Assigned although its ingester reported
         progress: the report was lost on the way, so send it again."""
         for shard in message.ingesting_shards():
-            ingester = self._ingesters.get((message.ref, shard))
-            last = None if ingester is None else ingester.last_event
+            key = (message.ref, shard)
+            ingester = self._ingesters.get(key)
+            pending = self._pending.get(key)
+            if ingester is not None:
+                last = ingester.last_event
+            else:
+                last = None if pending is None else pending.last_event
             if last is not None and isinstance(message.state.statuses[shard], Assigned):
                 self._report(last)
 
@@ -200,15 +242,54 @@ class NodeCoordinator:
         async with self._converge_lock:
             if self._draining:
                 return
+            for key in [k for k in self._pending if k[0] == ref and k[1] not in wanted]:
+                del self._pending[key]
             running = {s for r, s in self._ingesters if r == ref}
             for shard in sorted(running - wanted):
                 ingester = self._ingesters.pop((ref, shard))
                 await ingester.stop()
                 self._report(IngestionStopped(ref, shard, self.node_id))
-            if not wanted - running:
+            waiting = {s for r, s in self._pending if r == ref}
+            new = sorted(wanted - running - waiting)
+            if not new:
                 return
-            meta, columns = await self._open_stores()
-            for shard in sorted(wanted - running):
+            if self._pending:
+                # Attempts are failing: the new shards wait for the next one, on the backoff.
+                for shard in new:
+                    self._pending[(ref, shard)] = _PendingStart(dataset)
+                self._schedule_retry()
+                return
+            await self._attempt([(ref, dataset, new)])
+
+    async def _attempt(
+        self, groups: list[tuple[DatasetRef, Dataset, list[int]]], store_error: str | None = None
+    ) -> None:
+        """One attempt at starting these shards (under the converge lock): what cannot start
+        waits for the next attempt, or is given up after `ingest.start_max_attempts`."""
+        failed: list[tuple[DatasetRef, Dataset, int, str]] = []
+        for ref, dataset, shards in groups:
+            failed += await self._start(ref, dataset, shards, store_error)
+        if failed:
+            self._start_failed(failed)
+        elif not self._pending:
+            self._retry_delay = 0.0
+
+    async def _start(
+        self, ref: DatasetRef, dataset: Dataset, shards: list[int], store_error: str | None
+    ) -> list[tuple[DatasetRef, Dataset, int, str]]:
+        """Start ingesters for `shards`; returns the ones that failed, with why."""
+        if store_error is None:
+            try:
+                meta, columns = await self._open_stores()
+            except Exception as e:
+                store_error = f"cannot open the store: {_describe(e)}"
+        if store_error is not None:
+            return [(ref, dataset, shard, store_error) for shard in shards]
+        failed: list[tuple[DatasetRef, Dataset, int, str]] = []
+        for shard in shards:
+            key = (ref, shard)
+            ingester: ShardIngester | None = None
+            try:
                 ingester = self._factory(
                     dataset,
                     shard,
@@ -218,12 +299,108 @@ class NodeCoordinator:
                     settings=self._settings,
                     report=self._report,
                 )
-                self._ingesters[(ref, shard)] = ingester
+                self._ingesters[key] = ingester
                 await ingester.start()
+            except Exception as e:
+                log.exception("%s shard %d: the ingester failed to start", ref.name, shard)
+                self._ingesters.pop(key, None)
+                if ingester is not None:
+                    try:
+                        await ingester.stop()
+                    except Exception:
+                        log.exception("%s shard %d: stopping it failed too", ref.name, shard)
+                failed.append(
+                    (ref, dataset, shard, f"the ingester failed to start: {_describe(e)}")
+                )
+                continue
+            pending = self._pending.pop(key, None)
+            if pending is not None and pending.failures:
+                log.warning(
+                    "%s shard %d: started on node %s after %d failed attempts",
+                    ref.name,
+                    shard,
+                    self.node_id,
+                    pending.failures,
+                )
+        return failed
+
+    def _start_failed(self, failed: list[tuple[DatasetRef, Dataset, int, str]]) -> None:
+        """Count a failed attempt for each shard: report it Degraded and retry after the
+        backoff, or, at `ingest.start_max_attempts`, report IngestionError and let it go (the
+        singleton moves it to another node if one can take it)."""
+        cfg = self._settings.ingest
+        delay = self._retry_delay or cfg.store_retry_initial_s
+        self._retry_at = time.monotonic() + delay
+        self._retry_delay = min(delay * 2, max(cfg.store_retry_max_s, cfg.store_retry_initial_s))
+        by_reason: dict[tuple[str, str], list[int]] = {}
+        for ref, dataset, shard, why in failed:
+            by_reason.setdefault((ref.name, why), []).append(shard)
+            key = (ref, shard)
+            pending = self._pending.setdefault(key, _PendingStart(dataset))
+            pending.failures += 1
+            if pending.failures >= cfg.start_max_attempts:
+                del self._pending[key]
+                self._report(
+                    IngestionError(
+                        ref,
+                        shard,
+                        self.node_id,
+                        f"could not start on node {self.node_id} in {pending.failures} attempts "
+                        f"(ingest.start_max_attempts): {why}",
+                    )
+                )
+                continue
+            pending.last_event = IngestionDegraded(
+                ref,
+                shard,
+                self.node_id,
+                f"cannot start for {time.monotonic() - pending.since:.0f} s, attempt "
+                f"{pending.failures} of {cfg.start_max_attempts}, retrying in {delay:.1f} s: {why}",
+            )
+            self._report(pending.last_event)
+        for (name, why), shards in by_reason.items():
+            log.warning(
+                "%s shards %s: cannot start on node %s (%s); retrying in %.1f s, at most %d "
+                "attempts in all",
+                name,
+                _ranges(shards),
+                self.node_id,
+                why,
+                delay,
+                cfg.start_max_attempts,
+            )
+        if self._pending:
+            self._schedule_retry()
+
+    def _schedule_retry(self) -> None:
+        if self._retry_task is None or self._retry_task.done():
+            self._retry_task = asyncio.get_running_loop().create_task(self._retry_starts())
+
+    async def _retry_starts(self) -> None:
+        """Attempt the pending starts when the backoff says, until none is left. The store is
+        opened outside the converge lock, so maps keep being applied while it is tried."""
+        while self._pending and not self._draining:
+            await asyncio.sleep(max(0.0, self._retry_at - time.monotonic()))
+            error: str | None = None
+            try:
+                await self._open_stores()
+            except Exception as e:
+                error = f"cannot open the store: {_describe(e)}"
+            async with self._converge_lock:
+                if self._draining:
+                    return
+                groups: dict[DatasetRef, tuple[Dataset, list[int]]] = {}
+                for (ref, shard), p in self._pending.items():
+                    groups.setdefault(ref, (p.dataset, []))[1].append(shard)
+                await self._attempt(
+                    [(ref, ds, sorted(shards)) for ref, (ds, shards) in groups.items()], error
+                )
 
     async def _open_stores(self) -> tuple[MetaStore, ColumnStore]:
         if self._stores is None:
-            self._stores = await asyncio.to_thread(open_stores, self._settings)
+            async with self._stores_lock:
+                if self._stores is None:
+                    self._stores = await asyncio.to_thread(open_stores, self._settings)
         return self._stores
 
     def _report_to_singleton(self, event: ShardEvent) -> None:
@@ -236,3 +413,18 @@ class NodeCoordinator:
             )
             return
         cluster.shard_event.remote(self.node_id, event, next(self._report_seq))
+
+
+def _describe(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"
+
+
+def _ranges(shards: list[int]) -> str:
+    """`[0, 1, 2, 5]` as "0-2,5", for logs."""
+    runs: list[list[int]] = []
+    for shard in shards:
+        if runs and shard == runs[-1][1] + 1:
+            runs[-1][1] = shard
+        else:
+            runs.append([shard, shard])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)

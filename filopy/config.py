@@ -97,6 +97,7 @@ class IngestSettings(_Section):
     max_unflushed_samples: int = Field(ge=1)
     store_retry_initial_s: float = Field(gt=0)
     store_retry_max_s: float = Field(gt=0)
+    start_max_attempts: int = Field(ge=1)
 
 
 class Settings(BaseSettings):
