@@ -200,7 +200,7 @@ def dataset_create(
     topic: Annotated[str | None, typer.Option(help="Kafka topic; default filopy-NAME.")] = None,
     bootstrap: Annotated[
         str | None,
-        typer.Option(help="Kafka bootstrap servers; default: the cluster's (kafka settings)."),
+        typer.Option(help="Kafka bootstrap servers; default: the cluster's own."),
     ] = None,
     record_format: Annotated[
         str, typer.Option("--format", help="filopy-binary or influx-line.")

@@ -3,6 +3,9 @@
 A dataset fixes its shard count, how many nodes it is spread over, which labels form the shard
 key, how widely each shard key is spread, and where its samples come from. The definition is
 immutable once created: changing the shard count would re-route every series.
+
+Numbers are strict: `"8"`, `true` or `8.0` where a count is expected is refused, naming the field,
+rather than coerced (REST bodies are validated by these models).
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import re
 from enum import StrEnum
 from typing import Annotated, Self
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 DEFAULT_SHARD_KEY_COLUMNS: tuple[str, ...] = ("_ws_", "_ns_", "_metric_")
 METRIC_COLUMN = "_metric_"
@@ -78,13 +81,13 @@ class SpreadOverride(_Frozen):
     """A spread for one exact shard key: every non-metric shard key column must be given."""
 
     shard_key: dict[str, str]
-    spread: Annotated[int, Field(ge=0)]
+    spread: Annotated[int, Field(ge=0, strict=True)]
 
 
 class SpreadSettings(_Frozen):
     """How many shards (2**spread) each shard key's series are spread over."""
 
-    default: Annotated[int, Field(ge=0)] = 1
+    default: Annotated[int, Field(ge=0, strict=True)] = 1
     overrides: tuple[SpreadOverride, ...] = ()
 
 
@@ -93,22 +96,22 @@ class StoreOptions(_Frozen):
     setting of the same name. Part of the definition, so every node treats the dataset alike and
     a restart never reads checkpoints written under another flush-group layout."""
 
-    groups_per_shard: Annotated[int, Field(ge=1, le=1024)] | None = Field(
+    groups_per_shard: Annotated[int, Field(ge=1, le=1024, strict=True)] | None = Field(
         default=None, description="Flush groups per shard (checkpoints are per group)."
     )
-    flush_interval_s: Annotated[float, Field(gt=0, le=86400)] | None = Field(
+    flush_interval_s: Annotated[float, Field(gt=0, le=86400, strict=True)] | None = Field(
         default=None,
         description="Every group flushes once per interval: the most a restart replays.",
     )
-    max_chunk_samples: Annotated[int, Field(ge=2, le=100_000)] | None = Field(
+    max_chunk_samples: Annotated[int, Field(ge=2, le=100_000, strict=True)] | None = Field(
         default=None, description="At most this many samples of one series per chunk."
     )
-    chunk_span_ms: Annotated[int, Field(ge=1)] | None = Field(
+    chunk_span_ms: Annotated[int, Field(ge=1, strict=True)] | None = Field(
         default=None,
         description="Chunks never cross a bucket of this many ms; at most the cluster's "
         "store.max_chunk_span_ms (checked at SetupDataset).",
     )
-    memory_retention_ms: Annotated[int, Field(ge=0)] | None = Field(
+    memory_retention_ms: Annotated[int, Field(ge=0, strict=True)] | None = Field(
         default=None, description="Samples newer than this stay in memory for queries."
     )
 
@@ -129,18 +132,28 @@ class LabelLimits(_Frozen):
     decoded (a series over a limit is a counted bad record, never stored) and by the gateway.
     Sizes are UTF-8 bytes; the defaults are far above real label sets and keep both stores safe."""
 
-    max_label_name_bytes: Annotated[int, Field(ge=1, le=MAX_SERIES_KEY_BYTES)] = Field(
-        default=256, description="Longest label name (bad record: label_name_too_long)."
+    max_label_name_bytes: StrictInt = Field(
+        default=256,
+        ge=1,
+        le=MAX_SERIES_KEY_BYTES,
+        description="Longest label name (bad record: label_name_too_long).",
     )
-    max_label_value_bytes: Annotated[int, Field(ge=1, le=MAX_SERIES_KEY_BYTES)] = Field(
-        default=16_384, description="Longest label value (bad record: label_too_long)."
+    max_label_value_bytes: StrictInt = Field(
+        default=16_384,
+        ge=1,
+        le=MAX_SERIES_KEY_BYTES,
+        description="Longest label value (bad record: label_too_long).",
     )
-    max_labels_per_series: Annotated[int, Field(ge=1, le=MAX_LABELS_PER_SERIES)] = Field(
+    max_labels_per_series: StrictInt = Field(
         default=64,
+        ge=1,
+        le=MAX_LABELS_PER_SERIES,
         description="Most labels on one series, the metric name included (too_many_labels).",
     )
-    max_series_key_bytes: Annotated[int, Field(ge=64, le=MAX_SERIES_KEY_BYTES)] = Field(
+    max_series_key_bytes: StrictInt = Field(
         default=32_768,
+        ge=64,
+        le=MAX_SERIES_KEY_BYTES,
         description="Largest stored series key: the compact JSON of the labels, sorted, without "
         f"empty values (series_key_too_long); at most {MAX_SERIES_KEY_BYTES}, which Cassandra's "
         "64 KB key limit leaves room for.",
@@ -158,11 +171,11 @@ class Dataset(_Frozen):
         description="Letters, digits, '_' and '-', a letter first, at most 128 characters.",
         json_schema_extra={"pattern": _NAME_RE.pattern},
     )
-    num_shards: Annotated[int, Field(ge=1, le=1 << 16)] = Field(
+    num_shards: Annotated[int, Field(ge=1, le=1 << 16, strict=True)] = Field(
         description="A power of two (one Kafka partition per shard); fixed once created.",
         json_schema_extra={"enum": [1 << i for i in range(17)]},
     )
-    min_num_nodes: Annotated[int, Field(ge=1)] = 1
+    min_num_nodes: Annotated[int, Field(ge=1, strict=True)] = 1
     shard_key_columns: tuple[str, ...] = DEFAULT_SHARD_KEY_COLUMNS
     metric_column: str = METRIC_COLUMN
     spread: SpreadSettings = SpreadSettings()

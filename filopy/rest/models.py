@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from filopy.mapper import ShardMapper
 from filopy.shard_status import (
     CurrentShardSnapshot,
+    IngestionDegraded,
     IngestionError,
     RecoveryInProgress,
     ShardEvent,
@@ -20,7 +21,11 @@ from filopy.shard_status import (
 
 T = TypeVar("T")
 
-ShardNumber = Annotated[int, Field(ge=0, description="A shard number, 0 .. num_shards - 1.")]
+# Request fields are strict: `"1"`, `true` or `1.0` for a shard number is a 400 naming the field,
+# never coerced (pydantic's lax mode read `true` as shard 1).
+ShardNumber = Annotated[
+    int, Field(ge=0, strict=True, description="A shard number, 0 .. num_shards - 1.")
+]
 
 
 class Success(BaseModel, Generic[T]):
@@ -35,7 +40,7 @@ class ErrorBody(BaseModel):
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class StartShardsRequest(_Request):
@@ -115,7 +120,7 @@ def event_data(event: ShardEvent, mapper: ShardMapper | None) -> dict[str, Any]:
     }
     if isinstance(event, RecoveryInProgress):
         out["progressPct"] = event.progress_pct
-    if isinstance(event, IngestionError | RecoveryInProgress) and event.message:
+    if isinstance(event, IngestionError | IngestionDegraded | RecoveryInProgress) and event.message:
         out["message"] = event.message
     if mapper is not None:
         out["status"] = str(mapper.status(event.shard))

@@ -115,6 +115,23 @@ OVERRIDE = {"shard_key": {"_ws_": "w", "_ns_": "n"}, "spread": 1}
         ({"num_shards": 0}, "num_shards: Input should be greater than or equal to 1"),
         ({"num_shards": 1 << 17}, "num_shards: Input should be less than or equal to 65536"),
         ({"num_shards": "many"}, "num_shards: Input should be a valid integer"),
+        # Strict numbers: a string, a boolean or a float is refused, never coerced.
+        ({"num_shards": "8"}, "num_shards: Input should be a valid integer"),
+        ({"num_shards": 8.0}, "num_shards: Input should be a valid integer"),
+        ({"num_shards": True}, "num_shards: Input should be a valid integer"),
+        ({"min_num_nodes": 1e10}, "min_num_nodes: Input should be a valid integer"),
+        ({"min_num_nodes": "2"}, "min_num_nodes: Input should be a valid integer"),
+        ({"spread": {"default": "1"}}, "spread.default: Input should be a valid integer"),
+        (
+            {"spread": {"overrides": [{**OVERRIDE, "spread": True}]}},
+            "spread.overrides[0].spread: Input should be a valid integer",
+        ),
+        ({"store": {"groups_per_shard": 2.0}}, "store.groups_per_shard: Input should be a valid"),
+        ({"store": {"flush_interval_s": "30"}}, "store.flush_interval_s: Input should be a valid"),
+        (
+            {"limits": {"max_labels_per_series": "64"}},
+            "limits.max_labels_per_series: Input should be a valid integer",
+        ),
         ({"num_shards": None}, "num_shards: Input should be a valid integer"),
         ({"name": "1st"}, "invalid dataset name '1st': use 1-128 characters, a letter first"),
         ({"name": "a b"}, "invalid dataset name 'a b'"),
@@ -190,6 +207,44 @@ def test_each_invalid_field_is_a_400_naming_it(rest, name: str, change: dict, me
     error = error_of(rest.http.post(DATASETS, json=body), 400, "bad_data")
     assert message in error, error
     assert name not in rest.http.get("/api/v1/cluster").json()["data"]
+
+
+def test_numbers_in_a_definition_may_be_json_numbers_of_either_kind(rest, name: str) -> None:
+    # A float setting given as a JSON integer is still a number: accepted, stored as a float.
+    body = {"name": name, "num_shards": 2, "store": {"flush_interval_s": 30}}
+    resp = rest.http.post(DATASETS, json=body)
+    assert resp.status_code == 201, resp.text
+    assert resp.json()["data"]["store"]["flush_interval_s"] == 30.0
+    rest.http.delete(f"{DATASETS}/{name}")
+
+
+@pytest.mark.parametrize(
+    ("action", "body", "message"),
+    [
+        ("stopshards", {"shardList": [True]}, "shardList[0]: Input should be a valid integer"),
+        ("stopshards", {"shardList": ["1"]}, "shardList[0]: Input should be a valid integer"),
+        ("stopshards", {"shardList": [1.0]}, "shardList[0]: Input should be a valid integer"),
+        ("stopshards", {"shardList": "1"}, "shardList: Input should be a valid list"),
+        ("startshards", {"shardList": [True]}, "shardList[0]: Input should be a valid integer"),
+        ("startshards", {"address": 7, "shardList": [1]}, "address: Input should be a valid str"),
+    ],
+)
+def test_loosely_typed_shard_requests_are_400_and_change_nothing(
+    rest, name: str, action: str, body: dict, message: str
+) -> None:
+    created = rest.http.post(DATASETS, json={"name": name, "num_shards": 2})
+    assert created.status_code == 201, created.text
+    try:
+        rest.wait_for("all shards active", lambda: rest.all_active(name))
+        before = rest.client.shard_map(name)
+        if action == "startshards":
+            body = {"address": rest.nodes[0], **body}
+        resp = rest.http.post(f"/api/v1/cluster/{name}/{action}", json=body)
+        assert message in error_of(resp, 400, "bad_data")
+        after = rest.client.shard_map(name)
+        assert after.statuses == before.statuses and after.is_healthy()
+    finally:
+        rest.http.delete(f"{DATASETS}/{name}")
 
 
 def test_the_python_client_is_refused_a_dataset_the_cluster_cannot_hold(rest, name) -> None:
