@@ -2,8 +2,8 @@
 
 One `ShardMemstore` per shard the node ingests. It holds
 
-* a series index: canonical part key -> series id, plus an inverted index label -> value -> ids
-  for query filters;
+* a series index (`ingest.series_index`): label sets and part keys by series id, and the
+  inverted index that answers query filters;
 * per series an open append buffer (two NumPy arrays grown geometrically) and a list of sealed
   chunks, kept *encoded* (`ChunkRecord`, ~2 bytes/sample instead of 16) and decoded on query:
   the in-memory window is mostly sealed data, and decoding runs at ~2 M samples/s;
@@ -42,12 +42,12 @@ from filopy.store.api import (
     INT64_MIN,
     ChunkRecord,
     LabelMatcher,
-    MatchOp,
     PartKeyRecord,
     decode_part_key,
     encode_part_key,
 )
 from ingest.batch import Labels, SampleBatch
+from ingest.series_index import SeriesIndex
 
 I64 = np.int64
 F64 = np.float64
@@ -112,15 +112,13 @@ _NO_VALS = np.empty(0, F64)
 
 class _Series:
     """A series' open buffer (`ts[:n]`, `vals[:n]`) and its sealed chunks in memory, oldest
-    first. Buffers are released at each seal and re-allocated at the next sample with the last
-    segment's size (`hint`), so idle series cost no buffer and busy ones about one allocation
-    per flush."""
+    first (its labels and part key are in the `SeriesIndex`). Buffers are released at each seal
+    and re-allocated at the next sample with the last segment's size (`hint`), so idle series
+    cost no buffer and busy ones about one allocation per flush."""
 
-    __slots__ = ("chunks", "group", "hint", "labels", "n", "part_key", "ts", "vals")
+    __slots__ = ("chunks", "group", "hint", "n", "ts", "vals")
 
-    def __init__(self, part_key: str, labels: Labels, group: int) -> None:
-        self.part_key = part_key
-        self.labels = labels
+    def __init__(self, group: int) -> None:
         self.group = group
         self.ts = _NO_TS
         self.vals = _NO_VALS
@@ -183,12 +181,8 @@ class ShardMemstore:
         self.max_samples = max_samples
         self.stats = MemstoreStats()
         self._lock = threading.RLock()
-        # series index
-        self._series: list[_Series] = []
-        self._by_key: dict[str, int] = {}
-        self._label_cache: dict[tuple[tuple[str, str], ...], int] = {}  # raw labels -> id
-        self._strings: dict[str, str] = {}  # one copy of each label name and value
-        self._index: dict[str, dict[str, set[int]]] = {}
+        self._index = SeriesIndex()  # series ids, labels, part keys, matcher lookup
+        self._series: list[_Series] = []  # per series id
         self._group_series: list[list[int]] = [[] for _ in range(groups_per_shard)]
         # per series, NumPy so ingest updates them vectorised
         self._first_ts = np.empty(0, I64)
@@ -218,9 +212,10 @@ class ShardMemstore:
         with self._lock:
             count = 0
             for r in records:
-                sid = self._by_key.get(r.part_key)
+                sid = self._index.id_of_part_key(r.part_key)
                 if sid is None:
-                    sid = self._add_series(decode_part_key(r.part_key), r.part_key)
+                    sid = self._index.add(decode_part_key(r.part_key), r.part_key)
+                    self._add_series(sid)
                 first = int(self._first_ts[sid])
                 self._first_ts[sid] = r.start_time if first == NONE_TS else min(first, r.start_time)
                 self._last_ts[sid] = max(int(self._last_ts[sid]), r.end_time)
@@ -343,37 +338,17 @@ class ShardMemstore:
 
     def _resolve(self, series: Sequence[Labels], st: IngestStats) -> npt.NDArray[np.int64]:
         """Series ids of a batch's label sets, creating new series; -1 for invalid labels."""
-        out = np.empty(len(series), I64)
-        cache = self._label_cache
-        for i, labels in enumerate(series):
-            try:
-                key = tuple(sorted(labels.items()))
-                sid = cache.get(key)
-            except (TypeError, AttributeError):
-                out[i] = -1
-                continue
-            if sid is None:
-                try:
-                    part_key = encode_part_key(labels)
-                except (ValueError, TypeError):
-                    out[i] = -1
-                    continue
-                sid = self._by_key.get(part_key)
-                if sid is None:
-                    sid = self._add_series({k: v for k, v in labels.items() if v != ""}, part_key)
-                    st.new_series += 1
-                intern = self._intern
-                cache[tuple((intern(k), intern(v)) for k, v in key)] = sid
-            out[i] = sid
+        known = len(self._index)
+        out = self._index.resolve(series)
+        for sid in range(known, len(self._index)):
+            self._add_series(sid)
+        st.new_series += len(self._index) - known
         return out
 
-    def _intern(self, text: str) -> str:
-        return self._strings.setdefault(text, text)
-
-    def _add_series(self, labels: Labels, part_key: str) -> int:
-        sid = len(self._series)
-        labels = {self._intern(k): self._intern(v) for k, v in labels.items()}
-        group = flush_group_of(labels, self.dataset, self.groups_per_shard)
+    def _add_series(self, sid: int) -> None:
+        """Sample state for a series the index has just added (ids are dense, in order)."""
+        assert sid == len(self._series)
+        group = flush_group_of(self._index.labels(sid), self.dataset, self.groups_per_shard)
         if sid >= len(self._group):
             cap = max(1024, 2 * len(self._group))
             self._first_ts = _grown(self._first_ts, cap, NONE_TS)
@@ -382,12 +357,8 @@ class ShardMemstore:
             self._group = _grown(self._group, cap, 0)
         self._first_ts[sid] = self._last_ts[sid] = self._store_end[sid] = NONE_TS
         self._group[sid] = group
-        self._series.append(_Series(part_key, labels, group))
-        self._by_key[part_key] = sid
+        self._series.append(_Series(group))
         self._group_series[group].append(sid)
-        for k, v in labels.items():
-            self._index.setdefault(k, {}).setdefault(v, set()).add(sid)
-        return sid
 
     # ------------------------------------------------------------------------- series index
 
@@ -401,13 +372,13 @@ class ShardMemstore:
             if isinstance(labels_or_part_key, str)
             else encode_part_key(labels_or_part_key)
         )
-        return self._by_key.get(key)
+        return self._index.id_of_part_key(key)
 
     def part_key(self, series_id: int) -> str:
-        return self._series[series_id].part_key
+        return self._index.part_key(series_id)
 
     def labels(self, series_id: int) -> Labels:
-        return dict(self._series[series_id].labels)
+        return dict(self._index.labels(series_id))
 
     def group_of(self, series_id: int) -> int:
         return self._series[series_id].group
@@ -416,39 +387,10 @@ class ShardMemstore:
         return list(self._group_series[group])
 
     def find_series(self, matchers: Sequence[LabelMatcher]) -> list[int]:
-        """Ids of the series satisfying every matcher (Prometheus semantics), ascending.
-
-        Each matcher is answered from the inverted index, testing each distinct *value* of its
-        label once rather than each series; `=` matchers (most selective) go first, and once the
-        candidates are few, the remaining matchers filter them directly."""
+        """Ids of the series satisfying every matcher (Prometheus semantics), ascending
+        (`SeriesIndex.find`)."""
         with self._lock:
-            ordered = sorted(matchers, key=lambda m: (m.op is not MatchOp.EQ, m.value == ""))
-            cands: set[int] | None = None
-            for m in ordered:
-                if cands is not None and len(cands) <= 64:
-                    series = self._series
-                    cands = {s for s in cands if m.matches(series[s].labels)}
-                else:
-                    hit = self._matching(m)
-                    cands = hit if cands is None else cands & hit
-                if not cands:
-                    return []
-            if cands is None:
-                return list(range(len(self._series)))
-            return sorted(cands)
-
-    def _matching(self, m: LabelMatcher) -> set[int]:
-        values = self._index.get(m.label, {})
-        if m.op is MatchOp.EQ and m.value != "":
-            return set(values.get(m.value, ()))
-        hit: set[int] = set()
-        for v, ids in values.items():
-            if m.matches({m.label: v}):
-                hit |= ids
-        if m.matches({}):  # a missing label counts as "": add the series without the label
-            having: set[int] = set().union(*values.values()) if values else set()
-            hit |= set(range(len(self._series))) - having
-        return hit
+            return self._index.find(matchers)
 
     # ------------------------------------------------------------------------------- queries
 
@@ -520,16 +462,17 @@ class ShardMemstore:
                 n = ser.n
                 if not n:
                     continue
+                part_key = self._index.part_key(sid)
                 ts, vals = ser.ts[:n], ser.vals[:n]
                 cuts = chunk_cuts(ts, span, most)
                 for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True):
-                    rec = ChunkRecord.from_samples(ser.part_key, ts[a:b], vals[a:b])
+                    rec = ChunkRecord.from_samples(part_key, ts[a:b], vals[a:b])
                     mem = _MemChunk(sid, rec)
                     ser.chunks.append(mem)
                     sealed.chunks.append(rec)
                     sealed._mem.append(mem)
                 sealed.part_keys.append(
-                    PartKeyRecord(ser.part_key, int(self._first_ts[sid]), int(ts[n - 1]))
+                    PartKeyRecord(part_key, int(self._first_ts[sid]), int(ts[n - 1]))
                 )
                 sealed.samples += n
                 ser.n = 0
