@@ -1,11 +1,11 @@
 """Running PromQL on a FiloPy cluster: plan, route, fan out to the nodes, merge.
 
 The caller (the REST server, the CLI, a Python client) keeps each dataset's shard map current
-through a subscription, so a query costs no call to the singleton. The engine decides which parts
-of the expression are series-local or pushable aggregations; those go to the nodes that own the
-shards the parts' selectors route to (`query.routing`), each node evaluating them on its own
-memstores and the ColumnStore, and only step results come back. Everything else (binary
-operators between vectors, topk, ...) runs here on those results.
+through a subscription, so a query costs no call to the singleton. `query.pushdown` decides
+which parts of the expression are series-local or pushable aggregations; those go to the nodes
+that own the shards the parts' selectors route to (`query.routing`), each node evaluating them on
+its own memstores and the ColumnStore, and only step results come back. Everything else (binary
+operators between vectors, topk, ...) runs here on those results (`query.evaluator`).
 """
 
 from __future__ import annotations
@@ -287,7 +287,7 @@ class QueryService:
 
 
 class _Run:
-    """One query's execution: the engine's `Backend`, fanning its parts out to the nodes."""
+    """One query's execution: the evaluator's `Backend`, fanning its parts out to the nodes."""
 
     def __init__(
         self,
@@ -468,7 +468,7 @@ def _route_json(selector: str, r: SelectorRoute) -> dict[str, Any]:
 
 
 def _remote_parts(expr: Expr) -> list[tuple[str, str]]:
-    """The subexpressions the nodes evaluate, as the engine splits them."""
+    """The subexpressions the nodes evaluate, as `query.pushdown` splits them."""
     if isinstance(expr, Aggregate) and is_pushable(expr):
         return [("partial aggregation", format_expr(expr))]
     if is_series_local(expr):
