@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pickle
 
 import pytest
 from pydantic import ValidationError
@@ -60,3 +61,62 @@ def test_the_schema_states_the_bounds() -> None:
 
 def test_the_largest_series_key_fits_cassandras_key_for_the_longest_dataset_name() -> None:
     assert MAX_SERIES_KEY_BYTES <= _max_part_key_bytes("d" * 128) < 65_535
+
+
+FULL = {
+    "name": "full",
+    "num_shards": 8,
+    "min_num_nodes": 2,
+    "shard_key_columns": ["_ws_", "_ns_", "_metric_"],
+    "metric_column": "_metric_",
+    "spread": {"default": 1, "overrides": [{"shard_key": {"_ws_": "w", "_ns_": "n"}, "spread": 3}]},
+    "source": {"topic": "t", "bootstrap_servers": "kafka:9092", "record_format": "influx-line"},
+    "store": {"groups_per_shard": 4, "flush_interval_s": 30, "chunk_span_ms": 600_000},
+    "limits": {"max_labels_per_series": 32},
+}
+
+
+def test_strict_numbers_still_read_every_real_definition() -> None:
+    # As the CLI and the Python client build it (Python lists and dicts), and as stored (JSON).
+    ds = Dataset.model_validate(FULL)
+    assert Dataset.from_json(ds.to_json()) == ds
+    assert Dataset.model_validate_json(json.dumps(FULL)) == ds
+    assert Dataset.model_validate(json.loads(ds.to_json())) == ds
+    assert ds.store.flush_interval_s == 30.0  # an integer is a number where a float belongs
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"num_shards": "8"}, "num_shards"),
+        ({"num_shards": 8.0}, "num_shards"),
+        ({"min_num_nodes": True}, "min_num_nodes"),
+        ({"min_num_nodes": 1e10}, "min_num_nodes"),
+        ({"spread": {"default": "1"}}, "spread.default"),
+        ({"store": {"flush_interval_s": "30"}}, "store.flush_interval_s"),
+        ({"limits": {"max_labels_per_series": 32.0}}, "limits.max_labels_per_series"),
+    ],
+)
+def test_numbers_are_not_coerced(change: dict, field: str) -> None:
+    for text in (False, True):
+        with pytest.raises(ValidationError) as e:
+            body = {**FULL, **change}
+            if text:
+                Dataset.model_validate_json(json.dumps(body))
+            else:
+                Dataset.model_validate(body)
+        assert [".".join(map(str, err["loc"])) for err in e.value.errors()] == [field]
+
+
+def test_an_unset_bootstrap_is_the_clusters() -> None:
+    unset = Dataset(name="d", num_shards=2)
+    assert not unset.source.bootstrap_given
+    held = unset.with_cluster_kafka("kafka:9092")
+    assert held.source.bootstrap_servers == "kafka:9092" and held.source.bootstrap_given
+    assert held.with_cluster_kafka("other:9092") == held  # filled once, kept
+    assert Dataset.from_json(held.to_json()) == held  # as stored and read back
+    assert pickle.loads(pickle.dumps(unset)).with_cluster_kafka("k:1").source.bootstrap_servers == (
+        "k:1"  # the client's definition crosses Ray pickled: still unset on the other side
+    )
+    own = Dataset.model_validate(FULL)
+    assert own.with_cluster_kafka("other:9092") == own
