@@ -29,12 +29,12 @@ from filopy.testing import LocalRayCluster  # noqa: E402  (binds Ray to loopback
 import ray  # noqa: E402
 
 from coordinator.cluster_actor import start_cluster_actor  # noqa: E402
+from coordinator.cluster_queries import cluster_query_service  # noqa: E402
 from filopy.client import FiloPyClient  # noqa: E402
 from filopy.config import load_settings  # noqa: E402
 from filopy.dataset import Dataset, SourceSettings  # noqa: E402
 from ingest.gateway import Gateway  # noqa: E402
 from ingest.workload import scrapes  # noqa: E402
-from query.service import QueryService  # noqa: E402
 
 BOOTSTRAP = f"127.0.0.1:{os.environ.get('FILOPY_KAFKA_PORT', '9092')}"
 SERIES, SCRAPES, SHARDS, NODES, RUNS = 10_000, 40, 64, 2, 30
@@ -87,7 +87,7 @@ def main() -> None:
                 break
             time.sleep(0.5)
         at = T0 + (SCRAPES - 1) * 15_000
-        svc = QueryService(client)
+        svc = cluster_query_service(client)
         lines += [
             f"# bench_query on {platform.node()} ({os.cpu_count()} cores), "
             f"{time.strftime('%Y-%m-%d %H:%M')}",

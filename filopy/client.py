@@ -245,9 +245,9 @@ class FiloPyClient:
         through a subscription, so queries cost no call to the singleton."""
         with self._create_lock:  # REST requests ask from several threads: one service
             if self._query_service is None:
-                from query.service import QueryService  # the query layer builds on this module
+                from coordinator.cluster_queries import cluster_query_service  # builds on this
 
-                self._query_service = QueryService(self, self.timeout_s)
+                self._query_service = cluster_query_service(self, self.timeout_s)
             return self._query_service
 
     def query(self, dataset: str, promql: str, time_ms: int | None = None, **options: Any) -> Any:

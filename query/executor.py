@@ -49,6 +49,14 @@ class ShardSource:
         self._columns = column_store
         self.stats = ScanStats()
 
+    def restricted(self, shards: Sequence[int]) -> ShardSource:
+        """The same source over some of its shards, counting into the same stats."""
+        part = ShardSource(
+            self.dataset, {s: m for s, m in self._memstores.items() if s in shards}, self._columns
+        )
+        part.stats = self.stats
+        return part
+
     def _translate(self, matchers: Sequence[LabelMatcher]) -> list[LabelMatcher]:
         metric = self.dataset.metric_column
         return [
@@ -109,13 +117,16 @@ class ShardSource:
 class NodeQuery:
     """One node's part of a query, as sent over Ray (everything in it pickles)."""
 
-    kind: Literal["series_local", "partial", "series"]
+    kind: Literal["series_local", "partial", "series", "batch"]
     expr: Expr | None = None  # series_local: a series-local Expr; partial: a pushable Aggregate
     times: npt.NDArray[np.int64] | None = None
     lookback_ms: int = 300_000
     matchers: tuple[tuple[LabelMatcher, ...], ...] = ()  # series: any of these selectors
     start_ms: int = INT64_MIN
     end_ms: int = INT64_MAX
+    # batch: every part of one query this node evaluates, as (index, "series_local" or
+    # "partial", expression, its shards here); the answer maps each index to its result.
+    parts: tuple[tuple[int, str, Expr, tuple[int, ...]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -129,7 +140,17 @@ class NodeAnswer:
 def run_node_query(query: NodeQuery, source: ShardSource) -> NodeAnswer:
     """Evaluate a node's part of a query over its shards (called on the node, off its loop)."""
     result: Any
-    if query.kind == "series_local":
+    if query.kind == "batch":
+        assert query.times is not None
+        result = {}
+        for index, kind, expr, shards in query.parts:
+            part = source.restricted(shards)
+            if kind == "partial":
+                assert isinstance(expr, Aggregate)
+                result[index] = eval_partial(expr, part, query.times, query.lookback_ms)
+            else:
+                result[index] = eval_series_local(expr, part, query.times, query.lookback_ms)
+    elif query.kind == "series_local":
         assert query.expr is not None and query.times is not None
         result = eval_series_local(query.expr, source, query.times, query.lookback_ms)
     elif query.kind == "partial":

@@ -10,36 +10,31 @@ operators between vectors, topk, ...) runs here on those results (`query.evaluat
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
-import ray
 
-from coordinator.node_coordinator import node_actor_name
-from filopy.client import DatasetUnknownError, FiloPyClient, Subscription
-from filopy.dataset import Dataset
+from filopy.dataset import Dataset, DatasetRef
 from filopy.hashing import check_spread
-from filopy.mapper import ShardMapper
-from filopy.shard_status import (
-    Active,
-    CurrentShardSnapshot,
-    Degraded,
-    Recovery,
-    ShardEvent,
-    ShardMapState,
-    ShardStatus,
-)
+from filopy.shard_status import Active, Degraded, Recovery, ShardMapState, ShardStatus
 from filopy.store.api import LabelMatcher
 from query.aggregate import Partial
 from query.evaluator import eval_partial, eval_series_local, evaluate
 from query.executor import NodeAnswer, NodeQuery, ShardsNotHere
-from query.promql import Aggregate, Expr, QueryError, children, format_expr, parse, selectors
+from query.promql import (
+    Aggregate,
+    Expr,
+    QueryError,
+    children,
+    format_expr,
+    parse,
+    selectors,
+    value_type,
+)
 from query.pushdown import concat_matrices, is_pushable, is_series_local, merge_partials
 from query.routing import SelectorRoute, route
 from query.values import MemorySource, StepMatrix, Value
@@ -47,6 +42,38 @@ from query.values import MemorySource, StepMatrix, Value
 log = logging.getLogger("filopy.query")
 
 DEFAULT_LOOKBACK_MS = 300_000
+
+
+class NodeUnavailable(Exception):
+    """A node could not answer (gone, failed, timed out): its shards count as unavailable."""
+
+
+class MapSource(Protocol):
+    """Where queries learn a dataset's definition and its current shard map."""
+
+    def dataset(self, name: str) -> Dataset:
+        """The definition; raises the cluster's dataset-unknown error if there is none."""
+        ...
+
+    def shard_map(self, name: str) -> ShardMapState:
+        """The current map: an immutable snapshot, shared (never copied per query)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class PendingAnswer(Protocol):
+    def result(self, timeout_s: float) -> NodeAnswer:
+        """The node's answer; raises `ShardsNotHere` or `NodeUnavailable`."""
+        ...
+
+
+class NodeCaller(Protocol):
+    """Sends one node its part of a query; answers are collected after every call is sent."""
+
+    def submit(
+        self, node: str, ref: DatasetRef, shards: Sequence[int], request: NodeQuery
+    ) -> PendingAnswer: ...
 
 
 class ShardsUnavailable(QueryError):
@@ -75,67 +102,17 @@ class QueryResult:
     samples_scanned: int = 0
 
 
-class _MapWatch:
-    """A dataset's shard map kept current by a subscription, on a daemon thread.
-
-    Queries read the map's immutable snapshot (`ShardMapState`, rebuilt at most once per change
-    and shared), never a copy of the mapper: O(1) per query even for 65536 shards."""
-
-    def __init__(self, client: FiloPyClient, name: str) -> None:
-        self._sub: Subscription = client.subscribe(name)
-        first = self._sub.next(timeout_s=30)
-        assert isinstance(first, CurrentShardSnapshot)
-        self._mapper = ShardMapper.from_state(first.state)
-        self._lock = threading.Lock()
-        self.closed = False
-        self._thread = threading.Thread(target=self._follow, name=f"map-{name}", daemon=True)
-        self._thread.start()
-
-    def _follow(self) -> None:
-        try:
-            while not self.closed:
-                try:
-                    update = self._sub.next(timeout_s=self._sub.POLL_S)
-                except TimeoutError:
-                    continue
-                except StopIteration:  # the dataset was removed
-                    break
-                with self._lock:
-                    if isinstance(update, CurrentShardSnapshot):
-                        self._mapper = ShardMapper.from_state(update.state)
-                    elif isinstance(update, ShardEvent):
-                        self._mapper.update_from_event(update)
-        except (Exception, SystemExit) as e:  # Ray raises SystemExit when the driver shuts down
-            log.info("shard map subscription ended (%s); the next query re-subscribes", e)
-        self.closed = True
-
-    def state(self) -> ShardMapState:
-        with self._lock:
-            return self._mapper.snapshot()
-
-    def close(self) -> None:
-        """Stop following (within one poll) and unsubscribe; call before Ray shuts down."""
-        self.closed = True
-        self._thread.join(timeout=self._sub.POLL_S + 5)
-        with contextlib.suppress(Exception):  # the cluster may be gone already
-            self._sub.unsubscribe()
-
-
 class QueryService:
-    """PromQL over the datasets of one cluster, for any Ray driver joined to it.
+    """PromQL over the datasets of one cluster: maps from a `MapSource`, node parts through a
+    `NodeCaller` (the cluster's are in `filopy.client`; tests pass fakes). `close()` it before
+    the cluster connection goes (the map source may follow maps on threads)."""
 
-    It follows each queried dataset's shard map on a thread: `close()` it before `ray.shutdown()`
-    (a thread still blocked in Ray while Ray shuts down can take the process down with it)."""
-
-    def __init__(self, client: FiloPyClient, timeout_s: float = 60.0) -> None:
-        self._client = client
+    def __init__(self, maps: MapSource, nodes: NodeCaller, timeout_s: float = 60.0) -> None:
+        self._maps = maps
+        self._nodes = nodes
         self._timeout_s = timeout_s
-        self._datasets: dict[str, Dataset] = {}
-        self._maps: dict[str, _MapWatch] = {}
-        self._nodes: dict[str, Any] = {}
-        self._lock = threading.Lock()
 
-    # ----- cluster state, cached -------------------------------------------------------------
+    # ----- cluster state ---------------------------------------------------------------------
 
     @staticmethod
     def _check_spread(ds: Dataset, spread: int | None) -> None:
@@ -147,36 +124,14 @@ class QueryService:
             raise QueryError("bad_data", f'invalid parameter "spread": {e}') from None
 
     def dataset(self, name: str) -> Dataset:
-        ds = self._datasets.get(name)
-        if ds is None:
-            self._datasets = {d.name: d for d in self._client.datasets()}
-            ds = self._datasets.get(name)
-            if ds is None:
-                raise DatasetUnknownError(name)
-        return ds
+        return self._maps.dataset(name)
 
     def shard_map(self, name: str) -> ShardMapState:
         """The dataset's current shard map (an immutable snapshot, shared: do not copy it)."""
-        with self._lock:
-            watch = self._maps.get(name)
-            if watch is None or watch.closed:
-                if watch is not None:  # the dataset may have been removed and re-created
-                    self._datasets.pop(name, None)
-                watch = self._maps[name] = _MapWatch(self._client, name)
-        return watch.state()
-
-    def _node(self, node: str) -> Any:
-        handle = self._nodes.get(node)
-        if handle is None:
-            handle = self._nodes[node] = ray.get_actor(
-                node_actor_name(node), namespace=self._client.settings.ray.namespace
-            )
-        return handle
+        return self._maps.shard_map(name)
 
     def close(self) -> None:
-        for watch in self._maps.values():
-            watch.close()
-        self._maps.clear()
+        self._maps.close()
 
     # ----- queries ---------------------------------------------------------------------------
 
@@ -237,7 +192,7 @@ class QueryService:
             "series", matchers=tuple(tuple(m) for m in selectors_), start_ms=start_ms, end_ms=end_ms
         )
         seen: dict[tuple[tuple[str, str], ...], dict[str, str]] = {}
-        for answer in run.fan_out(shards, request):
+        for answer in run.fan_out(shards, lambda _: request):
             for labels in answer.result:
                 seen.setdefault(tuple(sorted(labels.items())), labels)
         value = [seen[k] for k in sorted(seen)]
@@ -282,12 +237,18 @@ class QueryService:
         self._check_spread(ds, spread)
         expr = parse(query)
         run = _Run(self, ds, self.shard_map(dataset), spread, partial, lookback_ms)
+        run.prefetch(remote_parts(expr), times)  # every node part, one call per node
         value = evaluate(expr, run, times, lookback_ms)
         return run.result(value)
 
 
+Part = tuple[int, str, Expr, tuple[int, ...]]  # (index, kind, expression, its shards)
+
+
 class _Run:
-    """One query's execution: the evaluator's `Backend`, fanning its parts out to the nodes."""
+    """One query's execution: the evaluator's `Backend`. `prefetch` sends every part the nodes
+    evaluate in one call per node; the evaluator then reads the answers from it (a part it asks
+    for that was not prefetched is fetched on its own)."""
 
     def __init__(
         self,
@@ -305,6 +266,7 @@ class _Run:
         self.nodes: dict[str, set[int]] = {}
         self.series = 0
         self.samples = 0
+        self._done: dict[int, tuple[Expr, npt.NDArray[np.int64], Any]] = {}  # by id(expr)
 
     def result(self, value: Value) -> QueryResult:
         return QueryResult(
@@ -320,26 +282,72 @@ class _Run:
         _, shards = route(self.dataset, [s.matchers for s in selectors(expr)], self.spread)
         return shards
 
+    # ----- the evaluator's backend -----------------------------------------------------------
+
     def series_local(
         self, expr: Expr, times: npt.NDArray[np.int64], lookback_ms: int
     ) -> StepMatrix:
-        request = NodeQuery("series_local", expr, times, lookback_ms)
-        parts = [a.result for a in self.fan_out(self._shards_of(expr), request)]
-        if not parts:
+        done = self._prefetched(expr, times, lookback_ms)
+        if done is None:
+            request = NodeQuery("series_local", expr, times, lookback_ms)
+            done = [a.result for a in self.fan_out(self._shards_of(expr), lambda _: request)]
+        if not done:
             return eval_series_local(expr, MemorySource([]), times, lookback_ms)
-        return concat_matrices(parts)
+        return concat_matrices(done)
 
     def partial_aggregate(
         self, agg: Aggregate, times: npt.NDArray[np.int64], lookback_ms: int
     ) -> Partial:
-        request = NodeQuery("partial", agg, times, lookback_ms)
-        parts = [a.result for a in self.fan_out(self._shards_of(agg), request)]
-        if not parts:
+        done = self._prefetched(agg, times, lookback_ms)
+        if done is None:
+            request = NodeQuery("partial", agg, times, lookback_ms)
+            done = [a.result for a in self.fan_out(self._shards_of(agg), lambda _: request)]
+        if not done:
             return eval_partial(agg, MemorySource([]), times, lookback_ms)
-        return merge_partials(parts)
+        return merge_partials(done)
 
-    def fan_out(self, shards: Sequence[int], request: NodeQuery) -> list[NodeAnswer]:
-        """Send the request to the owners of `shards`, in parallel.
+    def _prefetched(
+        self, expr: Expr, times: npt.NDArray[np.int64], lookback_ms: int
+    ) -> list[Any] | None:
+        hit = self._done.get(id(expr))
+        if hit is None or hit[0] is not expr or lookback_ms != self.lookback_ms:
+            return None
+        return hit[2] if np.array_equal(hit[1], times) else None
+
+    def prefetch(self, parts: Sequence[Expr], times: npt.NDArray[np.int64]) -> None:
+        """Evaluate every node part of the query with one call per node (`NodeQuery` "batch")."""
+        if not parts:
+            return
+        plan: list[Part] = [
+            (i, "partial" if is_pushable(p) else "series_local", p, self._shards_of(p))
+            for i, p in enumerate(parts)
+        ]
+        if len(plan) == 1:  # one part: the plain request, nothing to gain from a batch
+            return
+        union = sorted({s for *_, shards in plan for s in shards})
+
+        def request(node_shards: Sequence[int]) -> NodeQuery:
+            mine = set(node_shards)
+            batch = tuple(
+                (i, kind, expr, tuple(s for s in shards if s in mine))
+                for i, kind, expr, shards in plan
+                if mine.intersection(shards)
+            )
+            return NodeQuery("batch", times=times, lookback_ms=self.lookback_ms, parts=batch)
+
+        results: dict[int, list[Any]] = {i: [] for i, *_ in plan}
+        for answer in self.fan_out(union, request):
+            for i, value in answer.result.items():
+                results[i].append(value)
+        for i, _, expr, _ in plan:
+            self._done[id(expr)] = (expr, times, results[i])
+
+    # ----- fan-out ---------------------------------------------------------------------------
+
+    def fan_out(
+        self, shards: Sequence[int], request: Callable[[Sequence[int]], NodeQuery]
+    ) -> list[NodeAnswer]:
+        """Send each owner of `shards` its request (built for the shards it owns), in parallel.
 
         A shard is served when the map has its owner ingesting it: Active, and also Assigned,
         Recovery or Degraded, whose node answers from what it holds (memstore and ColumnStore)
@@ -354,14 +362,9 @@ class _Run:
                 down[s] = str(status)
             else:
                 by_node.setdefault(owner, []).append(s)
-        calls = {}
-        for node, node_shards in by_node.items():
-            try:
-                handle = self.svc._node(node)
-            except ValueError:
-                down.update({s: f"node {node} is gone" for s in node_shards})
-                continue
-            calls[node] = handle.query.remote(self.dataset.ref, node_shards, request)
+        nodes = self.svc._nodes
+        ref = self.dataset.ref
+        calls = {n: nodes.submit(n, ref, ns, request(ns)) for n, ns in by_node.items()}
         answers: list[NodeAnswer] = []
         for node, call in calls.items():
             answer, served = self._answer(node, call, by_node[node], request, down)
@@ -383,17 +386,17 @@ class _Run:
     def _answer(
         self,
         node: str,
-        call: Any,
+        call: PendingAnswer,
         node_shards: list[int],
-        request: NodeQuery,
+        request: Callable[[Sequence[int]], NodeQuery],
         down: dict[int, str],
     ) -> tuple[NodeAnswer | None, list[int]]:
         """A node's answer and the shards it covers; failures go to `down`. A node that no
         longer runs some of the shards (our map was stale) is asked again for the others."""
         try:
-            return ray.get(call, timeout=self.svc._timeout_s), node_shards
+            return call.result(self.svc._timeout_s), node_shards
         except ShardsNotHere as e:
-            missing = set(getattr(e, "cause", e).shards or node_shards)
+            missing = set(e.shards or node_shards)
             for s in missing & set(node_shards):
                 status = self.shard_map.status(s)
                 down[s] = (
@@ -404,15 +407,10 @@ class _Run:
             rest = [s for s in node_shards if s not in missing]
             if not rest:
                 return None, []
-            try:
-                call = self.svc._node(node).query.remote(self.dataset.ref, rest, request)
-            except ValueError:
-                down.update({s: f"node {node} is gone" for s in rest})
-                return None, []
-            return self._answer(node, call, rest, request, down)
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
-            down.update({s: f"node {node} failed: {type(e).__name__}" for s in node_shards})
-            self.svc._nodes.pop(node, None)
+            again = self.svc._nodes.submit(node, self.dataset.ref, rest, request(rest))
+            return self._answer(node, again, rest, request, down)
+        except NodeUnavailable as e:
+            down.update({s: str(e) for s in node_shards})
             return None, []
 
     def _warn(self, warning: str) -> None:
@@ -467,13 +465,16 @@ def _route_json(selector: str, r: SelectorRoute) -> dict[str, Any]:
     }
 
 
+def remote_parts(expr: Expr) -> list[Expr]:
+    """The subexpressions the nodes evaluate, as `query.pushdown` splits them (and as the
+    evaluator asks for them: pushable aggregations, then maximal series-local subtrees)."""
+    if value_type(expr) == "vector" and (is_pushable(expr) or is_series_local(expr)):
+        return [expr]
+    return [part for child in children(expr) for part in remote_parts(child)]
+
+
 def _remote_parts(expr: Expr) -> list[tuple[str, str]]:
-    """The subexpressions the nodes evaluate, as `query.pushdown` splits them."""
-    if isinstance(expr, Aggregate) and is_pushable(expr):
-        return [("partial aggregation", format_expr(expr))]
-    if is_series_local(expr):
-        return [("series-local", format_expr(expr))]
-    out: list[tuple[str, str]] = []
-    for child in children(expr):
-        out.extend(_remote_parts(child))
-    return out
+    return [
+        ("partial aggregation" if is_pushable(p) else "series-local", format_expr(p))
+        for p in remote_parts(expr)
+    ]

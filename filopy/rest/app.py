@@ -19,6 +19,7 @@ from fastapi.openapi.utils import get_openapi
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
+from coordinator.cluster_queries import cluster_query_service
 from filopy.client import FiloPyClient, Subscription
 from filopy.config import Settings
 from filopy.dataset import _NAME_RE, Dataset
@@ -55,7 +56,6 @@ from filopy.rest.promql import promql_router
 from filopy.shard_status import Active, CurrentShardSnapshot, Degraded, Error, Recovery
 from filopy.store import DatasetConflict
 from ingest.topics import TopicMismatch, topic_partitions
-from query.service import QueryService
 
 R = TypeVar("R")
 
@@ -86,7 +86,7 @@ def create_app(client: FiloPyClient, settings: Settings) -> FastAPI:
     app.state.settings = settings
     app.state.client = client
     install_handlers(app, timeout_s)
-    queries = QueryService(client, timeout_s)
+    queries = cluster_query_service(client, timeout_s)
     app.include_router(promql_router(client, queries))
     app.router.add_event_handler("shutdown", queries.close)  # stop following maps before Ray goes
 

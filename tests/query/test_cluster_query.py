@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import ray
 
+from coordinator.cluster_queries import cluster_query_service
 from coordinator.node_coordinator import node_actor_name
 from filopy.dataset import Dataset, SourceSettings, StoreOptions
 from ingest.gateway import Gateway
@@ -114,7 +115,7 @@ def _load(r: Rest, kafka_bootstrap: str) -> None:
 
 @pytest.fixture(scope="module")
 def service(rest: Rest) -> Iterator[QueryService]:
-    svc = QueryService(rest.client)
+    svc = cluster_query_service(rest.client)
     yield svc
     svc.close()
 
