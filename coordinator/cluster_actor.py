@@ -30,6 +30,7 @@ from coordinator.inbox import Sequencer, Stream
 from coordinator.manager import (
     DatasetUnknown,
     EventIgnored,
+    EventsApplied,
     NodeShardMap,
     Reply,
     Result,
@@ -206,6 +207,26 @@ class NodeClusterActor:
                 return EventIgnored(event, f"stale report {seq} from {node}")
             self._last_event_seq[key] = seq
         return self._deliver(self._mgr.update_from_external_shard_event(node, event))
+
+    async def shard_events(self, node: str, events: list[tuple[ShardEvent, int]]) -> Reply:
+        """A batch of a node's reports, in the order it sent them, each with its `seq` (see
+        `shard_event`): a report older than one already applied for its shard is ignored, the
+        rest go through the manager in one call, so the batch is published once."""
+        await self._ready()
+        fresh: list[ShardEvent] = []
+        stale: list[EventIgnored] = []
+        last = self._last_event_seq
+        for event, seq in events:
+            key = (node, event.ref, event.shard)
+            if seq <= last.get(key, 0):
+                stale.append(EventIgnored(event, f"stale report {seq} from {node}"))
+                continue
+            last[key] = seq
+            fresh.append(event)
+        reply = self._deliver(self._mgr.update_from_external_shard_events(node, fresh))
+        if stale and isinstance(reply, EventsApplied):
+            reply = EventsApplied(reply.applied, (*stale, *reply.ignored))
+        return reply
 
     # ----- delivery --------------------------------------------------------------------------
 

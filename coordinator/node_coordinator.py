@@ -10,6 +10,10 @@ the singleton can move it to another node. It also hosts
 the node's guardian (the singleton's recovery copy) and keeps the latest maps for query routing,
 which keeps working while the singleton is away.
 
+Reports on its shards (`ShardEvent`s from its ingesters and itself) go to the singleton in
+batches (`ReportSender`): one `shard_events` call per few milliseconds whatever the number of
+shards changing, numbered so the singleton drops stale ones.
+
 The actor is detached: it outlives a singleton restart, so ingestion never stops for one.
 """
 
@@ -19,12 +23,14 @@ import asyncio
 import itertools
 import logging
 import os
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 import ray
+from ray.actor import ActorHandle
 
 from coordinator.guardian import GuardianState, NodeGuardian
 from coordinator.inbox import Delivery, OrderedInbox
@@ -64,6 +70,135 @@ class NodeInfo:
     pid: int
 
 
+# Ingesters started at once when a map brings many shards (their starts may wait on the store).
+START_CONCURRENCY = 16
+# A node's reports leave in batches: one singleton call carries everything queued meanwhile.
+REPORT_BATCH_MAX = 8192
+REPORT_LINGER_S = 0.01  # how long the first report of a batch waits for others
+REPORT_CALL_TIMEOUT_S = 30.0
+REPORT_RETRY_FOR_S = 60.0  # a batch the singleton does not take by then is dropped (resync heals)
+
+
+class ReportSender:
+    """Sends a node's shard reports to the singleton in order, in batches, from one thread.
+
+    Reports are numbered as they are queued (the singleton drops one older than a report it
+    already applied for the same shard). The thread lets reports gather for `REPORT_LINGER_S`,
+    sends them in one `shard_events` call and waits for it; what is reported meanwhile goes in
+    the next call, so a burst (thousands of shards starting at once) costs a few calls, not one
+    per report. The
+    singleton's handle is cached and resolved again when a call finds it gone (it restarts under
+    the same name); a batch is retried while the singleton is away, for `REPORT_RETRY_FOR_S`.
+    """
+
+    def __init__(self, node_id: str, namespace: str) -> None:
+        self._node_id, self._namespace = node_id, namespace
+        self._cond = threading.Condition()
+        self._queue: list[tuple[ShardEvent, int]] = []
+        self._seq = itertools.count(1)
+        self._sending = False
+        self._thread: threading.Thread | None = None
+        self._handle: ActorHandle | None = None
+        self.calls = 0
+        self.sent = 0
+        self.dropped = 0
+
+    def report(self, event: ShardEvent) -> None:
+        """Queue a report (any thread; never blocks on the singleton)."""
+        with self._cond:
+            self._queue.append((event, next(self._seq)))
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name=f"reports-{self._node_id[:8]}", daemon=True
+                )
+                self._thread.start()
+            if len(self._queue) == 1 or len(self._queue) >= REPORT_BATCH_MAX:
+                self._cond.notify_all()
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until every queued report was sent (or given up); whether that happened."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self._queue or self._sending:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
+    def stats(self) -> dict[str, int]:
+        with self._cond:
+            queued = len(self._queue)
+        return {"calls": self.calls, "sent": self.sent, "dropped": self.dropped, "queued": queued}
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue:
+                    self._cond.wait()
+                # Let a burst gather for a moment: one call per few ms, not one per report.
+                deadline = time.monotonic() + REPORT_LINGER_S
+                while len(self._queue) < REPORT_BATCH_MAX:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cond.wait(left)
+                batch = self._queue[:REPORT_BATCH_MAX]
+                del self._queue[:REPORT_BATCH_MAX]
+                self._sending = True
+            try:
+                self._send(batch)
+            except Exception:
+                log.exception("sending %d reports failed", len(batch))
+            finally:
+                with self._cond:
+                    self._sending = False
+                    self._cond.notify_all()
+
+    def _send(self, batch: list[tuple[ShardEvent, int]]) -> None:
+        give_up = time.monotonic() + REPORT_RETRY_FOR_S
+        delay = 0.05
+        while True:
+            why = self._call(batch)
+            if why is None:
+                self.calls += 1
+                self.sent += len(batch)
+                return
+            if time.monotonic() + delay > give_up:
+                self.dropped += len(batch)
+                log.warning(
+                    "dropped %d shard reports the singleton did not take for %.0f s (%s); "
+                    "the next resync heals",
+                    len(batch),
+                    REPORT_RETRY_FOR_S,
+                    why,
+                )
+                return
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+    def _call(self, batch: list[tuple[ShardEvent, int]]) -> str | None:
+        """One attempt; None if the singleton took the batch, else why not. A batch sent again
+        is harmless: its reports carry the same numbers, so the singleton ignores repeats."""
+        if self._handle is None:
+            try:
+                self._handle = ray.get_actor(CLUSTER_ACTOR_NAME, namespace=self._namespace)
+            except ValueError:
+                return f"no {CLUSTER_ACTOR_NAME}"
+        try:
+            # A future, not ray.get: this thread may wait, the actor's event loop never does.
+            call = self._handle.shard_events.remote(self._node_id, batch)
+            call.future().result(timeout=REPORT_CALL_TIMEOUT_S)
+        except ray.exceptions.RayActorError as e:
+            self._handle = None  # gone or restarting: look it up again
+            return type(e).__name__
+        except TimeoutError:
+            return f"no answer in {REPORT_CALL_TIMEOUT_S:.0f} s"
+        except ray.exceptions.RayError as e:  # e.g. the singleton still recovering
+            return f"{type(e).__name__}: {e}"
+        return None
+
+
 @dataclass(slots=True)
 class _PendingStart:
     """A shard this node should run but has not started yet: waiting for the next attempt."""
@@ -91,7 +226,7 @@ class NodeCoordinator:
         )
         self._guardian = NodeGuardian()
         self._inbox = OrderedInbox()
-        self._report_seq = itertools.count(1)  # orders this process's reports at the singleton
+        self._sender = ReportSender(node_id, settings.ray.namespace)
         self._maps: dict[DatasetRef, NodeShardMap] = {}
         self._ingesters: dict[tuple[DatasetRef, int], ShardIngester] = {}
         self._stores: tuple[MetaStore, ColumnStore] | None = None
@@ -104,7 +239,7 @@ class NodeCoordinator:
         self._retry_task: asyncio.Task[None] | None = None
         self._draining = False
         self._queried: Counter[tuple[str, int]] = Counter()
-        self._report: EventReporter = reporter or self._report_to_singleton
+        self._report: EventReporter = reporter or self._sender.report
 
     @property
     def node_id(self) -> str:
@@ -150,6 +285,7 @@ class NodeCoordinator:
             await asyncio.gather(*(ing.stop() for _, ing in stopping))
             for ref, shard in (key for key, _ in stopping):
                 self._report(IngestionStopped(ref, shard, self.node_id))
+            await asyncio.to_thread(self._sender.flush, 10.0)
             return len(stopping)
 
     # ----- for queries and operators ---------------------------------------------------------
@@ -164,6 +300,10 @@ class NodeCoordinator:
         for ref, shard in sorted(self._ingesters, key=lambda k: (k[0].name, k[1])):
             out.setdefault(ref.name, []).append(shard)
         return out
+
+    async def report_stats(self) -> dict[str, int]:
+        """Reports sent to the singleton: calls, reports, dropped ones, still queued."""
+        return self._sender.stats()
 
     async def pending_shards(self) -> dict[str, dict[int, int]]:
         """Shards this node should run but could not start yet: failed attempts per shard."""
@@ -286,7 +426,8 @@ class NodeCoordinator:
         if store_error is not None:
             return [(ref, dataset, shard, store_error) for shard in shards]
         failed: list[tuple[DatasetRef, Dataset, int, str]] = []
-        for shard in shards:
+
+        async def start_one(shard: int) -> None:
             key = (ref, shard)
             ingester: ShardIngester | None = None
             try:
@@ -312,7 +453,7 @@ class NodeCoordinator:
                 failed.append(
                     (ref, dataset, shard, f"the ingester failed to start: {_describe(e)}")
                 )
-                continue
+                return
             pending = self._pending.pop(key, None)
             if pending is not None and pending.failures:
                 log.warning(
@@ -322,6 +463,10 @@ class NodeCoordinator:
                     self.node_id,
                     pending.failures,
                 )
+
+        # A few starts at a time: an ingester's start may wait on the store (an epoch claim).
+        for i in range(0, len(shards), START_CONCURRENCY):
+            await asyncio.gather(*(start_one(s) for s in shards[i : i + START_CONCURRENCY]))
         return failed
 
     def _start_failed(self, failed: list[tuple[DatasetRef, Dataset, int, str]]) -> None:
@@ -402,17 +547,6 @@ class NodeCoordinator:
                 if self._stores is None:
                     self._stores = await asyncio.to_thread(open_stores, self._settings)
         return self._stores
-
-    def _report_to_singleton(self, event: ShardEvent) -> None:
-        """Send a shard event to the singleton; fire and forget (the resync heals a loss)."""
-        try:
-            cluster = ray.get_actor(CLUSTER_ACTOR_NAME, namespace=self._settings.ray.namespace)
-        except ValueError:
-            log.warning(
-                "no %s to report %s to; the next resync will heal", CLUSTER_ACTOR_NAME, event
-            )
-            return
-        cluster.shard_event.remote(self.node_id, event, next(self._report_seq))
 
 
 def _describe(e: BaseException) -> str:
