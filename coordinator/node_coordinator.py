@@ -45,7 +45,7 @@ from filopy.shard_status import (
     ShardEvent,
     ShardMapState,
 )
-from filopy.store import ColumnStore, MetaStore, open_stores
+from filopy.store import ColumnStore, MetaStore, StoreUnavailable, open_stores
 from ingest.base import EventReporter, IngesterFactory, ShardIngester
 from ingest.ingester import KafkaShardIngester
 from ingest.memstore import ShardMemstore
@@ -393,8 +393,8 @@ class NodeCoordinator:
             new = sorted(wanted - running - waiting)
             if not new:
                 return
-            if self._pending:
-                # Attempts are failing: the new shards wait for the next one, on the backoff.
+            if self._pending and self._stores is None:
+                # The store cannot be opened: the new shards wait for the next attempt.
                 for shard in new:
                     self._pending[(ref, shard)] = _PendingStart(dataset)
                 self._schedule_retry()
@@ -443,7 +443,8 @@ class NodeCoordinator:
                 self._ingesters[key] = ingester
                 await ingester.start()
             except Exception as e:
-                log.exception("%s shard %d: the ingester failed to start", ref.name, shard)
+                if not isinstance(e, StoreUnavailable):  # an outage is logged once per attempt
+                    log.exception("%s shard %d: the ingester failed to start", ref.name, shard)
                 self._ingesters.pop(key, None)
                 if ingester is not None:
                     try:

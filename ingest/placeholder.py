@@ -11,7 +11,7 @@ import asyncio
 from filopy.config import Settings
 from filopy.dataset import Dataset
 from filopy.shard_status import IngestionError, IngestionStarted
-from filopy.store import ColumnStore, MetaStore, StoreError
+from filopy.store import ColumnStore, MetaStore, StoreError, StoreUnavailable
 from ingest.base import EventReporter, ReportingIngester
 
 
@@ -37,6 +37,8 @@ class EpochClaimingIngester(ReportingIngester):
             self._epoch = await asyncio.to_thread(
                 self._meta.claim_epoch, ref, self._shard, self._node
             )
+        except StoreUnavailable:
+            raise  # an outage, not an error: the node coordinator retries the start
         except StoreError as e:
             self._emit(IngestionError(ref, self._shard, self._node, f"claiming epoch: {e}"))
             return

@@ -44,12 +44,17 @@ PER_ROUND = SERIES * 10
 
 @contextmanager
 def _cluster(
-    ray_cluster: LocalRayCluster, tmp_path: Path, kafka: str, backend: str, **ingest: Any
+    ray_cluster: LocalRayCluster,
+    tmp_path: Path,
+    kafka: str,
+    backend: str,
+    source: str = "kafka",
+    **ingest: Any,
 ) -> Iterator[tuple[FiloPyCluster, Callable[[], None], Callable[[], None]]]:
     """A FiloPy cluster without nodes yet, and how to cut its store off and restore it."""
     settings = cluster_settings(
         tmp_path,
-        "kafka",
+        source,
         flush_interval_s=1.0,
         groups_per_shard=2,
         store_retry_initial_s=0.2,
@@ -262,3 +267,46 @@ def test_a_node_failing_past_start_max_attempts_gives_its_shards_to_one_that_can
         )
         c.wait_for("all flushed", lambda: _flushed(c, ds) == 5 * PER_ROUND, 60)
         _assert_stored_exactly_once(c, ds, 5)
+
+
+def test_an_ingester_that_cannot_start_for_a_store_outage_is_retried_until_it_can(
+    ray_cluster: LocalRayCluster, tmp_path: Path, kafka_bootstrap: str
+) -> None:
+    """The node's store is open, but starting an ingester needs the store (claiming the shard's
+    epoch, here with `ingest.source = "none"`) and it is locked: Degraded and retried, not an
+    IngestionError that would leave the shard in Error."""
+    with _cluster(ray_cluster, tmp_path, kafka_bootstrap, "sqlite", "none") as (c, cut, restore):
+        a = c.add_node().node_id
+        c.wait_for("node a joined", lambda: c.client.members() == [a], 30)
+        ds = _dataset(kafka_bootstrap)
+        assert c.client.setup_dataset(ds)
+        c.wait_for("active", lambda: all(isinstance(st, Active) for st in _statuses(c, ds)))
+        c.client.stop_shards(ds.name, [2, 3])
+        coordinator = ray.get_actor(node_actor_name(a), namespace=c.settings.ray.namespace)
+        cut()
+        try:
+            c.client.start_shards(ds.name, a, [2, 3])
+            c.wait_for(
+                "shards 2 and 3 degraded",
+                lambda: all(isinstance(st, Degraded) for st in _statuses(c, ds)[2:]),
+                60,
+            )
+            message = c.client.shard_map(ds.name).status(2).message  # type: ignore[attr-defined]
+            assert "the ingester failed to start: StoreTimeout" in message, message
+            c.wait_for(
+                "retried",
+                lambda: all(
+                    n >= 2
+                    for n in ray.get(coordinator.pending_shards.remote())
+                    .get(ds.name, {0: 0})
+                    .values()
+                ),
+                60,
+            )
+            assert ray.get(coordinator.running_shards.remote()) == {ds.name: [0, 1]}
+        finally:
+            restore()
+        c.wait_for("all active", lambda: all(isinstance(st, Active) for st in _statuses(c, ds)))
+        assert c.client.shard_map(ds.name).shards_for_node(a) == [0, 1, 2, 3]
+        assert ray.get(coordinator.running_shards.remote()) == {ds.name: [0, 1, 2, 3]}
+        assert c.client.reassignment_stats().get(ds.name, (0, 0)) == (0, 0)
