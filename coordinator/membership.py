@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from coordinator.failure_detector import PingFailureDetector
+from filopy.errors import Internal
 
 
 class NodeState(StrEnum):
@@ -39,7 +40,7 @@ TRANSITIONS: dict[NodeState | None, frozenset[NodeState]] = {
 }
 
 
-class IllegalTransition(Exception):
+class IllegalTransition(Internal):
     """A move the state machine does not allow: a bug in the caller, never an outage."""
 
     def __init__(self, node: str, current: NodeState | None, wanted: NodeState) -> None:

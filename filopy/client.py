@@ -41,28 +41,24 @@ from coordinator.manager import (
 from coordinator.node_coordinator import node_actor_name
 from filopy.config import Settings, load_settings
 from filopy.dataset import Dataset, DatasetRef
+from filopy.errors import DatasetUnknownError, FiloPyError, Invalid
 from filopy.mapper import ShardMapper
 from filopy.shard_status import CurrentShardSnapshot, ShardEvent
 
 ShardUpdate = CurrentShardSnapshot | ShardEvent
 
 
-class FiloPyError(Exception):
-    """A request the cluster refused, with the reason it gave."""
-
-
-class DatasetUnknownError(FiloPyError):
-    def __init__(self, name: str) -> None:
-        super().__init__(f"unknown dataset {name!r}")
-        self.name = name
-
-
-class ShardRequestError(FiloPyError):
-    """A start/stop shards request failed validation; nothing changed."""
+class ShardRequestError(Invalid):
+    """A start/stop shards request the shard manager refused; nothing changed. Its reason
+    (`invalid_shards`, `unknown_node`, ...) is the REST errorType."""
 
     def __init__(self, rejected: ShardRequestRejected) -> None:
         super().__init__(rejected.message)
         self.reason = rejected.reason
+
+    @property
+    def error_type(self) -> str:
+        return str(self.reason)
 
 
 def _ref(dataset: str | DatasetRef) -> DatasetRef:

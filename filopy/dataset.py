@@ -16,6 +16,8 @@ from typing import Annotated, Self
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
+from filopy.errors import Invalid
+
 DEFAULT_SHARD_KEY_COLUMNS: tuple[str, ...] = ("_ws_", "_ns_", "_metric_")
 METRIC_COLUMN = "_metric_"
 # A definition's Kafka when it names none and no cluster filled in its own (used standalone).
@@ -160,7 +162,7 @@ class LabelLimits(_Frozen):
     )
 
 
-class DatasetInvalid(ValueError):
+class DatasetInvalid(Invalid):
     """A definition that is valid on its own but not on this cluster (e.g. chunk span)."""
 
 

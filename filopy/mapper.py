@@ -17,6 +17,7 @@ import heapq
 from collections.abc import Iterable
 
 from filopy.dataset import DatasetRef
+from filopy.errors import Invalid
 from filopy.hashing import ingestion_shard, log2_shards, query_shards
 from filopy.shard_status import (
     ACTIVE,
@@ -103,8 +104,9 @@ class _MinSet:
         return c
 
 
-class ShardEventError(ValueError):
-    """An event that cannot apply to this mapper (e.g. a shard number out of range)."""
+class ShardEventError(Invalid):
+    """An event that cannot apply to this mapper (e.g. a shard number out of range): the
+    report is wrong, not the map, so the map stays as it was."""
 
     def __init__(self, event: ShardEvent, reason: str) -> None:
         super().__init__(f"{reason} [shard={event.shard}, event={event}]")

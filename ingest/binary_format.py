@@ -19,6 +19,7 @@ import numpy.typing as npt
 import zstandard
 
 from filopy.dataset import METRIC_COLUMN, LabelLimits
+from filopy.errors import Invalid
 from ingest.bad_records import (
     DEFAULT_LIMITS,
     DEFAULT_TS_RANGE,
@@ -61,7 +62,7 @@ def _decompressor() -> zstandard.ZstdDecompressor:
     return d
 
 
-class RecordEncodeError(ValueError):
+class RecordEncodeError(Invalid):
     """Samples that the binary format cannot carry (e.g. more than 65535 labels on a series)."""
 
 

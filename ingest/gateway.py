@@ -24,6 +24,7 @@ import numpy.typing as npt
 from confluent_kafka import KafkaError, Message, Producer
 
 from filopy.dataset import Dataset
+from filopy.errors import Invalid, Unavailable
 from filopy.hashing import shard_for_series
 from ingest.bad_records import DEFAULT_TS_RANGE, SERIES_REASONS, BadRecord, series_problem
 from ingest.batch import Labels, SampleBatch
@@ -47,11 +48,12 @@ _SEND_CHUNK = 100_000  # rows per columnar batch when `send` consumes an iterabl
 _log = logging.getLogger("filopy.kafka")
 
 
-class GatewayError(Exception):
-    """Kafka did not accept some messages; samples may be missing from the topic."""
+class GatewayError(Unavailable):
+    """Kafka did not accept some messages (or the gateway is closed); samples may be missing
+    from the topic."""
 
 
-class InvalidSeries(ValueError):
+class InvalidSeries(Invalid):
     """A series breaks the dataset's contract (no metric name, `Dataset.limits`, labels that
     are not str -> str); raised by a strict gateway before any sample of the call is sent."""
 

@@ -15,17 +15,22 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic
 
 from filopy.dataset import Dataset
+from filopy.errors import Conflict, Unavailable
 
 DEFAULT_TIMEOUT_S = 15.0
 _log = logging.getLogger("filopy.kafka")
 
 
-class TopicSetupError(Exception):
-    """The dataset's topic cannot be used for ingestion."""
+class TopicSetupError(Unavailable):
+    """The dataset's topic cannot be used for ingestion (Kafka refused or failed to set it up)."""
+
+    context = "Kafka topic setup failed"
 
 
 class KafkaUnavailable(TopicSetupError):
     """Kafka did not answer within the timeout."""
+
+    context = ""  # the message names the broker and the timeout
 
 
 class TopicMissing(TopicSetupError):
@@ -37,13 +42,10 @@ class TopicMissing(TopicSetupError):
         )
         self.topic = topic
 
-    def __reduce__(self) -> tuple[type, tuple[str]]:
-        # Errors cross process boundaries (Ray pickles them); rebuild from the real arguments.
-        return (type(self), (self.topic,))
 
-
-class TopicMismatch(TopicSetupError):
-    """The topic exists with a partition count other than the dataset's shard count."""
+class TopicMismatch(Conflict):
+    """The topic exists with a partition count other than the dataset's shard count: it
+    contradicts the dataset's definition (not a failure of Kafka, so not a TopicSetupError)."""
 
     def __init__(self, topic: str, expected: int, actual: int) -> None:
         super().__init__(
@@ -54,9 +56,6 @@ class TopicMismatch(TopicSetupError):
         self.topic = topic
         self.expected = expected
         self.actual = actual
-
-    def __reduce__(self) -> tuple[type, tuple[str, int, int]]:
-        return (type(self), (self.topic, self.expected, self.actual))
 
 
 def _admin(bootstrap_servers: str, timeout_s: float) -> AdminClient:

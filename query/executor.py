@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from filopy.dataset import Dataset
+from filopy.errors import Unavailable
 from filopy.store import ColumnStore
 from filopy.store.api import INT64_MAX, INT64_MIN, LabelMatcher
 from ingest.flush import read_merged_many
@@ -166,14 +167,12 @@ def run_node_query(query: NodeQuery, source: ShardSource) -> NodeAnswer:
     return NodeAnswer(result, tuple(sorted(st.shards)), st.series, st.samples)
 
 
-class ShardsNotHere(Exception):
-    """The node does not run these shards (the caller's shard map is out of date)."""
+class ShardsNotHere(Unavailable):
+    """The node does not run these shards (the caller's shard map is out of date): not there
+    now, so the caller retries with a fresher map or counts them unavailable."""
 
     def __init__(self, dataset: str, node: str, shards: list[int]) -> None:
         super().__init__(
             f"node {node} does not run shards {shards} of {dataset!r} (they moved); retry"
         )
         self.dataset, self.node, self.shards = dataset, node, shards
-
-    def __reduce__(self) -> tuple[type, tuple[str, str, list[int]]]:
-        return (type(self), (self.dataset, self.node, self.shards))

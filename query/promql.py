@@ -17,6 +17,14 @@ from typing import Any, Literal
 
 import promql_parser as pp
 
+from filopy.errors import (
+    ExecutionFailed,
+    FiloPyError,
+    Invalid,
+    Unavailable,
+    Unsupported,
+    category_of,
+)
 from filopy.store.api import LabelMatcher, MatchOp
 
 __all__ = [
@@ -24,6 +32,7 @@ __all__ = [
     "COMPARISON_OPS",
     "MATH_FUNCTIONS",
     "MAX_QUERY_DEPTH",
+    "QUERY_ERROR_CATEGORIES",
     "RANGE_FUNCTIONS",
     "SET_OPS",
     "Aggregate",
@@ -47,7 +56,7 @@ __all__ = [
     "walk",
 ]
 
-ErrorKind = Literal["bad_data", "unsupported", "execution"]
+ErrorKind = Literal["bad_data", "unsupported", "execution", "unavailable"]
 ValueType = Literal["scalar", "vector", "matrix", "string"]
 
 RANGE_FUNCTIONS = frozenset(
@@ -90,11 +99,14 @@ _CARDS = {
 }
 
 
-class QueryError(Exception):
-    """A query that cannot be answered; `kind` maps to the Prometheus API error type.
+class QueryError(FiloPyError):
+    """A query that cannot be answered; `kind` maps to the Prometheus API error type and to the
+    error's category (`filopy.errors`), so one class serves every construction site.
 
-    "bad_data": not valid PromQL. "unsupported": valid PromQL that FiloPy does not evaluate.
-    "execution": evaluation failed on the data (e.g. many-to-many matching).
+    "bad_data": not valid PromQL (`Invalid`). "unsupported": valid PromQL that FiloPy does not
+    evaluate (`Unsupported`). "execution": evaluation failed on the data, e.g. many-to-many
+    matching (`ExecutionFailed`). "unavailable": shards or nodes the query needs cannot answer
+    (`Unavailable`).
     """
 
     def __init__(self, kind: ErrorKind, message: str) -> None:
@@ -102,9 +114,17 @@ class QueryError(Exception):
         self.kind: ErrorKind = kind
         self.message = message
 
-    def __reduce__(self) -> tuple[type, tuple[str, str]]:
-        # Errors cross process boundaries (Ray pickles them); rebuild from the real arguments.
-        return (type(self), (self.kind, self.message))
+    @property
+    def category(self) -> type[FiloPyError] | None:
+        return category_of(type(self)) or QUERY_ERROR_CATEGORIES.get(self.kind)
+
+
+QUERY_ERROR_CATEGORIES: dict[str, type[FiloPyError]] = {
+    "bad_data": Invalid,
+    "unsupported": Unsupported,
+    "execution": ExecutionFailed,
+    "unavailable": Unavailable,
+}
 
 
 def _unsupported(construct: str) -> QueryError:

@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from filopy.dataset import Dataset, DatasetRef
+from filopy.errors import Unavailable
 from filopy.hashing import check_spread
 from filopy.shard_status import Active, Degraded, Recovery, ShardMapState, ShardStatus
 from filopy.store.api import LabelMatcher
@@ -44,7 +45,7 @@ log = logging.getLogger("filopy.query")
 DEFAULT_LOOKBACK_MS = 300_000
 
 
-class NodeUnavailable(Exception):
+class NodeUnavailable(Unavailable):
     """A node could not answer (gone, failed, timed out): its shards count as unavailable."""
 
 
@@ -76,7 +77,7 @@ class NodeCaller(Protocol):
     ) -> PendingAnswer: ...
 
 
-class ShardsUnavailable(QueryError):
+class ShardsUnavailable(QueryError, Unavailable):
     """Shards the query needs are not Active, and the request did not allow partial results."""
 
     def __init__(self, dataset: str, shards: dict[int, str]) -> None:
@@ -87,9 +88,6 @@ class ShardsUnavailable(QueryError):
             "allow partial results",
         )
         self.dataset, self.shards = dataset, shards
-
-    def __reduce__(self) -> Any:
-        return (type(self), (self.dataset, self.shards))
 
 
 @dataclass

@@ -1,8 +1,11 @@
 """Every failure as a JSON envelope with the right HTTP status and a message a human can act on.
 
-Exceptions raised inside the cluster reach us wrapped by Ray (`RayTaskError`, whose `str()` is a
-remote traceback): they are unwrapped to their cause first, so no stack trace ever reaches a
-client. Anything unexpected is logged here and answered with a generic 500.
+FiloPy's errors are answered by their category (`filopy.errors`), from one table (`ANSWERS`); an
+error may name a more specific errorType (a refused shard request names its reason). Exceptions
+raised inside the cluster reach us wrapped by Ray (`RayTaskError`, whose `str()` is a remote
+traceback): they are unwrapped to their cause first, so no stack trace ever reaches a client.
+Ray's own failures and pydantic's validation errors are answered here too; anything unexpected
+(and any `Internal` error, a bug) is logged here and answered with a 500.
 """
 
 from __future__ import annotations
@@ -18,11 +21,17 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from filopy.client import DatasetUnknownError, FiloPyError, ShardRequestError
-from filopy.dataset import DatasetInvalid, _check_name
-from filopy.store import DatasetConflict, StoreError
-from ingest.topics import KafkaUnavailable, TopicMismatch, TopicSetupError
-from query.promql import QueryError
+from filopy.dataset import _check_name
+from filopy.errors import (
+    Conflict,
+    ExecutionFailed,
+    FiloPyError,
+    Internal,
+    Invalid,
+    NotFound,
+    Unavailable,
+    Unsupported,
+)
 
 log = logging.getLogger("filopy.rest")
 
@@ -33,7 +42,21 @@ CONFLICT = "conflict"
 UNAVAILABLE = "unavailable"
 TIMEOUT = "timeout"
 INTERNAL = "internal"
+EXECUTION = "execution"
 METHOD_NOT_ALLOWED = "method_not_allowed"
+
+# Each category's answer: (HTTP status, errorType). The bare root is raised only for a request
+# the cluster refused without a category (a client-side failure): a 400 as any refusal.
+ANSWERS: dict[type[FiloPyError], tuple[int, str]] = {
+    NotFound: (404, NOT_FOUND),
+    Conflict: (409, CONFLICT),
+    Invalid: (400, BAD_DATA),
+    Unsupported: (400, BAD_DATA),
+    Unavailable: (503, UNAVAILABLE),
+    ExecutionFailed: (422, EXECUTION),
+    Internal: (500, INTERNAL),
+    FiloPyError: (400, BAD_DATA),
+}
 
 
 class ApiError(Exception):
@@ -58,31 +81,20 @@ def _cause(exc: BaseException) -> BaseException:
     return exc
 
 
+def _answer(err: FiloPyError) -> ApiError:
+    """A FiloPy error's answer: its category's, with its own errorType if it names one."""
+    status, error_type = ANSWERS[err.category or FiloPyError]
+    message = f"{err.context}: {err}" if err.context else str(err)
+    return ApiError(status, err.error_type or error_type, message)
+
+
 def api_error(exc: BaseException, timeout_s: float) -> ApiError:
     """Map an exception from the client or the cluster to its HTTP answer."""
     if isinstance(exc, ApiError):
         return exc
     cause = _cause(exc)
-    if isinstance(cause, DatasetUnknownError):
-        return ApiError(404, NOT_FOUND, str(cause))
-    if isinstance(cause, ShardRequestError):
-        return ApiError(400, str(cause.reason), str(cause))
-    if isinstance(cause, DatasetConflict | TopicMismatch):
-        return ApiError(409, CONFLICT, str(cause))
-    if isinstance(cause, KafkaUnavailable):
-        return ApiError(503, UNAVAILABLE, str(cause))
-    if isinstance(cause, TopicSetupError):
-        return ApiError(503, UNAVAILABLE, f"Kafka topic setup failed: {cause}")
-    if isinstance(cause, StoreError):
-        return ApiError(503, UNAVAILABLE, f"the dataset store failed: {cause}")
-    if isinstance(cause, QueryError):
-        if cause.kind == "unavailable":
-            return ApiError(503, UNAVAILABLE, cause.message)
-        if cause.kind == "execution":
-            return ApiError(422, "execution", cause.message)
-        return ApiError(400, BAD_DATA, cause.message)
-    if isinstance(cause, DatasetInvalid):
-        return ApiError(400, BAD_DATA, str(cause))
+    if isinstance(cause, FiloPyError) and cause.category is not Internal:
+        return _answer(cause)
     if isinstance(cause, ValidationError):
         return ApiError(400, BAD_DATA, validation_message(cause.errors()))
     if isinstance(cause, ray.exceptions.GetTimeoutError):
@@ -95,10 +107,12 @@ def api_error(exc: BaseException, timeout_s: float) -> ApiError:
             UNAVAILABLE,
             "the FiloPy cluster singleton is unavailable (it may be restarting); retry shortly",
         )
-    if isinstance(cause, FiloPyError):
-        return ApiError(400, BAD_DATA, str(cause))
+    # A bug (an `Internal` error or anything unexpected): the details go to the log only.
     log.error("unexpected error", exc_info=(type(exc), exc, exc.__traceback__))
-    return ApiError(500, INTERNAL, f"internal error ({type(cause).__name__}); see the server log")
+    status, error_type = ANSWERS[Internal]
+    return ApiError(
+        status, error_type, f"internal error ({type(cause).__name__}); see the server log"
+    )
 
 
 def _path(loc: Sequence[Any]) -> str:

@@ -21,6 +21,10 @@ Errors, and what the ingester does about them:
 * `DatasetConflict`: `SetupDataset` named an existing dataset with a different definition; report
   it to the caller.
 * Any other `StoreError` (or `ValueError` for bad arguments) is a bug or corruption: fail loudly.
+
+In FiloPy's error tree (`filopy.errors`) a `StoreError` is `Unavailable` (REST answers 503: the
+store failed), while `StaleEpochError` and `DatasetConflict` are `Conflict`s, not `StoreError`s:
+the store answered, and the answer is that someone else's state wins.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import numpy as np
 import numpy.typing as npt
 
 from filopy.dataset import Dataset, DatasetRef
+from filopy.errors import Conflict, Unavailable
 from filopy.store import encoding
 
 INT64_MIN = -(1 << 63)
@@ -50,8 +55,11 @@ DEFAULT_MAX_CHUNK_SPAN_MS = 24 * 3600 * 1000
 # --------------------------------------------------------------------------------------- errors
 
 
-class StoreError(Exception):
-    """Base of every storage error."""
+class StoreError(Unavailable):
+    """The store failed: an outage (the subclasses: retry) or, raised as this class, a bug or
+    corruption (do not retry). Either way it cannot serve the request now."""
+
+    context = "the dataset store failed"
 
 
 class StoreUnavailable(StoreError):
@@ -62,7 +70,7 @@ class StoreTimeout(StoreUnavailable):
     """A request timed out; a write may or may not have been applied. Retrying is safe."""
 
 
-class DatasetConflict(StoreError):
+class DatasetConflict(Conflict):
     """A dataset of that name exists with a different definition."""
 
     def __init__(self, existing: Dataset, proposed: Dataset) -> None:
@@ -73,13 +81,10 @@ class DatasetConflict(StoreError):
         self.existing = existing
         self.proposed = proposed
 
-    def __reduce__(self) -> tuple[type, tuple[Dataset, Dataset]]:
-        # Errors cross process boundaries (Ray pickles them); rebuild from the real arguments.
-        return (type(self), (self.existing, self.proposed))
 
-
-class StaleEpochError(StoreError):
-    """The writer's ownership epoch is not the shard's current one: it has lost the shard."""
+class StaleEpochError(Conflict):
+    """The writer's ownership epoch is not the shard's current one: it has lost the shard, and
+    must stop rather than retry."""
 
     def __init__(self, dataset: str, shard: int, epoch: int, current_epoch: int) -> None:
         super().__init__(
@@ -90,9 +95,6 @@ class StaleEpochError(StoreError):
         self.shard = shard
         self.epoch = epoch
         self.current_epoch = current_epoch
-
-    def __reduce__(self) -> tuple[type, tuple[str, int, int, int]]:
-        return (type(self), (self.dataset, self.shard, self.epoch, self.current_epoch))
 
 
 # --------------------------------------------------------------------------- labels and matchers
