@@ -1,0 +1,301 @@
+"""One error tree: every error class of FiloPy, found by walking its packages (so a new one cannot
+be forgotten), descends from `FiloPyError` and exactly one category, survives pickling (as Ray
+carries it) with its message and fields, and gets its category's answer from REST's one table."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import logging
+import pickle
+import pkgutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray.cloudpickle
+import ray.exceptions
+
+from coordinator.membership import IllegalTransition, NodeState
+from coordinator.messages import RejectReason, ShardRequestRejected
+from filopy.client import ShardRequestError
+from filopy.dataset import Dataset, DatasetInvalid, DatasetRef
+from filopy.errors import (
+    CATEGORIES,
+    Conflict,
+    DatasetUnknownError,
+    ExecutionFailed,
+    FiloPyError,
+    Internal,
+    Invalid,
+    NotFound,
+    Unavailable,
+    Unsupported,
+    category_of,
+)
+from filopy.mapper import ShardEventError
+from filopy.rest.errors import ANSWERS, ApiError, api_error
+from filopy.shard_status import IngestionStarted
+from filopy.store.api import DatasetConflict, StaleEpochError, StoreError, StoreUnavailable
+from ingest.topics import KafkaUnavailable, TopicMismatch, TopicMissing, TopicSetupError
+from query.executor import ShardsNotHere
+from query.promql import QUERY_ERROR_CATEGORIES, QueryError
+from query.service import ShardsUnavailable
+
+PACKAGES = ("filopy", "coordinator", "ingest", "query")
+ROOT = Path(__file__).resolve().parents[2]
+
+# Exceptions of FiloPy's packages that are not FiloPy errors, and why.
+NOT_FILOPY_ERRORS = {
+    "filopy.rest.errors.ApiError": "the HTTP answer REST already chose, not an error to answer",
+    # filopy/local.py was being reworked by another change when the tree was made; the shell's
+    # launcher error should become an `Unavailable` there, then leave this list.
+    "filopy.local.LocalClusterError": "the local launcher's own error (CLI only), not yet moved",
+}
+
+A = Dataset(name="m", num_shards=4)
+B = Dataset(name="m", num_shards=8)
+# Sample constructor arguments of every error whose constructor is not just a message; a new
+# such error fails `test_every_error_survives_pickling` until it has its samples here.
+SAMPLES: dict[type[BaseException], list[tuple[Any, ...]]] = {
+    DatasetUnknownError: [("metrics",)],
+    DatasetConflict: [(A, B)],
+    StaleEpochError: [("m", 3, 1, 2)],
+    TopicMissing: [("filopy-m",)],
+    TopicMismatch: [("filopy-m", 8, 4)],
+    ShardEventError: [(IngestionStarted(A.ref, 9, "n1"), "invalid shard 9")],
+    IllegalTransition: [("n1", NodeState.GONE, NodeState.MEMBER), ("n2", None, NodeState.MEMBER)],
+    QueryError: [(kind, f"{kind}: something") for kind in QUERY_ERROR_CATEGORIES],
+    ShardsUnavailable: [("m", {2: "Down", 5: "Stopped"})],
+    ShardsNotHere: [("m", "n1", [1, 3])],
+    ShardRequestError: [
+        (ShardRequestRejected(DatasetRef(name="m"), RejectReason.UNKNOWN_NODE, "no node x"),)
+    ],
+}
+
+
+def _modules() -> list[str]:
+    names = []
+    for package in PACKAGES:
+        names.append(package)
+        path = [str(ROOT / package)]
+        names += [m.name for m in pkgutil.walk_packages(path, prefix=f"{package}.")]
+    return names
+
+
+def _error_classes() -> list[type[BaseException]]:
+    found: dict[str, type[BaseException]] = {}
+    for name in _modules():
+        module = importlib.import_module(name)
+        for cls in vars(module).values():
+            if (
+                inspect.isclass(cls)
+                and issubclass(cls, BaseException)
+                and cls.__module__ == name
+                and not cls.__name__.startswith("_")  # control flow, caught in its own module
+            ):
+                found[f"{cls.__module__}.{cls.__qualname__}"] = cls
+    return [cls for key, cls in sorted(found.items()) if key not in NOT_FILOPY_ERRORS]
+
+
+ERRORS = _error_classes()
+
+
+def _samples(cls: type[BaseException]) -> list[BaseException]:
+    if cls in SAMPLES:
+        return [cls(*args) for args in SAMPLES[cls]]
+    own_init = [c for c in cls.__mro__ if "__init__" in vars(c) and c.__module__ != "builtins"]
+    assert not own_init, f"{cls.__qualname__} takes other arguments: add samples to SAMPLES"
+    return [cls(f"a {cls.__name__} happened")]
+
+
+def test_the_walk_finds_the_errors_of_every_layer() -> None:
+    names = {cls.__name__ for cls in ERRORS}
+    assert {
+        "FiloPyError",
+        "DatasetInvalid",
+        "ShardEventError",
+        "ShardRequestError",
+        "StoreTimeout",
+        "TopicMismatch",
+        "GatewayError",
+        "InvalidSeries",
+        "RecordEncodeError",
+        "QueryError",
+        "ShardsUnavailable",
+        "ShardsNotHere",
+        "NodeUnavailable",
+        "IllegalTransition",
+    } <= names
+
+
+@pytest.mark.parametrize("cls", ERRORS, ids=lambda c: c.__qualname__)
+def test_every_error_descends_from_filopy_error_and_exactly_one_category(
+    cls: type[BaseException],
+) -> None:
+    assert issubclass(cls, FiloPyError)
+    if cls is FiloPyError:
+        return  # the root
+    if cls is QueryError:  # one class for every kind: each instance is in its kind's category
+        for err in _samples(cls):
+            assert isinstance(err, QueryError)
+            assert category_of(err) is QUERY_ERROR_CATEGORIES[err.kind]
+        return
+    categories = [c for c in CATEGORIES if issubclass(cls, c)]
+    assert len(categories) == 1, f"{cls.__qualname__} is in {categories}"
+    for err in _samples(cls):
+        assert category_of(err) is categories[0]
+
+
+@pytest.mark.parametrize("cls", ERRORS, ids=lambda c: c.__qualname__)
+def test_every_error_survives_pickling(cls: type[BaseException]) -> None:
+    """Ray carries errors from actors to callers with its cloudpickle; plain pickle too."""
+    for err in _samples(cls):
+        for dumps, loads in ((pickle.dumps, pickle.loads), (ray.cloudpickle.dumps, pickle.loads)):
+            back = loads(dumps(err))
+            assert type(back) is type(err)
+            assert str(back) == str(err)
+            assert back.args == err.args
+            assert vars(back) == vars(err)
+            assert category_of(back) is category_of(err)
+
+
+def test_an_error_wrapped_by_ray_keeps_its_category() -> None:
+    """What a caller of an actor catches: Ray's RayTaskError made an instance of the cause."""
+    cause = DatasetConflict(A, B)
+    wrapped = ray.exceptions.RayTaskError("setup_dataset", "Traceback ...", cause)
+    dual = wrapped.as_instanceof_cause()
+    assert isinstance(dual, DatasetConflict) and isinstance(dual, Conflict)
+    assert isinstance(dual, ray.exceptions.RayTaskError)
+    assert api_error(dual, 60.0).status == 409
+
+
+def test_invalid_errors_are_still_value_errors() -> None:
+    """Code that caught ValueError for bad input keeps catching them."""
+    invalid = [cls for cls in ERRORS if issubclass(cls, Invalid)]
+    assert {c.__name__ for c in invalid} >= {
+        "DatasetInvalid",
+        "ShardEventError",
+        "RecordEncodeError",
+        "InvalidSeries",
+    }
+    assert all(issubclass(cls, ValueError) for cls in invalid)
+
+
+def test_old_import_paths_still_work() -> None:
+    import filopy.client
+    import filopy.dataset
+    import filopy.store
+    import ingest.gateway
+    import query.service
+
+    assert filopy.client.FiloPyError is FiloPyError
+    assert filopy.client.DatasetUnknownError is DatasetUnknownError
+    assert filopy.store.DatasetConflict is DatasetConflict
+    assert filopy.store.StaleEpochError is StaleEpochError
+    assert filopy.store.StoreError is StoreError
+    assert issubclass(filopy.store.StoreTimeout, filopy.store.StoreUnavailable)
+    assert issubclass(KafkaUnavailable, TopicSetupError)
+    for cls in (
+        filopy.client.ShardRequestError,
+        filopy.dataset.DatasetInvalid,
+        ingest.gateway.GatewayError,
+        ingest.gateway.InvalidSeries,
+        query.service.NodeUnavailable,
+    ):
+        assert issubclass(cls, FiloPyError)
+
+
+def test_the_error_tree_is_the_ground_floor() -> None:
+    """filopy/errors.py imports nothing of FiloPy, so every layer can raise its errors."""
+    tree = ast.parse((ROOT / "filopy" / "errors.py").read_text())
+    imported = {
+        (node.module or "") if isinstance(node, ast.ImportFrom) else alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for alias in node.names
+    }
+    assert not {m for m in imported if m.split(".")[0] in PACKAGES}, imported
+
+
+# ----------------------------------------------------------------------------------------- REST
+
+
+def test_the_rest_table_answers_every_category() -> None:
+    assert set(CATEGORIES) <= set(ANSWERS)
+    assert ANSWERS[NotFound] == (404, "not_found")
+    assert ANSWERS[Conflict] == (409, "conflict")
+    assert ANSWERS[Invalid] == ANSWERS[Unsupported] == (400, "bad_data")
+    assert ANSWERS[Unavailable] == (503, "unavailable")
+    assert ANSWERS[ExecutionFailed] == (422, "execution")
+    assert ANSWERS[Internal] == (500, "internal")
+
+
+@pytest.mark.parametrize("cls", ERRORS, ids=lambda c: c.__qualname__)
+def test_rest_answers_every_error_by_its_category(cls: type[BaseException]) -> None:
+    for err in _samples(cls):
+        answer = api_error(err, 60.0)
+        category = category_of(err)
+        status, error_type = ANSWERS[category or FiloPyError]
+        assert answer.status == status, err
+        if category is Internal:  # a bug: the details stay in the server log
+            assert answer.message == f"internal error ({cls.__name__}); see the server log"
+        else:
+            assert answer.error_type == (getattr(err, "error_type", None) or error_type)
+            assert str(err) in answer.message
+
+
+def _answer(err: BaseException) -> tuple[int, str, str]:
+    a = api_error(err, 15.0)
+    return a.status, a.error_type, a.message
+
+
+def test_rest_answers_keep_their_statuses_types_and_messages() -> None:
+    """The answers the REST tests and docs/rest.md promise, from the category table."""
+    assert _answer(DatasetUnknownError("m")) == (404, "not_found", "unknown dataset 'm'")
+    (refused,) = _samples(ShardRequestError)
+    assert _answer(refused) == (400, "unknown_node", "no node x")
+    assert _answer(DatasetConflict(A, B))[:2] == (409, "conflict")
+    assert _answer(TopicMismatch("t", 8, 4)) == (409, "conflict", str(TopicMismatch("t", 8, 4)))
+    assert _answer(KafkaUnavailable("Kafka at k:1 did not answer")) == (
+        503,
+        "unavailable",
+        "Kafka at k:1 did not answer",
+    )
+    assert _answer(TopicSetupError("replication factor 3 > 1 broker")) == (
+        503,
+        "unavailable",
+        "Kafka topic setup failed: replication factor 3 > 1 broker",
+    )
+    assert _answer(StoreUnavailable("no host")) == (
+        503,
+        "unavailable",
+        "the dataset store failed: no host",
+    )
+    assert _answer(StoreError("bad schema"))[2] == "the dataset store failed: bad schema"
+    assert _answer(QueryError("bad_data", "parse error")) == (400, "bad_data", "parse error")
+    assert _answer(QueryError("unsupported", "no @")) == (400, "bad_data", "no @")
+    assert _answer(QueryError("execution", "many-to-many")) == (422, "execution", "many-to-many")
+    assert _answer(QueryError("unavailable", "shards down")) == (503, "unavailable", "shards down")
+    assert _answer(ShardsUnavailable("m", {1: "Down"}))[:2] == (503, "unavailable")
+    assert _answer(DatasetInvalid("min_num_nodes")) == (400, "bad_data", "min_num_nodes")
+    assert _answer(FiloPyError("refused")) == (400, "bad_data", "refused")
+    assert _answer(ApiError(418, "teapot", "short")) == (418, "teapot", "short")
+
+
+def test_ray_failures_and_surprises_are_answered_as_before(caplog: Any) -> None:
+    assert _answer(ray.exceptions.GetTimeoutError("x")) == (
+        503,
+        "timeout",
+        "the FiloPy cluster singleton did not answer within 15 s",
+    )
+    assert _answer(ray.exceptions.RayActorError())[:2] == (503, "unavailable")
+    with caplog.at_level(logging.ERROR, logger="filopy.rest"):
+        assert _answer(RuntimeError("boom")) == (
+            500,
+            "internal",
+            "internal error (RuntimeError); see the server log",
+        )
+        assert _answer(IllegalTransition("n1", None, NodeState.MEMBER))[:2] == (500, "internal")
+    assert len([r for r in caplog.records if r.exc_info]) == 2  # both logged with a traceback
