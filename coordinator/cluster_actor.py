@@ -24,7 +24,6 @@ import ray
 from ray.actor import ActorHandle
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from coordinator.failure_detector import PingFailureDetector
 from coordinator.guardian import GuardianState, merged_subscriptions, newest_maps
 from coordinator.inbox import Sequencer, Stream
 from coordinator.manager import (
@@ -38,6 +37,7 @@ from coordinator.manager import (
     SubscriberMessage,
     SubscriptionsChanged,
 )
+from coordinator.membership import Change, Membership, NodeState
 from coordinator.node_coordinator import (
     CLUSTER_ACTOR_NAME,
     NodeCoordinator,
@@ -70,11 +70,10 @@ class NodeClusterActor:
         self._settings = settings
         c = settings.cluster
         self._mgr = ShardManager(reassignment_min_interval=c.reassignment_min_interval_s)
-        self._detector = PingFailureDetector(c.failure_timeout_s, c.ping_interval_s)
-        self._members: dict[str, ActorHandle] = {}  # node id -> node coordinator
-        self._joining: dict[str, ActorHandle] = {}  # created, not yet answered a ping
-        self._quarantined: dict[str, ActorHandle] = {}  # declared failed, process may live on
-        self._joined_at: dict[str, float] = {}
+        # Who is a member (joining, member, quarantined: coordinator/membership.py) and the
+        # coordinator actor of every node it knows.
+        self._membership = Membership(c.failure_timeout_s, c.ping_interval_s)
+        self._handles: dict[str, ActorHandle] = {}
         self._inflight: dict[str, asyncio.Task[None]] = {}
         self._subscribers: dict[str, ActorHandle] = {}  # subscriber id -> its handle
         self._meta: MetaStore | None = None
@@ -144,6 +143,7 @@ class NodeClusterActor:
         await self._ready()
         meta = self._store()
         await asyncio.to_thread(meta.delete_dataset, ref)
+        self._last_event_seq = {k: v for k, v in self._last_event_seq.items() if k[1] != ref}
         return self._deliver(self._mgr.remove_dataset(ref))
 
     async def datasets(self) -> list[Dataset]:
@@ -258,7 +258,7 @@ class NodeClusterActor:
             self._resynced[subscriber] = at
 
     def _node_handle(self, node: str) -> ActorHandle | None:
-        return self._members.get(node) or self._quarantined.get(node) or self._joining.get(node)
+        return self._handles.get(node)
 
     def _watch(
         self,
@@ -291,32 +291,28 @@ class NodeClusterActor:
 
     # ----- membership ------------------------------------------------------------------------
 
-    def _join(self, node: str, handle: ActorHandle, info: NodeInfo) -> None:
-        self._joining.pop(node, None)
-        self._quarantined.pop(node, None)
-        self._members[node] = handle
-        self._joined_at[node] = info.joined_at
-        self._subscribers[guardian_id(node)] = handle
-        self._sequencer.register(guardian_id(node))
-        # A (new) coordinator process numbers its reports from 1 again.
-        self._last_event_seq = {k: v for k, v in self._last_event_seq.items() if k[0] != node}
-        self._detector.watch(node)
-        log.info("node %s joined", node)
-        self._deliver(self._mgr.add_member(node))
-        self._deliver(self._mgr.subscribe_all(guardian_id(node)))
-
-    def _leave(self, node: str, why: str, *, quarantine: bool) -> None:
-        handle = self._members.pop(node, None)
-        self._joining.pop(node, None)
-        self._detector.unwatch(node)
-        if quarantine and handle is not None:
-            self._quarantined[node] = handle
-        else:
-            self._quarantined.pop(node, None)
-        log.warning("node %s left (%s)", node, why)
-        self._deliver(self._mgr.remove_member(node))
-        self._subscribers.pop(guardian_id(node), None)
-        self._deliver(self._mgr.unsubscribe(guardian_id(node)))
+    def _changed(self, change: Change | None) -> None:
+        """Carry out a membership move: the manager learns of joins and leaves, guardians are
+        subscribed and unsubscribed, forgotten nodes' handles dropped."""
+        if change is None:
+            return
+        node = change.node
+        if change.left:
+            log.warning("node %s left (%s)", node, change.why)
+            self._deliver(self._mgr.remove_member(node))
+            self._subscribers.pop(guardian_id(node), None)
+            self._deliver(self._mgr.unsubscribe(guardian_id(node)))
+        if change.after is NodeState.GONE:
+            self._handles.pop(node, None)
+        if change.joined:
+            handle = self._handles[node]
+            self._subscribers[guardian_id(node)] = handle
+            self._sequencer.register(guardian_id(node))
+            # A (new) coordinator process numbers its reports from 1 again.
+            self._last_event_seq = {k: v for k, v in self._last_event_seq.items() if k[0] != node}
+            log.info("node %s joined", node)
+            self._deliver(self._mgr.add_member(node))
+            self._deliver(self._mgr.subscribe_all(guardian_id(node)))
 
     async def _live_filopy_nodes(self) -> set[str]:
         resource = self._settings.cluster.node_resource
@@ -343,19 +339,15 @@ class NodeClusterActor:
 
     async def _sync_membership(self) -> None:
         live = await self._live_filopy_nodes()
-        for node in live - self._members.keys() - self._joining.keys() - self._quarantined.keys():
-            self._joining[node] = self._coordinator(node)
-        for node in list(self._members):
-            if node not in live:
-                self._leave(node, "Ray reports the node dead", quarantine=False)
-        for node in list(self._joining) + list(self._quarantined):
-            if node not in live:
-                self._joining.pop(node, None)
-                self._quarantined.pop(node, None)
+        for node in sorted(live - self._membership.known()):
+            self._handles[node] = self._coordinator(node)
+            self._changed(self._membership.discovered(node))
+        for change in self._membership.vanished(live):
+            self._changed(change)
 
     async def _ping(self, node: str, handle: ActorHandle) -> None:
         try:
-            info: NodeInfo = await asyncio.wait_for(
+            await asyncio.wait_for(
                 asyncio.wrap_future(handle.ping.remote().future()),
                 self._settings.cluster.ping_timeout_s,
             )
@@ -363,27 +355,21 @@ class NodeClusterActor:
             return
         except ray.exceptions.RayActorError:
             # Ray knows the process is gone: act now rather than wait out the timeout.
-            if node in self._members:
-                self._leave(node, "its coordinator died", quarantine=False)
-            self._joining.pop(node, None)
-            self._quarantined.pop(node, None)
+            if self._handles.get(node) is handle:
+                self._changed(self._membership.died(node, "its coordinator died"))
             return
         finally:
             self._inflight.pop(node, None)
-        if node in self._members:
-            self._detector.heard_from(node)
-        elif node in self._joining or node in self._quarantined:
-            self._join(node, handle, info)
+        if self._handles.get(node) is handle:  # not a late answer from a replaced coordinator
+            self._changed(self._membership.answered(node))
 
     def _ping_all(self) -> None:
         loop = asyncio.get_running_loop()
-        for node, handle in {**self._quarantined, **self._joining, **self._members}.items():
+        for node, handle in self._handles.items():
             if node not in self._inflight:
                 self._inflight[node] = loop.create_task(self._ping(node, handle))
-        self._detector.tick()
-        for node in self._detector.failed(among=list(self._members)):
-            silent = self._detector.silent_for(node)
-            self._leave(node, f"no answer to pings for {silent:.1f} s", quarantine=True)
+        for change in self._membership.tick():
+            self._changed(change)
 
     def _resync(self) -> None:
         """Republish every full map to its members, so a lost message heals by itself."""
@@ -391,7 +377,8 @@ class NodeClusterActor:
             snap = self._mgr.snapshot(ref)
             if isinstance(snap, DatasetUnknown):
                 continue
-            for node, handle in self._members.items():
+            for node in self._membership.members:
+                handle = self._handles[node]
                 self._watch(handle.apply_map.remote(NodeShardMap(node, ref, dataset, snap.state)))
         # One liveness check per sink actor (a client's subscriptions share one), not per id.
         by_sink: dict[str, list[str]] = {}
@@ -499,16 +486,18 @@ class NodeClusterActor:
             if dataset.ref in maps:
                 self._deliver(self._mgr.recover_shards(dataset.ref, maps[dataset.ref], dataset))
         self._deliver(self._mgr.recover_subscriptions(self._resolve(merged_subscriptions(states))))
-        for node in sorted(alive, key=lambda n: alive[n][0].joined_at):
-            self._join(node, existing[node], alive[node][0])
-        self._deliver(self._mgr.remove_stale_coordinators(self._members))
+        for node in sorted(alive, key=lambda n: alive[n][0].joined_at):  # the old join order
+            self._handles[node] = existing[node]
+            self._changed(self._membership.discovered(node))
+            self._changed(self._membership.answered(node))
+        self._deliver(self._mgr.remove_stale_coordinators(self._membership.members))
         for dataset in datasets:
             if dataset.ref not in maps:
                 self._deliver(self._mgr.add_dataset(dataset))
         log.info(
             "recovered %d datasets, %d members, %d subscribers",
             len(datasets),
-            len(self._members),
+            len(self._membership.members),
             len(self._subscribers),
         )
 
