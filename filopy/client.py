@@ -71,7 +71,7 @@ def resolve_address(address: str) -> str:
     if address == "auto":
         from ray._private.utils import read_ray_address
 
-        from filopy.local import running
+        from filopy.local_state import running
 
         local = running()  # a cluster started by `filopy up` from this directory
         resolved = (

@@ -38,7 +38,7 @@ from filopy.shard_status import ShardEvent
 from ingest.gateway import Gateway
 from ingest.workload import JOBS, SCRAPE_MS, scrapes
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 T0 = 1_700_000_000_000
 
 

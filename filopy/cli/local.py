@@ -20,59 +20,20 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
+
+from filopy.local_state import STATE_FILE, LocalCluster, alive, running, state_dir
 
 log = logging.getLogger("filopy.local")
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SERVICES = ROOT / "scripts" / "services.sh"
-STATE_FILE = "local-cluster.json"
 LOG_FILE = "local-cluster.log"
 
 
 class LocalClusterError(Exception):
     """The local cluster could not be started, found or stopped."""
-
-
-@dataclass(frozen=True)
-class LocalCluster:
-    """What `up` started, as written to the state file."""
-
-    pid: int
-    ray_address: str
-    rest_url: str
-    nodes: int
-    namespace: str
-    log: str
-    started_services: tuple[str, ...]
-
-
-def state_dir() -> Path:
-    """Where the state file and log live: `$FILOPY_STATE_DIR`, else `.filopy` here."""
-    return Path(os.environ.get("FILOPY_STATE_DIR", ".filopy"))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def running(directory: Path | None = None) -> LocalCluster | None:
-    """The local cluster started from this state directory, if its supervisor still runs."""
-    path = (directory or state_dir()) / STATE_FILE
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    data["started_services"] = tuple(data.get("started_services", ()))
-    cluster = LocalCluster(**data)
-    return cluster if _alive(cluster.pid) else None
 
 
 def up(nodes: int, port: int, timeout_s: float = 180.0) -> LocalCluster:
@@ -91,7 +52,7 @@ def up(nodes: int, port: int, timeout_s: float = 180.0) -> LocalCluster:
     log_path = directory / LOG_FILE
     with open(log_path, "ab") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "filopy.local", "--nodes", str(nodes), "--port", str(port)],
+            [sys.executable, "-m", "filopy.cli.local", "--nodes", str(nodes), "--port", str(port)],
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -121,9 +82,9 @@ def down(timeout_s: float = 90.0) -> LocalCluster:
         raise LocalClusterError(f"no local cluster runs from {state_dir().resolve()}")
     os.kill(cluster.pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
-    while _alive(cluster.pid) and time.monotonic() < deadline:
+    while alive(cluster.pid) and time.monotonic() < deadline:
         time.sleep(0.2)
-    if _alive(cluster.pid):
+    if alive(cluster.pid):
         os.killpg(cluster.pid, signal.SIGKILL)
         raise LocalClusterError(
             f"the local cluster did not stop within {timeout_s:.0f} s and was killed; "

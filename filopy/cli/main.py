@@ -66,7 +66,7 @@ def demo(
     quick: Annotated[bool, typer.Option(help="A smaller, faster run (used by CI).")] = False,
 ) -> None:
     """Run the main job: a local cluster ingesting, losing a node, recovering, reading back."""
-    from filopy.demo import run_demo
+    from filopy.cli.demo import run_demo
 
     if not run_demo(quick=quick, console=console):
         raise typer.Exit(1)
@@ -82,8 +82,8 @@ def up(
 ) -> None:
     """Start a local cluster in the background: Ray head + FiloPy nodes on 127.0.0.1, the
     singleton, the REST API, and Kafka (and Cassandra if configured) via scripts/services.sh."""
-    from filopy.local import state_dir
-    from filopy.local import up as start
+    from filopy.cli.local import state_dir
+    from filopy.cli.local import up as start
 
     with console.status(f"starting a local cluster of {nodes} FiloPy nodes…"):
         cluster = start(nodes, port)
@@ -99,7 +99,7 @@ def up(
 @_clean_errors
 def down() -> None:
     """Stop the local cluster `filopy up` started (and the services it started itself)."""
-    from filopy.local import down as stop
+    from filopy.cli.local import down as stop
 
     with console.status("stopping the local cluster…"):
         cluster = stop()
@@ -152,7 +152,7 @@ def status(
         ]
         console.print_json(json.dumps({"dataset": dataset, "shards": shards}))
         return
-    from filopy.views import shard_grid
+    from filopy.cli.views import shard_grid
 
     console.print(shard_grid(mapper, f"{dataset}: {mapper.num_shards} shards"))
 
@@ -170,9 +170,9 @@ def watch(
     """Print the current snapshot, then every shard event as it happens (Ctrl-C to stop)."""
     import time
 
+    from filopy.cli.views import shard_grid
     from filopy.mapper import ShardMapper
     from filopy.shard_status import CurrentShardSnapshot
-    from filopy.views import shard_grid
 
     deadline = None if seconds is None else time.monotonic() + seconds
     with _client(address).subscribe(dataset) as updates:

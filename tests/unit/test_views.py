@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
+from filopy.cli.views import STYLES, shard_grid
 from filopy.dataset import DatasetRef
 from filopy.mapper import ShardMapper
 from filopy.shard_status import (
@@ -20,7 +21,6 @@ from filopy.shard_status import (
     ShardDown,
     ShardStatus,
 )
-from filopy.views import STYLES, shard_grid
 
 
 def _mapper() -> ShardMapper:

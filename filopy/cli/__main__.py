@@ -1,0 +1,5 @@
+"""`python -m filopy.cli`: the CLI, as the `filopy` script runs it."""
+
+from filopy.cli.main import app
+
+app()

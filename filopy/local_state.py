@@ -1,0 +1,54 @@
+"""Where `filopy up` records the local cluster it runs (a JSON state file), and reading it back.
+
+Its own module, below the client and the shell: `filopy.connect("auto")` finds a cluster that
+`filopy up` started from here, and the launcher writes the same record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+STATE_FILE = "local-cluster.json"
+
+
+@dataclass(frozen=True)
+class LocalCluster:
+    """What `up` started, as written to the state file."""
+
+    pid: int
+    ray_address: str
+    rest_url: str
+    nodes: int
+    namespace: str
+    log: str
+    started_services: tuple[str, ...]
+
+
+def state_dir() -> Path:
+    """Where the state file and log live: `$FILOPY_STATE_DIR`, else `.filopy` here."""
+    return Path(os.environ.get("FILOPY_STATE_DIR", ".filopy"))
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def running(directory: Path | None = None) -> LocalCluster | None:
+    """The local cluster started from this state directory, if its supervisor still runs."""
+    path = (directory or state_dir()) / STATE_FILE
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    data["started_services"] = tuple(data.get("started_services", ()))
+    cluster = LocalCluster(**data)
+    return cluster if alive(cluster.pid) else None
