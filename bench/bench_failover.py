@@ -27,7 +27,7 @@ from filopy.testing import LocalRayCluster  # noqa: E402  (binds Ray to loopback
 import ray  # noqa: E402
 
 from coordinator.cluster_actor import start_cluster_actor  # noqa: E402
-from coordinator.node_coordinator import node_actor_name  # noqa: E402
+from coordinator.names import node_actor_name  # noqa: E402
 from filopy import Dataset, ShardDown  # noqa: E402
 from filopy.client import FiloPyClient  # noqa: E402
 from tests.runtime.conftest import cluster_settings  # noqa: E402

@@ -38,12 +38,14 @@ from coordinator.manager import (
     SubscriptionsChanged,
 )
 from coordinator.membership import Change, Membership, NodeState
-from coordinator.node_coordinator import (
+from coordinator.names import (
     CLUSTER_ACTOR_NAME,
-    NodeCoordinator,
-    NodeInfo,
+    guardian_id,
+    is_guardian,
     node_actor_name,
+    sink_of,
 )
+from coordinator.node_coordinator import NodeCoordinator, NodeInfo
 from filopy.config import Settings
 from filopy.dataset import Dataset, DatasetInvalid, DatasetRef
 from filopy.shard_status import ShardEvent, ShardMapState
@@ -52,15 +54,10 @@ from ingest.topics import ensure_topic
 
 log = logging.getLogger(__name__)
 
-GUARDIAN_PREFIX = "guardian:"
 # Recovery retries an unreachable MetaStore with backoff between these bounds, indefinitely:
 # the singleton is useless without its state, and the store usually comes back.
 RECOVERY_RETRY_MIN_S = 0.5
 RECOVERY_RETRY_MAX_S = 10.0
-
-
-def guardian_id(node_id: str) -> str:
-    return GUARDIAN_PREFIX + node_id
 
 
 class NodeClusterActor:
@@ -383,8 +380,8 @@ class NodeClusterActor:
         # One liveness check per sink actor (a client's subscriptions share one), not per id.
         by_sink: dict[str, list[str]] = {}
         for sub in self._subscribers:
-            if not sub.startswith(GUARDIAN_PREFIX):
-                by_sink.setdefault(sub.split("/", 1)[0], []).append(sub)
+            if not is_guardian(sub):
+                by_sink.setdefault(sink_of(sub), []).append(sub)
         for subs in by_sink.values():
             self._watch(
                 self._subscribers[subs[0]].ping.remote(),
@@ -513,7 +510,7 @@ class NodeClusterActor:
         keep: set[str] = set()
         names = {s for _, ss in subs.by_dataset for s in ss}
         for name in names:
-            sink = name.split("/", 1)[0]  # subscription ids are "<sink actor name>/<suffix>"
+            sink = sink_of(name)
             try:
                 handle = ray.get_actor(sink, namespace=self._settings.ray.namespace)
             except ValueError:
@@ -571,9 +568,7 @@ def cluster_actor(settings: Settings) -> ActorHandle:
 
 
 __all__ = [
-    "CLUSTER_ACTOR_NAME",
     "NodeClusterActor",
     "cluster_actor",
-    "guardian_id",
     "start_cluster_actor",
 ]

@@ -15,7 +15,7 @@ from typing import Any
 
 import ray
 
-from coordinator.node_coordinator import node_actor_name
+from coordinator.names import node_actor_name
 from filopy.client import DatasetUnknownError, FiloPyClient, Subscription
 from filopy.dataset import Dataset, DatasetRef
 from filopy.mapper import ShardMapper

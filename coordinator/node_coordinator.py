@@ -35,6 +35,7 @@ from ray.actor import ActorHandle
 from coordinator.guardian import GuardianState, NodeGuardian
 from coordinator.inbox import Delivery, OrderedInbox
 from coordinator.manager import NodeShardMap
+from coordinator.names import CLUSTER_ACTOR_NAME
 from filopy.config import Settings
 from filopy.dataset import Dataset, DatasetRef
 from filopy.shard_status import (
@@ -53,12 +54,6 @@ from ingest.placeholder import EpochClaimingIngester
 from query.executor import NodeAnswer, NodeQuery, ShardsNotHere, ShardSource, run_node_query
 
 log = logging.getLogger(__name__)
-
-CLUSTER_ACTOR_NAME = "NodeClusterActor"
-
-
-def node_actor_name(node_id: str) -> str:
-    return f"filopy-node-{node_id}"
 
 
 @dataclass(frozen=True, slots=True)

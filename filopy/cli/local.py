@@ -184,7 +184,7 @@ def _drain(namespace: str) -> None:
     next `up` replays nothing; then the Ray cluster can go down at once."""
     import ray
 
-    from coordinator.node_coordinator import node_actor_name
+    from coordinator.names import node_actor_name
 
     handles = []
     for node in ray.nodes():

@@ -19,7 +19,7 @@ import ray
 from confluent_kafka import Producer
 
 from coordinator.cluster_actor import start_cluster_actor
-from coordinator.node_coordinator import node_actor_name
+from coordinator.names import node_actor_name
 from filopy import Dataset
 from filopy.client import FiloPyClient
 from filopy.dataset import RecordFormat, SourceSettings

@@ -17,7 +17,7 @@ import pytest
 import ray
 
 from coordinator.cluster_queries import cluster_query_service
-from coordinator.node_coordinator import node_actor_name
+from coordinator.names import node_actor_name
 from filopy.dataset import Dataset, SourceSettings, StoreOptions
 from ingest.gateway import Gateway
 from query.evaluator import range_times

@@ -12,7 +12,7 @@ import time
 import pytest
 import ray
 
-from coordinator.node_coordinator import node_actor_name
+from coordinator.names import node_actor_name
 from filopy import CurrentShardSnapshot, Dataset, ShardDown
 from filopy.client import DatasetUnknownError, ShardRequestError
 from filopy.store import StaleEpochError, open_stores

@@ -24,7 +24,7 @@ import pytest
 import ray
 
 from coordinator.cluster_actor import start_cluster_actor
-from coordinator.node_coordinator import node_actor_name
+from coordinator.names import node_actor_name
 from filopy.client import FiloPyClient
 from filopy.dataset import Dataset, SourceSettings
 from filopy.shard_status import Active, Degraded

@@ -10,7 +10,8 @@ import pytest
 import ray
 from ray._private import state as ray_state
 
-from coordinator.cluster_actor import CLUSTER_ACTOR_NAME, start_cluster_actor
+from coordinator.cluster_actor import start_cluster_actor
+from coordinator.names import CLUSTER_ACTOR_NAME
 from filopy.testing import LocalRayCluster
 from tests.runtime.conftest import cluster_settings
 
