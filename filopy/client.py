@@ -38,7 +38,7 @@ from coordinator.manager import (
     ShardsStopped,
     SubscriberMessage,
 )
-from coordinator.node_coordinator import node_actor_name
+from coordinator.names import node_actor_name
 from filopy.config import Settings, load_settings
 from filopy.dataset import Dataset, DatasetRef
 from filopy.errors import DatasetUnknownError, FiloPyError, Invalid

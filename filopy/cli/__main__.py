@@ -2,4 +2,5 @@
 
 from filopy.cli.main import app
 
-app()
+if __name__ == "__main__":
+    app()

@@ -23,6 +23,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from filopy.errors import Unavailable
 from filopy.local_state import STATE_FILE, LocalCluster, alive, running, state_dir
 
 log = logging.getLogger("filopy.local")
@@ -32,7 +33,7 @@ SERVICES = ROOT / "scripts" / "services.sh"
 LOG_FILE = "local-cluster.log"
 
 
-class LocalClusterError(Exception):
+class LocalClusterError(Unavailable):
     """The local cluster could not be started, found or stopped."""
 
 

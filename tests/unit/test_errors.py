@@ -49,9 +49,6 @@ ROOT = Path(__file__).resolve().parents[2]
 # Exceptions of FiloPy's packages that are not FiloPy errors, and why.
 NOT_FILOPY_ERRORS = {
     "filopy.rest.errors.ApiError": "the HTTP answer REST already chose, not an error to answer",
-    # filopy/local.py was being reworked by another change when the tree was made; the shell's
-    # launcher error should become an `Unavailable` there, then leave this list.
-    "filopy.local.LocalClusterError": "the local launcher's own error (CLI only), not yet moved",
 }
 
 A = Dataset(name="m", num_shards=4)
