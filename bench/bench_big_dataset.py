@@ -32,10 +32,10 @@ from filopy.testing import LocalRayCluster  # noqa: E402  (binds Ray to loopback
 import ray  # noqa: E402
 from ray._private import state as ray_state  # noqa: E402
 
+from coordinator.client import FiloPyClient  # noqa: E402
 from coordinator.cluster_actor import start_cluster_actor  # noqa: E402
 from coordinator.names import CLUSTER_ACTOR_NAME, node_actor_name  # noqa: E402
 from filopy import Dataset  # noqa: E402
-from filopy.client import FiloPyClient  # noqa: E402
 from filopy.shard_status import Active  # noqa: E402
 from tests.runtime.conftest import cluster_settings  # noqa: E402
 

@@ -26,10 +26,10 @@ from filopy.testing import LocalRayCluster  # noqa: E402  (binds Ray to loopback
 # isort: split
 import ray  # noqa: E402
 
+from coordinator.client import FiloPyClient  # noqa: E402
 from coordinator.cluster_actor import start_cluster_actor  # noqa: E402
 from coordinator.names import node_actor_name  # noqa: E402
 from filopy import Dataset, ShardDown  # noqa: E402
-from filopy.client import FiloPyClient  # noqa: E402
 from tests.runtime.conftest import cluster_settings  # noqa: E402
 
 RUNS = 5

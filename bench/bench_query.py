@@ -28,9 +28,9 @@ from filopy.testing import LocalRayCluster  # noqa: E402  (binds Ray to loopback
 # isort: split
 import ray  # noqa: E402
 
+from coordinator.client import FiloPyClient  # noqa: E402
 from coordinator.cluster_actor import start_cluster_actor  # noqa: E402
 from coordinator.cluster_queries import cluster_query_service  # noqa: E402
-from filopy.client import FiloPyClient  # noqa: E402
 from filopy.config import load_settings  # noqa: E402
 from filopy.dataset import Dataset, SourceSettings  # noqa: E402
 from ingest.gateway import Gateway  # noqa: E402

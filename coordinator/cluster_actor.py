@@ -86,7 +86,7 @@ class NodeClusterActor:
         self._last_event_seq: dict[tuple[str, DatasetRef, int], int] = {}
         self._tasks = [asyncio.get_running_loop().create_task(self._main())]
 
-    # ----- public API (through filopy.client) ------------------------------------------------
+    # ----- public API (through coordinator.client) -------------------------------------------
 
     async def ready(self) -> float:
         """Returns once recovery is done; the value is when this incarnation started."""

@@ -11,17 +11,20 @@ import contextlib
 import logging
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
 from coordinator.names import node_actor_name
-from filopy.client import DatasetUnknownError, FiloPyClient, Subscription
 from filopy.dataset import Dataset, DatasetRef
+from filopy.errors import DatasetUnknownError
 from filopy.mapper import ShardMapper
 from filopy.shard_status import CurrentShardSnapshot, ShardEvent, ShardMapState
 from query.executor import NodeAnswer, NodeQuery, ShardsNotHere
 from query.service import NodeUnavailable, QueryService
+
+if TYPE_CHECKING:  # the client builds on this module, not the other way round
+    from coordinator.client import FiloPyClient, Subscription
 
 log = logging.getLogger("filopy.query")
 

@@ -68,7 +68,7 @@ __all__ = [
 def __getattr__(name: str) -> object:
     # `filopy.connect` brings in Ray; importing `filopy` for hashing or mappers must not.
     if name == "connect":
-        from filopy.client import connect
+        from coordinator.client import connect
 
         return connect
     raise AttributeError(f"module 'filopy' has no attribute {name!r}")

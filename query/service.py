@@ -102,8 +102,8 @@ class QueryResult:
 
 class QueryService:
     """PromQL over the datasets of one cluster: maps from a `MapSource`, node parts through a
-    `NodeCaller` (the cluster's are in `filopy.client`; tests pass fakes). `close()` it before
-    the cluster connection goes (the map source may follow maps on threads)."""
+    `NodeCaller` (the cluster's are in `coordinator.cluster_queries`; tests pass fakes).
+    `close()` it before the cluster connection goes (the map source may follow maps on threads)."""
 
     def __init__(self, maps: MapSource, nodes: NodeCaller, timeout_s: float = 60.0) -> None:
         self._maps = maps

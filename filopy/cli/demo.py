@@ -30,8 +30,8 @@ from filopy.testing import LocalRayCluster
 # isort: split
 import ray
 
+from coordinator.client import FiloPyClient
 from coordinator.cluster_actor import start_cluster_actor
-from filopy.client import FiloPyClient
 from filopy.dataset import Dataset, SourceSettings
 from filopy.mapper import ShardMapper
 from filopy.shard_status import ShardEvent

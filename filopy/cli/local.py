@@ -120,8 +120,8 @@ def _supervise(nodes: int, port: int) -> None:
     # isort: split
     import uvicorn
 
+    from coordinator.client import FiloPyClient
     from coordinator.cluster_actor import start_cluster_actor
-    from filopy.client import FiloPyClient
     from filopy.rest import create_app
 
     def stop(signum: int, _frame: object) -> None:

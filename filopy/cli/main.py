@@ -55,7 +55,7 @@ def _clean_errors(fn: F) -> F:
 
 
 def _client(address: str) -> Any:
-    from filopy.client import connect
+    from coordinator.client import connect
 
     return connect(address)
 
@@ -118,9 +118,9 @@ def serve(
     import ray
     import uvicorn
 
+    from coordinator.client import FiloPyClient, resolve_address
     from coordinator.cluster_actor import start_cluster_actor
     from filopy import ray_env
-    from filopy.client import FiloPyClient, resolve_address
     from filopy.config import load_settings
     from filopy.rest import create_app
 

@@ -13,26 +13,23 @@ from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any, TypeVar
 
 import anyio
-import ray.exceptions
 from fastapi import Body, FastAPI, Path, Response
 from fastapi.openapi.utils import get_openapi
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
+from coordinator.client import FiloPyClient, Subscription
 from coordinator.cluster_queries import cluster_query_service
-from filopy.client import FiloPyClient, Subscription
 from filopy.config import Settings
 from filopy.dataset import _NAME_RE, Dataset
 from filopy.mapper import ShardEventError, ShardMapper, shard_ranges
 from filopy.rest.errors import (
-    INTERNAL,
     NOT_FOUND,
     UNAVAILABLE,
     ApiError,
     api_error,
     error_response,
     install_handlers,
-    log,
 )
 from filopy.rest.metrics import ClusterCollector
 from filopy.rest.models import (
@@ -54,8 +51,6 @@ from filopy.rest.models import (
 )
 from filopy.rest.promql import promql_router
 from filopy.shard_status import Active, CurrentShardSnapshot, Degraded, Error, Recovery
-from filopy.store import DatasetConflict
-from ingest.topics import TopicMismatch, topic_partitions
 
 R = TypeVar("R")
 
@@ -118,15 +113,8 @@ def create_app(client: FiloPyClient, settings: Settings) -> FastAPI:
         `source.bootstrap_servers` gets the cluster's `kafka.bootstrap_servers`.
         """
         dataset = dataset.with_cluster_kafka(settings.kafka.bootstrap_servers)
-        existing = await find_dataset(dataset.name, missing_ok=True)
-        if existing is not None and existing != dataset:
-            raise api_error(DatasetConflict(existing, dataset), timeout_s)
-        try:
-            created = await anyio.to_thread.run_sync(client.setup_dataset, dataset)
-        except ray.exceptions.UnserializableException as e:
-            raise await diagnose_setup_failure(dataset, e) from None
-        except Exception as e:
-            raise api_error(e, timeout_s) from None
+        # One singleton call: a conflicting definition or topic comes back as its own error.
+        created = await call(client.setup_dataset, dataset)
         response.status_code = 201 if created else 200
         response.headers["Location"] = f"/api/v1/datasets/{dataset.name}"
         return Success(data=dataset)
@@ -149,29 +137,6 @@ def create_app(client: FiloPyClient, settings: Settings) -> FastAPI:
         if missing_ok:
             return None
         raise ApiError(404, NOT_FOUND, f"unknown dataset {ds!r}")
-
-    async def diagnose_setup_failure(dataset: Dataset, exc: Exception) -> ApiError:
-        """SetupDataset failed with an exception Ray could not carry back (DatasetConflict
-        and TopicMismatch do not survive pickling): find out again which one it was."""
-        existing = await find_dataset(dataset.name, missing_ok=True)
-        if existing is not None and existing != dataset:
-            return api_error(DatasetConflict(existing, dataset), timeout_s)
-        if settings.ingest.source == "kafka":
-            bootstrap = dataset.source.bootstrap_servers
-            try:
-                actual = await anyio.to_thread.run_sync(
-                    topic_partitions, dataset.topic, bootstrap, min(timeout_s, 15.0)
-                )
-            except Exception as e:
-                return api_error(e, timeout_s)
-            if actual is not None and actual != dataset.num_shards:
-                return api_error(
-                    TopicMismatch(dataset.topic, dataset.num_shards, actual), timeout_s
-                )
-        log.error("SetupDataset of %s failed in the cluster: %s", dataset.name, exc)
-        return ApiError(
-            500, INTERNAL, "SetupDataset failed inside the cluster; see the singleton's log"
-        )
 
     @app.get(
         "/api/v1/datasets/{ds}",

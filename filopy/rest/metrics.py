@@ -18,7 +18,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from filopy.client import DatasetUnknownError, FiloPyClient
+from coordinator.client import DatasetUnknownError, FiloPyClient
 
 log = logging.getLogger("filopy.rest")
 

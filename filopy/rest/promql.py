@@ -21,7 +21,7 @@ import anyio
 import numpy as np
 from fastapi import APIRouter, Request
 
-from filopy.client import FiloPyClient
+from coordinator.client import FiloPyClient
 from filopy.rest.errors import BAD_DATA, ApiError, api_error
 from filopy.rest.models import ErrorBody
 from filopy.store.api import LabelMatcher

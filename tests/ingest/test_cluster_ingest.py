@@ -18,10 +18,10 @@ import pytest
 import ray
 from confluent_kafka import Producer
 
+from coordinator.client import FiloPyClient
 from coordinator.cluster_actor import start_cluster_actor
 from coordinator.names import node_actor_name
 from filopy import Dataset
-from filopy.client import FiloPyClient
 from filopy.dataset import RecordFormat, SourceSettings
 from filopy.hashing import shard_for_series
 from filopy.store import encode_part_key, open_stores

@@ -21,8 +21,8 @@ import ray
 import uvicorn
 
 import filopy.testing  # binds Ray to loopback; must precede any `import ray` elsewhere
+from coordinator.client import FiloPyClient
 from coordinator.cluster_actor import start_cluster_actor
-from filopy.client import FiloPyClient
 from filopy.config import Settings
 from filopy.rest import create_app
 from tests.runtime.conftest import FiloPyCluster, cluster_settings

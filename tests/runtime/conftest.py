@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import ray
 
+from coordinator.client import FiloPyClient
 from coordinator.cluster_actor import start_cluster_actor
-from filopy.client import FiloPyClient
 from filopy.config import Settings, load_settings
 from filopy.testing import LocalRayCluster
 

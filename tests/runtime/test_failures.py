@@ -12,9 +12,9 @@ import time
 import pytest
 import ray
 
+from coordinator.client import DatasetUnknownError, ShardRequestError
 from coordinator.names import node_actor_name
 from filopy import CurrentShardSnapshot, Dataset, ShardDown
-from filopy.client import DatasetUnknownError, ShardRequestError
 from filopy.store import StaleEpochError, open_stores
 
 pytestmark = pytest.mark.ray
@@ -87,7 +87,7 @@ def test_subscriber_process_that_exits_is_dropped(filopy_cluster) -> None:
         f"""
         import ray
         from coordinator.cluster_actor import cluster_actor
-        from filopy.client import FiloPyClient
+        from coordinator.client import FiloPyClient
         from filopy.config import load_settings
         s = load_settings()
         ray.init(address={c.ray.address!r}, namespace=s.ray.namespace, logging_level="ERROR")
@@ -217,8 +217,8 @@ def test_killed_coordinator_process_moves_shards_and_the_node_rejoins(filopy_clu
 def test_unreachable_store_at_start_is_a_clear_error_then_recovery_retries(
     ray_cluster, tmp_path
 ) -> None:
+    from coordinator.client import FiloPyClient
     from coordinator.cluster_actor import start_cluster_actor
-    from filopy.client import FiloPyClient
     from filopy.store import StoreUnavailable
 
     from .conftest import cluster_settings

@@ -23,9 +23,9 @@ import numpy as np
 import pytest
 import ray
 
+from coordinator.client import FiloPyClient
 from coordinator.cluster_actor import start_cluster_actor
 from coordinator.names import node_actor_name
-from filopy.client import FiloPyClient
 from filopy.dataset import Dataset, SourceSettings
 from filopy.shard_status import Active, Degraded
 from filopy.store import encode_part_key, open_stores

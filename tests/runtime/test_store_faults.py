@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import ray
 
+from coordinator.client import FiloPyClient
 from coordinator.cluster_actor import start_cluster_actor
-from filopy.client import FiloPyClient
 from filopy.dataset import Dataset, SourceSettings
 from filopy.rest import create_app
 from filopy.shard_status import Active, Degraded

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import ray
 
+from coordinator.client import FiloPyClient, ShardEventSink, Subscription
 from coordinator.inbox import Delivery
 from filopy import CurrentShardSnapshot, Dataset, ShardDown
-from filopy.client import FiloPyClient, ShardEventSink, Subscription
 from filopy.shard_status import IngestionStarted, ShardAssignmentStarted, Stopped
 
 pytestmark = pytest.mark.ray

@@ -17,9 +17,9 @@ import pytest
 import ray.cloudpickle
 import ray.exceptions
 
+from coordinator.client import ShardRequestError
 from coordinator.membership import IllegalTransition, NodeState
 from coordinator.messages import RejectReason, ShardRequestRejected
-from filopy.client import ShardRequestError
 from filopy.dataset import Dataset, DatasetInvalid, DatasetRef
 from filopy.errors import (
     CATEGORIES,
@@ -181,21 +181,21 @@ def test_invalid_errors_are_still_value_errors() -> None:
 
 
 def test_old_import_paths_still_work() -> None:
-    import filopy.client
+    import coordinator.client
     import filopy.dataset
     import filopy.store
     import ingest.gateway
     import query.service
 
-    assert filopy.client.FiloPyError is FiloPyError
-    assert filopy.client.DatasetUnknownError is DatasetUnknownError
+    assert coordinator.client.FiloPyError is FiloPyError
+    assert coordinator.client.DatasetUnknownError is DatasetUnknownError
     assert filopy.store.DatasetConflict is DatasetConflict
     assert filopy.store.StaleEpochError is StaleEpochError
     assert filopy.store.StoreError is StoreError
     assert issubclass(filopy.store.StoreTimeout, filopy.store.StoreUnavailable)
     assert issubclass(KafkaUnavailable, TopicSetupError)
     for cls in (
-        filopy.client.ShardRequestError,
+        coordinator.client.ShardRequestError,
         filopy.dataset.DatasetInvalid,
         ingest.gateway.GatewayError,
         ingest.gateway.InvalidSeries,
