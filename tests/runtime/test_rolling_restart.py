@@ -8,6 +8,8 @@ succeeds as written. Ingestion goes on throughout; every sample is read back exa
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
 from filopy import Dataset
@@ -27,7 +29,7 @@ def test_rolling_restart_recipe_moves_a_node_s_shards_and_loses_nothing(
     c = kafka_cluster
     # 8 shards, at most ceil(8 / 2) = 4 per node: with 4 nodes two of them are hot spares.
     ds = Dataset(
-        name="rolling",
+        name=f"rolling{uuid.uuid4().hex[:8]}",  # its own topic: runs never share data
         num_shards=8,
         min_num_nodes=2,
         source=SourceSettings(bootstrap_servers=kafka_bootstrap),
