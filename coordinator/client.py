@@ -14,7 +14,6 @@ import os
 import socket
 import threading
 import time
-import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, Self
@@ -38,7 +37,7 @@ from coordinator.manager import (
     ShardsStopped,
     SubscriberMessage,
 )
-from coordinator.names import node_actor_name
+from coordinator.names import new_sink_name, new_subscription_id, node_actor_name
 from filopy.config import Settings, load_settings
 from filopy.dataset import Dataset, DatasetRef
 from filopy.errors import DatasetUnknownError, FiloPyError, Invalid
@@ -122,7 +121,7 @@ class FiloPyClient:
         self.timeout_s = settings.cluster.ping_timeout_s * 15
         self._sink: ActorHandle | None = None
         self._create_lock = threading.Lock()
-        self._sink_name = f"filopy-sink-{uuid.uuid4().hex}"
+        self._sink_name = new_sink_name()
 
     def _event_sink(self) -> tuple[str, ActorHandle]:
         """This client's one sink actor, created on first subscribe, shared by its subscriptions.
@@ -313,7 +312,7 @@ class Subscription:
     def __init__(self, client: FiloPyClient, ref: DatasetRef) -> None:
         self.ref = ref
         sink_name, self._sink = client._event_sink()
-        self.id = f"{sink_name}/{uuid.uuid4().hex[:12]}"
+        self.id = new_subscription_id(sink_name)
         self._client = client
         self._buffer: deque[ShardUpdate] = deque()
         self._closed = False
