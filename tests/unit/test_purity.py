@@ -17,6 +17,7 @@ PURE = [
     "coordinator.failure_detector",
     "coordinator.membership",
     "coordinator.messages",
+    "coordinator.names",
     "coordinator.subscriptions",
     "coordinator.inbox",
     "coordinator.guardian",
