@@ -8,7 +8,8 @@ except those under `if TYPE_CHECKING:`, which never run. Bottom to top:
     ingest      ingest/
     query       query/
     coordinator coordinator/ (the cluster runtime and its client)
-    shell       filopy/cli/, filopy/rest/, and the `filopy` package itself (the public facade)
+    shell       filopy/cli/, filopy/rest/, filopy/ingest_http/, and the `filopy` package itself
+                (the public facade)
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ MODULES = modules()
 
 
 def layer(module: str) -> str:
-    if module == "filopy" or module.startswith(("filopy.cli", "filopy.rest")):
+    if module == "filopy" or module.startswith(("filopy.cli", "filopy.rest", "filopy.ingest_http")):
         return "shell"
     return "vocabulary" if module.startswith("filopy.") else module.split(".")[0]
 

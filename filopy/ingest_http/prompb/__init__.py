@@ -1,0 +1,1 @@
+"""Generated protobuf modules (see remote.proto for how to regenerate)."""

@@ -1,0 +1,220 @@
+"""Prometheus remote write 1.0 into `filopy serve`'s app, with a real Prometheus as the sender.
+
+A real Prometheus server (Debian's /usr/bin/prometheus) scrapes its own /metrics every second
+and remote-writes to `/ingest/{dataset}/api/v1/write` of a REST server on a real two-node
+cluster ingesting from the real Kafka. The series and per-series sample counts FiloPy holds for
+a range equal what Prometheus' own query API reports for that range.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import cramjam
+import httpx
+import pytest
+
+from filopy.ingest_http.prompb.remote_pb2 import WriteRequest
+from tests.rest.conftest import Rest, start_rest
+from tests.rest.test_cluster import all_active
+from tests.runtime.conftest import cluster_settings
+
+pytestmark = [pytest.mark.kafka, pytest.mark.ray]
+
+PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
+
+
+@pytest.fixture(scope="module")
+def rest(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str) -> Iterator[Rest]:
+    settings = cluster_settings(tmp_path_factory.mktemp("rw"), "kafka")
+    settings = settings.model_copy(
+        update={"kafka": settings.kafka.model_copy(update={"bootstrap_servers": kafka_bootstrap})}
+    )
+    yield from start_rest(tmp_path_factory.mktemp("rw"), nodes=2, settings=settings)
+
+
+def new_dataset(rest: Rest, kafka_bootstrap: str) -> str:
+    name = f"rw{uuid.uuid4().hex[:8]}"
+    body = {
+        "name": name,
+        "num_shards": 4,
+        "min_num_nodes": 2,
+        "source": {"bootstrap_servers": kafka_bootstrap},
+    }
+    assert rest.http.post("/api/v1/datasets", json=body).status_code == 201
+    rest.wait_for("all shards active", lambda: all_active(rest, name))
+    return name
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def held_counts(rest: Rest, name: str, until_ms: int) -> dict[str, int]:
+    """Per series FiloPy holds (Prometheus' labels, as JSON): samples at or before `until_ms`."""
+    out: dict[str, int] = {}
+    for per_series in rest.client.series_samples(name).values():
+        for key, timestamps in per_series.items():
+            labels = json.loads(key)
+            labels["__name__"] = labels.pop("_metric_")
+            n = sum(1 for t in timestamps if t <= until_ms)
+            if n:
+                out[json.dumps(labels, sort_keys=True)] = n
+    return out
+
+
+@pytest.mark.skipif(not Path(PROMETHEUS).exists(), reason="needs Debian's prometheus package")
+def test_prometheus_remote_write_series_and_samples_match(
+    rest: Rest, kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    name = new_dataset(rest, kafka_bootstrap)
+    port = free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        f"""
+global:
+  scrape_interval: 1s
+  evaluation_interval: 1s
+scrape_configs:
+  - job_name: prometheus
+    static_configs:
+      - targets: ["127.0.0.1:{port}"]
+remote_write:
+  - url: {rest.url}/ingest/{name}/api/v1/write
+    queue_config:
+      batch_send_deadline: 1s
+      min_backoff: 100ms
+      max_backoff: 1s
+"""
+    )
+    log = (tmp_path / "prometheus.log").open("wb")
+    proc = subprocess.Popen(
+        [
+            PROMETHEUS,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    prom = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10)
+    try:
+
+        def query(q: str, at: float | None = None) -> list[dict]:
+            params = {"query": q} | ({"time": f"{at:.3f}"} if at is not None else {})
+            resp = prom.get("/api/v1/query", params=params)
+            assert resp.status_code == 200, resp.text
+            return resp.json()["data"]["result"]
+
+        def scrapes() -> int:
+            try:
+                result = query('count_over_time(up{job="prometheus"}[1h])')
+            except (httpx.TransportError, AssertionError):  # not up, or 503 while starting
+                return 0
+            return int(result[0]["value"][1]) if result else 0
+
+        rest.wait_for("8 scrapes", lambda: scrapes() >= 8, timeout_s=60)
+        end_ms = int(time.time() * 1000)
+        end = end_ms / 1000
+
+        def sent_past_end() -> bool:
+            # Samples reach the queues in WAL order: once a later scrape's are sent, every
+            # sample up to `end` is in the queues, and shutdown flushes them.
+            sent = query("prometheus_remote_storage_queue_highest_sent_timestamp_seconds")
+            return bool(sent) and float(sent[0]["value"][1]) > end + 1
+
+        rest.wait_for("samples after the range sent", sent_past_end, timeout_s=60)
+        want = {
+            json.dumps(series["metric"], sort_keys=True): len(series["values"])
+            for series in query('{job="prometheus"}[1h]', at=end)
+        }
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(90) == 0
+    finally:
+        prom.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+    assert len(want) > 100 and sum(want.values()) > 8 * 100  # a real, varied workload
+    log_text = (tmp_path / "prometheus.log").read_text()
+    assert "non-recoverable error" not in log_text, log_text[-3000:]
+
+    deadline = time.monotonic() + 60
+    got = held_counts(rest, name, end_ms)
+    while got != want and time.monotonic() < deadline:
+        time.sleep(0.5)
+        got = held_counts(rest, name, end_ms)
+    assert set(got) == set(want)
+    assert got == want
+    rest.http.delete(f"/api/v1/datasets/{name}")
+
+
+def test_bad_bodies_are_400_with_a_message_and_unknown_datasets_404(
+    rest: Rest, kafka_bootstrap: str
+) -> None:
+    name = new_dataset(rest, kafka_bootstrap)
+    url = f"/ingest/{name}/api/v1/write"
+    headers = {"Content-Encoding": "snappy", "Content-Type": "application/x-protobuf"}
+
+    def refused(resp: httpx.Response, status: int) -> str:
+        assert resp.status_code == status, resp.text
+        body = resp.json()
+        assert body["status"] == "error" and body["error"]
+        return body["error"]
+
+    garbage = rest.http.post(url, content=b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff")
+    assert "snappy" in refused(garbage, 400)
+    not_snappy = rest.http.post(url, content=b"hello, world", headers=headers)
+    assert "snappy" in refused(not_snappy, 400)
+    not_protobuf = rest.http.post(
+        url, content=bytes(cramjam.snappy.compress_raw(b"\xff" * 64)), headers=headers
+    )
+    assert "WriteRequest" in refused(not_protobuf, 400)
+    assert "empty body" in refused(rest.http.post(url, content=b"", headers=headers), 400)
+    huge = rest.http.post(url, content=b"\0" * ((16 << 20) + 1), headers=headers)
+    assert "over the limit" in refused(huge, 413)
+
+    request = WriteRequest()
+    good = request.timeseries.add()
+    good.labels.add(name="__name__", value="up")
+    good.labels.add(name="job", value="a")
+    good.samples.add(value=1.0, timestamp=1_700_000_000_000)
+    nameless = request.timeseries.add()
+    nameless.labels.add(name="job", value="b")
+    nameless.samples.add(value=2.0, timestamp=1_700_000_000_000)
+    body = bytes(cramjam.snappy.compress_raw(request.SerializeToString()))
+
+    unknown = rest.http.post("/ingest/nosuchdataset/api/v1/write", content=body, headers=headers)
+    assert refused(unknown, 404) == "unknown dataset 'nosuchdataset'"
+    message = refused(rest.http.post(url, content=body, headers=headers), 400)
+    assert message.startswith("1 samples written; 1 samples refused (no_metric: 1)"), message
+    assert "job='b'" in message
+
+    v2 = rest.http.post(
+        url,
+        content=body,
+        headers=headers
+        | {"Content-Type": "application/x-protobuf;proto=io.prometheus.write.v2.Request"},
+    )
+    assert "2.0" in refused(v2, 415)
+    gzip = rest.http.post(url, content=body, headers=headers | {"Content-Encoding": "gzip"})
+    assert "snappy" in refused(gzip, 415)
+
+    # The good series was written (and acknowledged) despite the 400; the server keeps serving.
+    rest.wait_for("the good sample", lambda: held_counts(rest, name, 2**62) != {}, timeout_s=60)
+    assert held_counts(rest, name, 2**62) == {
+        json.dumps({"__name__": "up", "job": "a"}, sort_keys=True): 1
+    }
+    rest.http.delete(f"/api/v1/datasets/{name}")
