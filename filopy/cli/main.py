@@ -138,6 +138,24 @@ def serve(
 
 @app.command()
 @_clean_errors
+def gateway(
+    host: Annotated[str, typer.Option(help="Interface the gateway listens on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(envvar="FILOPY_GATEWAY_PORT", help="HTTP port.")] = 8081,
+) -> None:
+    """Serve HTTP ingestion alone (Prometheus remote write at /ingest/DATASET/api/v1/write):
+    no Ray; dataset definitions from the store, samples to Kafka. See docs/ingestion-http.md."""
+    import uvicorn
+
+    from filopy.config import load_settings
+    from filopy.ingest_http.app import create_gateway_app
+
+    settings = load_settings()
+    console.print(f"FiloPy ingestion gateway on http://{host}:{port}")
+    uvicorn.run(create_gateway_app(settings), host=host, port=port, log_level="warning")
+
+
+@app.command()
+@_clean_errors
 def status(
     dataset: Annotated[str, typer.Argument(help="Dataset name.")],
     address: RayAddress = "auto",

@@ -35,12 +35,12 @@ import numpy as np
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from google.protobuf.message import DecodeError
+from pydantic import BaseModel
 
 from filopy.dataset import Dataset, RecordFormat
 from filopy.errors import Conflict, FiloPyError, NotFound, Unavailable
 from filopy.hashing import PROMETHEUS_METRIC_LABEL
 from filopy.ingest_http.prompb.remote_pb2 import WriteRequest
-from filopy.rest.models import ErrorBody
 from ingest.bad_records import DEFAULT_TS_RANGE, SERIES_REASONS, BadRecord, series_problem
 from ingest.batch import Labels, SampleBatch
 from ingest.gateway import Gateway, GatewayError
@@ -63,6 +63,14 @@ class RemoteWriteSettings:
     max_decoded_bytes: int = DEFAULT_MAX_DECODED_BYTES
     ack_timeout_s: float = DEFAULT_ACK_TIMEOUT_S
     retry_after_s: int = DEFAULT_RETRY_AFTER_S
+
+
+class ErrorBody(BaseModel):
+    """The error body, shaped as the REST API's (not imported: this runs without the REST app)."""
+
+    status: str = "error"
+    errorType: str
+    error: str
 
 
 class _Refused(Exception):
@@ -374,9 +382,7 @@ def remote_write_router(
             return _refused(e.status, e.error_type, e.message)
         except (GatewayError, Unavailable) as e:
             log.warning("remote write to %r: Kafka unavailable: %s", dataset, e)
-            return _refused(
-                503, "unavailable", f"Kafka did not acknowledge: {e}", settings.retry_after_s
-            )
+            return _refused(503, "unavailable", f"Kafka unavailable: {e}", settings.retry_after_s)
         except Conflict as e:
             return _refused(409, "conflict", str(e))
         except NotFound as e:

@@ -9,10 +9,12 @@ a range equal what Prometheus' own query API reports for that range.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -21,9 +23,14 @@ from pathlib import Path
 import cramjam
 import httpx
 import pytest
+from fastapi import FastAPI
 
+from filopy import Dataset
+from filopy.dataset import SourceSettings
+from filopy.ingest_http import RemoteWriteSettings, remote_write_router
+from filopy.ingest_http.app import create_gateway_app
 from filopy.ingest_http.prompb.remote_pb2 import WriteRequest
-from tests.rest.conftest import Rest, start_rest
+from tests.rest.conftest import Rest, ServerThread, start_rest
 from tests.rest.test_cluster import all_active
 from tests.runtime.conftest import cluster_settings
 
@@ -74,10 +81,21 @@ def held_counts(rest: Rest, name: str, until_ms: int) -> dict[str, int]:
 
 
 @pytest.mark.skipif(not Path(PROMETHEUS).exists(), reason="needs Debian's prometheus package")
+@pytest.mark.parametrize("server", ["serve", "gateway"])
 def test_prometheus_remote_write_series_and_samples_match(
-    rest: Rest, kafka_bootstrap: str, tmp_path: Path
+    rest: Rest, kafka_bootstrap: str, tmp_path: Path, server: str
 ) -> None:
+    """`serve`: the endpoint of the REST app (`filopy serve` / `filopy up`); `gateway`: the
+    standalone app of `filopy gateway`, reading definitions from the store, without Ray."""
     name = new_dataset(rest, kafka_bootstrap)
+    if server == "serve":
+        send_to(rest.url, rest, name, kafka_bootstrap, tmp_path)
+    else:
+        with ServerThread(create_gateway_app(rest.cluster.settings)) as url:
+            send_to(url, rest, name, kafka_bootstrap, tmp_path)
+
+
+def send_to(base_url: str, rest: Rest, name: str, kafka_bootstrap: str, tmp_path: Path) -> None:
     port = free_port()
     config = tmp_path / "prometheus.yml"
     config.write_text(
@@ -90,7 +108,7 @@ scrape_configs:
     static_configs:
       - targets: ["127.0.0.1:{port}"]
 remote_write:
-  - url: {rest.url}/ingest/{name}/api/v1/write
+  - url: {base_url}/ingest/{name}/api/v1/write
     queue_config:
       batch_send_deadline: 1s
       min_backoff: 100ms
@@ -218,3 +236,54 @@ def test_bad_bodies_are_400_with_a_message_and_unknown_datasets_404(
         json.dumps({"__name__": "up", "job": "a"}, sort_keys=True): 1
     }
     rest.http.delete(f"/api/v1/datasets/{name}")
+
+
+def test_unreachable_kafka_is_503_with_retry_after() -> None:
+    """Kafka not answering (nothing listens on the port): 503 and Retry-After, so senders retry."""
+    dead = f"127.0.0.1:{free_port()}"
+    ds = Dataset(name="rwdead", num_shards=2, source=SourceSettings(bootstrap_servers=dead))
+    limits = RemoteWriteSettings(ack_timeout_s=2.0, retry_after_s=7)
+    app = FastAPI()
+    app.include_router(remote_write_router(lambda: [ds], limits))
+    request = WriteRequest()
+    series = request.timeseries.add()
+    series.labels.add(name="__name__", value="up")
+    series.samples.add(value=1.0, timestamp=1_700_000_000_000)
+    body = bytes(cramjam.snappy.compress_raw(request.SerializeToString()))
+    with ServerThread(app) as url, httpx.Client(base_url=url, timeout=60) as http:
+        for _ in range(2):  # and again: a failed gateway is not reused
+            resp = http.post(
+                "/ingest/rwdead/api/v1/write",
+                content=body,
+                headers={"Content-Encoding": "snappy", "Content-Type": "application/x-protobuf"},
+            )
+            assert resp.status_code == 503, resp.text
+            assert resp.headers["Retry-After"] == "7"
+            assert resp.json()["errorType"] == "unavailable"
+            assert resp.json()["error"].startswith(f"Kafka unavailable: Kafka at {dead}")
+
+
+def test_filopy_gateway_serves_alone(tmp_path: Path) -> None:
+    """`filopy gateway` as its own process (no Ray): it starts and answers from its store."""
+    port = free_port()
+    env = {**os.environ, "FILOPY_STATE_DIR": str(tmp_path)}
+    cmd = [sys.executable, "-m", "filopy.cli", "gateway", "--port", str(port)]
+    proc = subprocess.Popen(
+        cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
+            deadline = time.monotonic() + 60
+            while True:
+                assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+                try:
+                    resp = http.post("/ingest/nosuch/api/v1/write", content=b"x")
+                    break
+                except httpx.TransportError:
+                    assert time.monotonic() < deadline, "filopy gateway did not start"
+                    time.sleep(0.2)
+            assert resp.status_code == 404, resp.text
+            assert resp.json()["error"] == "unknown dataset 'nosuch'"
+    finally:
+        proc.terminate()
+        proc.wait(30)
