@@ -141,17 +141,25 @@ def serve(
 def gateway(
     host: Annotated[str, typer.Option(help="Interface the gateway listens on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(envvar="FILOPY_GATEWAY_PORT", help="HTTP port.")] = 8081,
+    max_body_bytes: Annotated[
+        int, typer.Option(min=1, help="Larger request bodies are refused (413).")
+    ] = 16 << 20,
+    ack_timeout_s: Annotated[
+        float, typer.Option(min=0.1, help="Kafka acks not in by then: 503 + Retry-After.")
+    ] = 30.0,
 ) -> None:
     """Serve HTTP ingestion alone (Prometheus remote write at /ingest/DATASET/api/v1/write):
     no Ray; dataset definitions from the store, samples to Kafka. See docs/ingestion-http.md."""
     import uvicorn
 
     from filopy.config import load_settings
+    from filopy.ingest_http import RemoteWriteSettings
     from filopy.ingest_http.app import create_gateway_app
 
     settings = load_settings()
+    limits = RemoteWriteSettings(max_body_bytes=max_body_bytes, ack_timeout_s=ack_timeout_s)
     console.print(f"FiloPy ingestion gateway on http://{host}:{port}")
-    uvicorn.run(create_gateway_app(settings), host=host, port=port, log_level="warning")
+    uvicorn.run(create_gateway_app(settings, limits), host=host, port=port, log_level="warning")
 
 
 @app.command()

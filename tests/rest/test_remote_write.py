@@ -268,6 +268,7 @@ def test_filopy_gateway_serves_alone(tmp_path: Path) -> None:
     port = free_port()
     env = {**os.environ, "FILOPY_STATE_DIR": str(tmp_path)}
     cmd = [sys.executable, "-m", "filopy.cli", "gateway", "--port", str(port)]
+    cmd += ["--max-body-bytes", "1000"]
     proc = subprocess.Popen(
         cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
@@ -284,6 +285,9 @@ def test_filopy_gateway_serves_alone(tmp_path: Path) -> None:
                     time.sleep(0.2)
             assert resp.status_code == 404, resp.text
             assert resp.json()["error"] == "unknown dataset 'nosuch'"
+            huge = http.post("/ingest/nosuch/api/v1/write", content=b"\0" * 1001)
+            assert huge.status_code == 413, huge.text
+            assert huge.json()["error"] == "the body is 1001 bytes, over the limit of 1000"
     finally:
         proc.terminate()
         proc.wait(30)
