@@ -31,8 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the real packages, whatever the editable install resolves
 
-from coordinator import NodeShardMap, ShardManager  # noqa: E402
-from coordinator.manager import Result  # noqa: E402
+from coordinator import ShardManager  # noqa: E402
+from coordinator.messages import NodeShardMap, Result  # noqa: E402
 from filopy import Dataset, IngestionStarted, RecoveryInProgress, ShardEvent  # noqa: E402
 
 NUM_SHARDS = 4096

@@ -2,11 +2,14 @@
 
 from coordinator.manager import (
     DEFAULT_REASSIGNMENT_MIN_INTERVAL,
+    ErrorReassignmentStats,
+    ShardManager,
+)
+from coordinator.messages import (
     DatasetExists,
     DatasetRemoved,
     DatasetUnknown,
     DatasetVerified,
-    ErrorReassignmentStats,
     EventApplied,
     EventIgnored,
     MemberAdded,
@@ -16,7 +19,6 @@ from coordinator.manager import (
     RejectReason,
     Reply,
     Result,
-    ShardManager,
     ShardRequestRejected,
     ShardsRecovered,
     ShardsStarted,

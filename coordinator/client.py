@@ -27,7 +27,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from coordinator.cluster_actor import cluster_actor
 from coordinator.inbox import Delivery, OrderedInbox
-from coordinator.manager import (
+from coordinator.messages import (
     DatasetExists,
     DatasetRemoved,
     DatasetUnknown,

@@ -26,18 +26,18 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from coordinator.guardian import GuardianState, merged_subscriptions, newest_maps
 from coordinator.inbox import Sequencer, Stream
-from coordinator.manager import (
+from coordinator.manager import ShardManager
+from coordinator.membership import Change, Membership, NodeState
+from coordinator.messages import (
     DatasetUnknown,
     EventIgnored,
     EventsApplied,
     NodeShardMap,
     Reply,
     Result,
-    ShardManager,
     SubscriberMessage,
     SubscriptionsChanged,
 )
-from coordinator.membership import Change, Membership, NodeState
 from coordinator.names import (
     CLUSTER_ACTOR_NAME,
     guardian_id,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from coordinator.manager import DatasetRemoved, SubscriberMessage, SubscriptionsChanged
+from coordinator.messages import DatasetRemoved, SubscriberMessage, SubscriptionsChanged
 from filopy.dataset import DatasetRef
 from filopy.mapper import ShardMapper
 from filopy.shard_status import CurrentShardSnapshot, ShardEvent, ShardMapState

@@ -46,7 +46,6 @@ from coordinator.messages import (
     StaleNodesRemoved,
     Subscribed,
     SubscriberMessage,
-    SubscriberPayload,
     SubscriptionsChanged,
     Unsubscribed,
 )
@@ -68,35 +67,7 @@ from filopy.shard_status import (
     Stopped,
 )
 
-__all__ = [
-    "DEFAULT_REASSIGNMENT_MIN_INTERVAL",
-    "DatasetExists",
-    "DatasetRemoved",
-    "DatasetUnknown",
-    "DatasetVerified",
-    "ErrorReassignmentStats",
-    "EventApplied",
-    "EventIgnored",
-    "EventsApplied",
-    "MemberAdded",
-    "MemberRemoved",
-    "Message",
-    "NodeShardMap",
-    "RejectReason",
-    "Reply",
-    "Result",
-    "ShardManager",
-    "ShardRequestRejected",
-    "ShardsRecovered",
-    "ShardsStarted",
-    "ShardsStopped",
-    "StaleNodesRemoved",
-    "Subscribed",
-    "SubscriberMessage",
-    "SubscriberPayload",
-    "SubscriptionsChanged",
-    "Unsubscribed",
-]
+__all__ = ["DEFAULT_REASSIGNMENT_MIN_INTERVAL", "ErrorReassignmentStats", "ShardManager"]
 
 Clock = Callable[[], float]
 DEFAULT_REASSIGNMENT_MIN_INTERVAL = 2 * 60 * 60.0  # seconds

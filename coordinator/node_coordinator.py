@@ -34,7 +34,7 @@ from ray.actor import ActorHandle
 
 from coordinator.guardian import GuardianState, NodeGuardian
 from coordinator.inbox import Delivery, OrderedInbox
-from coordinator.manager import NodeShardMap
+from coordinator.messages import NodeShardMap
 from coordinator.names import CLUSTER_ACTOR_NAME
 from filopy.config import Settings
 from filopy.dataset import Dataset, DatasetRef

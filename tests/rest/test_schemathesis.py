@@ -23,7 +23,7 @@ from schemathesis.checks import (
     positive_data_acceptance,
 )
 
-from coordinator.manager import RejectReason
+from coordinator.messages import RejectReason
 from tests.rest.conftest import Rest
 
 pytestmark = pytest.mark.ray

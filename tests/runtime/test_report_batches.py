@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import ray
 
-from coordinator.manager import EventsApplied
+from coordinator.messages import EventsApplied
 from coordinator.names import node_actor_name
 from filopy import Dataset
 from filopy.shard_status import Active, Degraded, IngestionDegraded, IngestionStarted

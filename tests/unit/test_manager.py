@@ -6,12 +6,12 @@ import pickle
 
 import pytest
 
-from coordinator import (
+from coordinator import ErrorReassignmentStats, ShardManager
+from coordinator.messages import (
     DatasetExists,
     DatasetRemoved,
     DatasetUnknown,
     DatasetVerified,
-    ErrorReassignmentStats,
     EventApplied,
     EventIgnored,
     MemberAdded,
@@ -19,7 +19,6 @@ from coordinator import (
     NodeShardMap,
     RejectReason,
     Result,
-    ShardManager,
     ShardRequestRejected,
     ShardsRecovered,
     ShardsStarted,

@@ -26,11 +26,11 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from coordinator.manager import (
+from coordinator.manager import ShardManager
+from coordinator.messages import (
     NodeShardMap,
     RejectReason,
     Result,
-    ShardManager,
     ShardRequestRejected,
     ShardsStarted,
     ShardsStopped,

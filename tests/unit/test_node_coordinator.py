@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from coordinator.manager import NodeShardMap
+from coordinator.messages import NodeShardMap
 from coordinator.node_coordinator import NodeCoordinator
 from filopy import Dataset, IngestionStarted, IngestionStopped, ShardMapper
 from filopy.config import load_settings

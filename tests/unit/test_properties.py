@@ -8,12 +8,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from coordinator import (
+from coordinator import DefaultShardAssignmentStrategy, ShardManager
+from coordinator.messages import (
     DatasetRemoved,
-    DefaultShardAssignmentStrategy,
     NodeShardMap,
     Result,
-    ShardManager,
     ShardsStarted,
     ShardsStopped,
     StaleNodesRemoved,
