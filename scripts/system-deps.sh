@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Debian packages FiloPy's tests need beyond the machine's base image, installed once.
 #   docker-compose: validates docker-compose.yml without a Docker engine (`docker-compose config`).
-#   prometheus: for `promtool query`, a real Prometheus API client run against FiloPy's query API.
+#   prometheus: `promtool query` (a real Prometheus API client) and the Prometheus server, a real
+#     remote-write sender.
 set -euo pipefail
 need=()
 command -v docker-compose >/dev/null || need+=(docker-compose)
-command -v promtool >/dev/null || need+=(prometheus)
+{ command -v promtool && command -v prometheus; } >/dev/null || need+=(prometheus)
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ]; then
   echo "[system-deps] missing Debian packages: ${need[*]} (run as root or: sudo apt-get install ${need[*]})" >&2
