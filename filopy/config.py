@@ -100,6 +100,18 @@ class IngestSettings(_Section):
     start_max_attempts: int = Field(ge=1)
 
 
+class GatewaySettings(_Section):
+    """The HTTP ingestion endpoints (`filopy gateway`, and those `filopy serve` mounts)."""
+
+    max_body_bytes: int = Field(ge=1024)
+    max_decoded_bytes: int = Field(ge=1024)
+    max_samples_per_request: int = Field(ge=1)
+    max_series_per_request: int = Field(ge=1)
+    ack_timeout_s: float = Field(gt=0)
+    retry_after_s: int = Field(ge=1)
+    definitions_ttl_s: float = Field(ge=0)
+
+
 class Settings(BaseSettings):
     """All of FiloPy's settings. Build with `load_settings()`."""
 
@@ -113,6 +125,7 @@ class Settings(BaseSettings):
     ray: RaySettings
     cluster: ClusterSettings
     ingest: IngestSettings
+    gateway: GatewaySettings
 
     @classmethod
     def settings_customise_sources(

@@ -142,24 +142,31 @@ def gateway(
     host: Annotated[str, typer.Option(help="Interface the gateway listens on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(envvar="FILOPY_GATEWAY_PORT", help="HTTP port.")] = 8081,
     max_body_bytes: Annotated[
-        int, typer.Option(min=1, help="Larger request bodies are refused (413).")
-    ] = 16 << 20,
+        int | None,
+        typer.Option(min=1024, help="Larger request bodies are refused (413) (settings)."),
+    ] = None,
     ack_timeout_s: Annotated[
-        float, typer.Option(min=0.1, help="Kafka acks not in by then: 503 + Retry-After.")
-    ] = 30.0,
+        float | None,
+        typer.Option(min=0.1, help="Kafka acks not in by then: 503 + Retry-After (settings)."),
+    ] = None,
 ) -> None:
-    """Serve HTTP ingestion alone (Prometheus remote write at /ingest/DATASET/api/v1/write):
-    no Ray; dataset definitions from the store, samples to Kafka. See docs/ingestion-http.md."""
+    """Serve HTTP ingestion alone (remote write, Influx line protocol, OTLP under
+    /ingest/DATASET/): no Ray; dataset definitions from the store, samples to Kafka; limits from
+    the settings' [gateway] section. See docs/ingestion-http.md."""
     import uvicorn
 
     from filopy.config import load_settings
-    from filopy.ingest_http import RemoteWriteSettings
-    from filopy.ingest_http.app import create_gateway_app
+    from filopy.ingest_http import create_gateway_app
 
     settings = load_settings()
-    limits = RemoteWriteSettings(max_body_bytes=max_body_bytes, ack_timeout_s=ack_timeout_s)
+    overrides = {"max_body_bytes": max_body_bytes, "ack_timeout_s": ack_timeout_s}
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    if overrides:
+        settings = settings.model_copy(
+            update={"gateway": settings.gateway.model_copy(update=overrides)}
+        )
     console.print(f"FiloPy ingestion gateway on http://{host}:{port}")
-    uvicorn.run(create_gateway_app(settings, limits), host=host, port=port, log_level="warning")
+    uvicorn.run(create_gateway_app(settings), host=host, port=port, log_level="warning")
 
 
 @app.command()

@@ -22,7 +22,7 @@ from coordinator.client import FiloPyClient, Subscription
 from coordinator.cluster_queries import cluster_query_service
 from filopy.config import Settings
 from filopy.dataset import _NAME_RE, Dataset
-from filopy.ingest_http import remote_write_router
+from filopy.ingest_http import Ingestion, ingest_router
 from filopy.mapper import ShardEventError, ShardMapper, shard_ranges
 from filopy.rest.errors import (
     NOT_FOUND,
@@ -84,7 +84,9 @@ def create_app(client: FiloPyClient, settings: Settings) -> FastAPI:
     install_handlers(app, timeout_s)
     queries = cluster_query_service(client, timeout_s)
     app.include_router(promql_router(client, queries))
-    app.include_router(remote_write_router(client.datasets))  # docs/ingestion-http.md
+    ingestion = Ingestion(client.datasets, settings.gateway)  # docs/ingestion-http.md
+    app.include_router(ingest_router(ingestion))
+    registry.register(ingestion.metrics.registry)
     app.router.add_event_handler("shutdown", queries.close)  # stop following maps before Ray goes
 
     async def call(fn: Callable[..., R], *args: Any) -> R:

@@ -27,8 +27,8 @@ from fastapi import FastAPI
 
 from filopy import Dataset
 from filopy.dataset import SourceSettings
-from filopy.ingest_http import RemoteWriteSettings, remote_write_router
-from filopy.ingest_http.app import create_gateway_app
+from filopy.ingest_http import Ingestion, create_gateway_app, ingest_router
+from filopy.ingest_http.core import DEFAULT_SETTINGS
 from filopy.ingest_http.prompb.remote_pb2 import WriteRequest
 from tests.rest.conftest import Rest, ServerThread, start_rest
 from tests.rest.test_cluster import all_active
@@ -218,7 +218,7 @@ def test_bad_bodies_are_400_with_a_message_and_unknown_datasets_404(
     unknown = rest.http.post("/ingest/nosuchdataset/api/v1/write", content=body, headers=headers)
     assert refused(unknown, 404) == "unknown dataset 'nosuchdataset'"
     message = refused(rest.http.post(url, content=body, headers=headers), 400)
-    assert message.startswith("1 samples written; 1 samples refused (no_metric: 1)"), message
+    assert message.startswith("1 samples written; 1 refused (no_metric: 1); first: "), message
     assert "job='b'" in message
 
     v2 = rest.http.post(
@@ -243,9 +243,9 @@ def test_unreachable_kafka_is_503_with_retry_after() -> None:
     """Kafka not answering (nothing listens on the port): 503 and Retry-After, so senders retry."""
     dead = f"127.0.0.1:{free_port()}"
     ds = Dataset(name="rwdead", num_shards=2, source=SourceSettings(bootstrap_servers=dead))
-    limits = RemoteWriteSettings(ack_timeout_s=2.0, retry_after_s=7)
+    limits = DEFAULT_SETTINGS.model_copy(update={"ack_timeout_s": 2.0, "retry_after_s": 7})
     app = FastAPI()
-    app.include_router(remote_write_router(lambda: [ds], limits))
+    app.include_router(ingest_router(Ingestion(lambda: [ds], limits)))
     request = WriteRequest()
     series = request.timeseries.add()
     series.labels.add(name="__name__", value="up")
@@ -269,7 +269,7 @@ def test_filopy_gateway_serves_alone(tmp_path: Path) -> None:
     port = free_port()
     env = {**os.environ, "FILOPY_STATE_DIR": str(tmp_path)}
     cmd = [sys.executable, "-m", "filopy.cli", "gateway", "--port", str(port)]
-    cmd += ["--max-body-bytes", "1000"]
+    cmd += ["--max-body-bytes", "2000"]
     proc = subprocess.Popen(
         cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
@@ -286,9 +286,9 @@ def test_filopy_gateway_serves_alone(tmp_path: Path) -> None:
                     time.sleep(0.2)
             assert resp.status_code == 404, resp.text
             assert resp.json()["error"] == "unknown dataset 'nosuch'"
-            huge = http.post("/ingest/nosuch/api/v1/write", content=b"\0" * 1001)
+            huge = http.post("/ingest/nosuch/api/v1/write", content=b"\0" * 2001)
             assert huge.status_code == 413, huge.text
-            assert huge.json()["error"] == "the body is 1001 bytes, over the limit of 1000"
+            assert huge.json()["error"] == "the body is 2001 bytes, over the limit of 2000"
     finally:
         proc.terminate()
         proc.wait(30)

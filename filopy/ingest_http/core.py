@@ -1,0 +1,412 @@
+"""What every HTTP ingestion endpoint shares: body limits and decompression, dataset lookup,
+writing a batch through `ingest.gateway.Gateway` and waiting for Kafka's acks, limits, metrics.
+
+A protocol (remote write, Influx line protocol, OTLP) only decodes a body into a `Decoded` batch
+and shapes its answers; `Ingestion.handle` does the rest, so every protocol answers the same
+faults the same way: 413 over a size or count limit, 404 unknown dataset, 409 a dataset that
+does not read the gateway's format, 503 + Retry-After when Kafka does not acknowledge in time.
+A 2xx is sent only once Kafka acknowledged every accepted sample (acks=all): it means durable.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import tomllib
+import zlib
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import anyio
+import cramjam
+import numpy as np
+from fastapi import Request, Response
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from starlette.datastructures import Headers, QueryParams
+
+from filopy.config import DEFAULT_CONFIG_FILE, GatewaySettings
+from filopy.dataset import Dataset, RecordFormat
+from filopy.errors import Conflict, FiloPyError, NotFound, Unavailable
+from filopy.ingest_http.metrics import IngestMetrics
+from ingest.bad_records import DEFAULT_TS_RANGE, SERIES_REASONS, BadRecord, Decoded, series_problem
+from ingest.batch import SampleBatch
+from ingest.gateway import Gateway, GatewayError
+
+log = logging.getLogger("filopy.ingest_http")
+
+# config/filopy.toml's [gateway] values, for code that builds an app without a Settings object
+DEFAULT_SETTINGS = GatewaySettings(**tomllib.loads(DEFAULT_CONFIG_FILE.read_text())["gateway"])
+
+
+class ErrorBody(BaseModel):
+    """The error body, shaped as the REST API's (not imported: this runs without the REST app)."""
+
+    status: str = "error"
+    errorType: str
+    error: str
+
+
+class Refused(Exception):
+    """An answer other than 2xx: the HTTP status, a short error type and a message for people."""
+
+    def __init__(
+        self, status: int, error_type: str, message: str, retry_after: int | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.error_type = error_type
+        self.message = message
+        self.retry_after = retry_after
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    """One request as a protocol's decoder sees it: the decompressed body and what came with it."""
+
+    body: bytes
+    dataset: Dataset
+    headers: Headers
+    params: QueryParams
+
+
+@dataclass(slots=True)
+class WriteResult:
+    """What became of a request's samples: acknowledged by Kafka, or refused (per reason)."""
+
+    accepted: int = 0
+    rejected: dict[str, int] = field(default_factory=dict)
+    first_rejected: str | None = None  # the first refused series or sample, and why
+    series: int = 0  # distinct series accepted or refused
+
+    @property
+    def n_rejected(self) -> int:
+        return sum(self.rejected.values())
+
+    def describe(self) -> str:
+        """'N samples written; M refused (reason: k, ...); first: ...' for a 4xx message."""
+        reasons = ", ".join(f"{r}: {k}" for r, k in sorted(self.rejected.items()))
+        first = f"; first: {self.first_rejected}" if self.first_rejected else ""
+        return f"{self.accepted} samples written; {self.n_rejected} refused ({reasons}){first}"
+
+
+class IngestProtocol(ABC):
+    """One wire protocol: how a body decodes into samples and how answers look."""
+
+    name: ClassVar[str]  # the `protocol` label of the metrics
+    encodings: ClassVar[frozenset[str]] = frozenset({"identity", "gzip"})
+    default_encoding: ClassVar[str] = "identity"  # when the request names none
+
+    @abstractmethod
+    def decode(self, received: Received) -> Decoded:
+        """The request's samples (blocking, on a worker thread). Samples that cannot be stored
+        are counted by reason in `batch.bad_records`, the first described in `first_bad`;
+        a body that cannot be read at all raises `Refused` (400)."""
+
+    def check(self, headers: Headers) -> None:  # noqa: B027 - a hook; most protocols need none
+        """Refuse a request before its body is read (e.g. an unsupported content type)."""
+
+    def answer(self, result: WriteResult) -> Response:
+        """The answer once the accepted samples are durable: 204, or 400 if some were refused
+        (Prometheus' receivers do so; senders do not retry a 4xx)."""
+        if result.rejected:
+            return self.refuse(Refused(400, "bad_data", result.describe()), result)
+        return Response(status_code=204)
+
+    def refuse(self, refused: Refused, result: WriteResult | None = None) -> Response:
+        """An error answer: JSON `{"status": "error", "errorType", "error"}` by default."""
+        body = {"status": "error", "errorType": refused.error_type, "error": refused.message}
+        headers = {"Retry-After": str(refused.retry_after)} if refused.retry_after else None
+        return JSONResponse(body, status_code=refused.status, headers=headers)
+
+
+# ----- bodies ----------------------------------------------------------------------------------
+
+
+def _snappy_length(body: bytes) -> int:
+    """The decompressed length a snappy block announces (its leading uvarint)."""
+    n = shift = 0
+    for b in body[:10]:
+        n |= (b & 0x7F) << shift
+        if b < 0x80:
+            return n
+        shift += 7
+    raise Refused(400, "bad_data", "the body is not snappy-compressed (bad length header)")
+
+
+def decompress(body: bytes, encoding: str, limit: int) -> bytes:
+    """The body decompressed, at most `limit` bytes (413 above), or 400 if it is not what
+    `encoding` says."""
+    if encoding == "identity":
+        return body
+    if encoding == "snappy":  # block format, as remote write sends it
+        if not body:
+            return body
+        size = _snappy_length(body)
+        if size > limit:
+            raise Refused(
+                413, "too_large", f"the body decompresses to {size} bytes, over the limit {limit}"
+            )
+        try:
+            return bytes(cramjam.snappy.decompress_raw(body))
+        except Exception as e:
+            raise Refused(
+                400, "bad_data", f"the body is not snappy-compressed (block format): {e}"
+            ) from None
+    if encoding == "gzip":
+        d = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+        try:
+            out = d.decompress(body, limit + 1)
+        except zlib.error as e:
+            raise Refused(400, "bad_data", f"the body is not gzip-compressed: {e}") from None
+        if len(out) > limit:
+            raise Refused(
+                413, "too_large", f"the body decompresses to over the limit of {limit} bytes"
+            )
+        if not d.eof:
+            raise Refused(400, "bad_data", "the gzip body is truncated")
+        return out
+    raise AssertionError(encoding)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The raw body, refused with 413 as soon as it is known to exceed `limit` bytes."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise Refused(413, "too_large", f"the body is {declared} bytes, over the limit of {limit}")
+    chunks = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise Refused(413, "too_large", f"the body is over the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+# ----- gateways and definitions -----------------------------------------------------------------
+
+
+class GatewayPool:
+    """Idle `Gateway`s per dataset (a Gateway is one producer, not thread-safe): a request
+    takes one, sends, waits for Kafka's acks, and gives it back. A gateway whose messages failed
+    is dropped, never reused (its failure would poison later requests)."""
+
+    def __init__(self, ack_timeout_s: float) -> None:
+        self._ack_timeout_s = ack_timeout_s
+        self._idle: dict[str, queue.SimpleQueue[Gateway]] = {}
+        self._lock = threading.Lock()
+
+    def _take(self, dataset: Dataset) -> Gateway:
+        with self._lock:
+            idle = self._idle.setdefault(dataset.name, queue.SimpleQueue())
+        while True:
+            try:
+                gw = idle.get_nowait()
+            except queue.Empty:
+                break
+            if gw.dataset == dataset:
+                return gw
+            _close_quietly(gw)  # the definition changed
+        return Gateway(
+            dataset,
+            timeout_s=min(10.0, self._ack_timeout_s),
+            producer_config={"message.timeout.ms": int(self._ack_timeout_s * 1000)},
+        )
+
+    def write(self, dataset: Dataset, batch: SampleBatch) -> tuple[int, dict[str, int]]:
+        """Send and wait for every ack; (samples acked, skipped per reason). Blocking."""
+        gw = self._take(dataset)
+        before = gw.skipped
+        try:
+            accepted = gw.send_batch(batch)
+            gw.flush(self._ack_timeout_s)
+        except BaseException:
+            _close_quietly(gw, timeout_s=0)
+            raise
+        skipped = {r: n - before.get(r, 0) for r, n in gw.skipped.items() if n > before.get(r, 0)}
+        self._idle[dataset.name].put(gw)
+        return accepted, skipped
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, {}
+        for q in idle.values():
+            while not q.empty():
+                _close_quietly(q.get_nowait())
+
+
+def _close_quietly(gw: Gateway, timeout_s: float = 5.0) -> None:
+    try:
+        gw.close(timeout_s)
+    except Exception as e:  # its samples were answered for already (or refused)
+        log.debug("closing a gateway: %s", e)
+
+
+class Definitions:
+    """Dataset definitions by name, read through `load` and kept for a few seconds; an unknown
+    name is read again at once (a dataset just created is found)."""
+
+    def __init__(self, load: Callable[[], Iterable[Dataset]], ttl_s: float) -> None:
+        self._load = load
+        self._ttl_s = ttl_s
+        self._by_name: dict[str, Dataset] = {}
+        self._read_at = -float("inf")
+        self._lock = threading.Lock()
+
+    def get(self, name: str) -> Dataset:
+        with self._lock:
+            fresh = time.monotonic() - self._read_at < self._ttl_s
+            if not fresh or name not in self._by_name:
+                self._by_name = {d.name: d for d in self._load()}
+                self._read_at = time.monotonic()
+            ds = self._by_name.get(name)
+        if ds is None:
+            raise NotFound(f"unknown dataset {name!r}")
+        return ds
+
+
+# ----- refusals --------------------------------------------------------------------------------
+
+
+def show_labels(labels: Mapping[str, str]) -> str:
+    """A series for a message: at most six labels, each clipped."""
+    shown = ", ".join(f"{k}={v!r}"[:80] for k, v in list(labels.items())[:6])
+    return "{" + shown + (", ..." if len(labels) > 6 else "") + "}"
+
+
+def first_offender(batch: SampleBatch, dataset: Dataset, reasons: Iterable[str]) -> str:
+    """The first series or sample of the batch refused by the gateway for one of `reasons`."""
+    wanted = set(reasons)
+    series_reasons = {r.value for r in SERIES_REASONS}
+    if wanted & series_reasons:
+        for labels in batch.series:
+            problem = series_problem(labels, dataset.metric_column, dataset.limits)
+            if problem is not None and problem[0].value in wanted:
+                return f"{problem[1]}; series {show_labels(labels)}"
+    if BadRecord.TIMESTAMP_RANGE.value in wanted:
+        lo, hi = DEFAULT_TS_RANGE
+        bad = np.flatnonzero((batch.timestamps < lo) | (batch.timestamps > hi))
+        if len(bad):
+            i = int(bad[0])
+            labels = batch.series[int(batch.series_idx[i])]
+            return (
+                f"timestamp {int(batch.timestamps[i])} ms is outside [{lo}, {hi}]; "
+                f"series {show_labels(labels)}"
+            )
+    return "samples refused: " + ", ".join(sorted(wanted))
+
+
+# ----- the shared request path -------------------------------------------------------------------
+
+
+class Ingestion:
+    """The state every endpoint of one app shares: definitions, producers, limits, metrics."""
+
+    def __init__(
+        self,
+        datasets: Callable[[], Iterable[Dataset]],
+        settings: GatewaySettings = DEFAULT_SETTINGS,
+        metrics: IngestMetrics | None = None,
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics or IngestMetrics()
+        self.definitions = Definitions(datasets, settings.definitions_ttl_s)
+        self.pool = GatewayPool(settings.ack_timeout_s)
+
+    def close(self) -> None:
+        self.pool.close()
+
+    def dataset(self, name: str) -> Dataset:
+        """The dataset the gateway may write to, or 404 / 409."""
+        try:
+            dataset = self.definitions.get(name)
+        except NotFound as e:
+            raise Refused(404, "not_found", str(e)) from None
+        if dataset.source.record_format is not RecordFormat.BINARY:
+            raise Refused(
+                409,
+                "conflict",
+                f"dataset {name!r} reads record_format {dataset.source.record_format.value!r} "
+                f"from Kafka; the gateway writes {RecordFormat.BINARY.value!r}",
+            )
+        return dataset
+
+    def check_limits(self, batch: SampleBatch) -> None:
+        s = self.settings
+        if len(batch) > s.max_samples_per_request:
+            raise Refused(
+                413,
+                "too_large",
+                f"{len(batch)} samples in one request, over the limit of "
+                f"{s.max_samples_per_request}: send smaller requests",
+            )
+        if len(batch.series) > s.max_series_per_request:
+            raise Refused(
+                413,
+                "too_large",
+                f"{len(batch.series)} series in one request, over the limit of "
+                f"{s.max_series_per_request}: send smaller requests",
+            )
+
+    def write(self, dataset: Dataset, decoded: Decoded) -> WriteResult:
+        """Write the decoded samples and wait for Kafka (blocking); what was refused is
+        counted, never written."""
+        batch = decoded.batch
+        self.check_limits(batch)
+        rejected = dict(batch.bad_records)
+        first = decoded.first_bad
+        accepted, skipped = self.pool.write(dataset, batch) if len(batch) else (0, {})
+        if skipped:
+            for reason, n in skipped.items():
+                rejected[reason] = rejected.get(reason, 0) + n
+            first = first or first_offender(batch, dataset, skipped)
+        return WriteResult(accepted, rejected, first, len(batch.series))
+
+    async def handle(self, protocol: IngestProtocol, name: str, request: Request) -> Response:
+        """Read, decode, write, answer; every outcome counted in the metrics."""
+        t0 = time.perf_counter()
+        size = 0
+        result: WriteResult | None = None
+        try:
+            encoding = request.headers.get("content-encoding", protocol.default_encoding)
+            encoding = encoding.strip().lower() or protocol.default_encoding
+            if encoding not in protocol.encodings:
+                raise Refused(
+                    415,
+                    "unsupported",
+                    f"Content-Encoding {encoding!r}: this endpoint takes "
+                    + ", ".join(sorted(protocol.encodings)),
+                )
+            protocol.check(request.headers)
+            raw = await read_body(request, self.settings.max_body_bytes)
+            size = len(raw)
+
+            def blocking() -> WriteResult:
+                dataset = self.dataset(name)
+                body = decompress(raw, encoding, self.settings.max_decoded_bytes)
+                received = Received(body, dataset, request.headers, request.query_params)
+                return self.write(dataset, protocol.decode(received))
+
+            result = await anyio.to_thread.run_sync(blocking)
+            response = protocol.answer(result)
+        except Refused as e:
+            response = protocol.refuse(e, result)
+        except (GatewayError, Unavailable) as e:
+            log.warning("%s to %r: Kafka unavailable: %s", protocol.name, name, e)
+            self.metrics.kafka_errors.labels(protocol.name).inc()
+            retry = self.settings.retry_after_s
+            refused = Refused(503, "unavailable", f"Kafka unavailable: {e}", retry)
+            response = protocol.refuse(refused)
+        except Conflict as e:
+            response = protocol.refuse(Refused(409, "conflict", str(e)))
+        except NotFound as e:
+            response = protocol.refuse(Refused(404, "not_found", str(e)))
+        except FiloPyError as e:
+            response = protocol.refuse(Refused(400, "bad_data", str(e)))
+        self.metrics.observe(protocol.name, response.status_code, size, result, t0)
+        return response
