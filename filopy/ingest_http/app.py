@@ -17,6 +17,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from filopy.config import Settings
 from filopy.dataset import Dataset
 from filopy.ingest_http.core import Ingestion
+from filopy.ingest_http.influx import influx_router
+from filopy.ingest_http.otlp import otlp_router
 from filopy.ingest_http.remote_write import remote_write_router
 from filopy.store import open_stores
 
@@ -25,6 +27,8 @@ def ingest_router(ingestion: Ingestion) -> APIRouter:
     """Every ingestion endpoint (docs/ingestion-http.md), sharing `ingestion`'s producers."""
     router = APIRouter(on_shutdown=[ingestion.close])
     router.include_router(remote_write_router(ingestion))
+    router.include_router(influx_router(ingestion))
+    router.include_router(otlp_router(ingestion))
     return router
 
 
