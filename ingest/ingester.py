@@ -266,7 +266,7 @@ class KafkaShardIngester(ReportingIngester):
         else:
             self.memstore.end_recovery()
             self._live()
-        last_bad_log = 0.0
+        last_bad_log = last_misrouted_log = 0.0
         limit = cfg.max_unflushed_samples
         while not self._stopping.is_set():
             if self._pause_or_resume(consumer, partition):
@@ -303,7 +303,22 @@ class KafkaShardIngester(ReportingIngester):
                             m.offset(),
                             decoded.first_bad,
                         )
-                self.memstore.ingest(decoded.batch, m.offset())
+                st = self.memstore.ingest(decoded.batch, m.offset())
+                if st.misrouted:
+                    now = time.monotonic()
+                    if now - last_misrouted_log >= cfg.bad_record_log_interval_s:
+                        last_misrouted_log = now
+                        log.warning(
+                            "%s shard %d: %d samples at offset %d belong to another shard by "
+                            "the dataset's shard key (kept; queries routed by shard key miss "
+                            "them: producers must route by FiloPy's hash or use the gateway), "
+                            "e.g. series %s",
+                            ref.name,
+                            shard,
+                            st.misrouted,
+                            m.offset(),
+                            self.memstore.part_key(st.first_misrouted),
+                        )
                 self.messages += 1
                 self.next_offset = m.offset() + 1
                 if self.memstore.unflushed_samples() > limit:

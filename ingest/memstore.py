@@ -36,7 +36,7 @@ import numpy as np
 import numpy.typing as npt
 
 from filopy.dataset import Dataset
-from filopy.hashing import partition_key_hash
+from filopy.hashing import partition_key_hash, shard_for_series
 from filopy.store.api import (
     INT64_MAX,
     INT64_MIN,
@@ -80,6 +80,8 @@ class IngestStats:
     skipped_flushed: int = 0  # ts <= the series' end time in the ColumnStore at recovery
     invalid_series: int = 0  # samples of series whose labels are not str -> str
     new_series: int = 0
+    misrouted: int = 0  # ingested samples of series whose shard key hashes to another shard
+    first_misrouted: int = -1  # a series id among them, for the log
 
 
 @dataclass(slots=True)
@@ -93,6 +95,7 @@ class MemstoreStats:
     invalid_series: int = 0
     evicted_samples: int = 0
     messages: int = 0
+    misrouted: int = 0  # kept, but queries routed by shard key will not look here for them
 
 
 class _MemChunk:
@@ -189,6 +192,9 @@ class ShardMemstore:
         self._last_ts = np.empty(0, I64)
         self._store_end = np.empty(0, I64)  # end time in the ColumnStore at recovery
         self._group = np.empty(0, np.int32)
+        # per series: its shard key hashes to another shard (a producer that did not route by
+        # FiloPy's hash): its samples are kept, and counted as misrouted
+        self._misrouted = np.empty(0, np.bool_)
         # per group: samples of messages at or below this offset are in memory (or flushed)
         self._watermark = np.full(groups_per_shard, -1, I64)
         self._replay_until: int | None = None  # recovering while set
@@ -273,6 +279,7 @@ class ShardMemstore:
             s.skipped_replay += st.skipped_replay
             s.skipped_flushed += st.skipped_flushed
             s.invalid_series += st.invalid_series
+            s.misrouted += st.misrouted
             if self.memory_samples() > self.max_samples:
                 self._evict(None)
             return st
@@ -333,6 +340,10 @@ class ShardMemstore:
             ser.vals[n:m] = vals[a:b]
             ser.n = m
         st.ingested = len(sid)
+        misrouted = self._misrouted[seg_sid]
+        if misrouted.any():
+            st.misrouted = int((ends - starts)[misrouted].sum())
+            st.first_misrouted = int(seg_sid[np.argmax(misrouted)])
         self._open += len(sid)
         self._max_ts = max(self._max_ts, int(ts.max()))
 
@@ -348,15 +359,18 @@ class ShardMemstore:
     def _add_series(self, sid: int) -> None:
         """Sample state for a series the index has just added (ids are dense, in order)."""
         assert sid == len(self._series)
-        group = flush_group_of(self._index.labels(sid), self.dataset, self.groups_per_shard)
+        labels = self._index.labels(sid)
+        group = flush_group_of(labels, self.dataset, self.groups_per_shard)
         if sid >= len(self._group):
             cap = max(1024, 2 * len(self._group))
             self._first_ts = _grown(self._first_ts, cap, NONE_TS)
             self._last_ts = _grown(self._last_ts, cap, NONE_TS)
             self._store_end = _grown(self._store_end, cap, NONE_TS)
             self._group = _grown(self._group, cap, 0)
+            self._misrouted = _grown(self._misrouted, cap, False)
         self._first_ts[sid] = self._last_ts[sid] = self._store_end[sid] = NONE_TS
         self._group[sid] = group
+        self._misrouted[sid] = shard_for_series(self.dataset, labels) != self.shard
         self._series.append(_Series(group))
         self._group_series[group].append(sid)
 

@@ -84,6 +84,13 @@ class ClusterCollector(Collector):
             "invalid_series (labels that cannot form a shard key).",
             labels=[*per_shard, "reason"],
         )
+        misrouted = CounterMetricFamily(
+            "filopy_misrouted_samples",
+            "Samples ingested by a shard their series' shard key does not hash to (written to "
+            "the partition directly, not routed by FiloPy's hash): kept, but queries routed by "
+            "shard key do not look for them here.",
+            labels=per_shard,
+        )
         memory = GaugeMetricFamily(
             "filopy_memstore_samples", "Samples held in memory by the shard.", labels=per_shard
         )
@@ -171,6 +178,7 @@ class ClusterCollector(Collector):
                     lost.add_metric(labels, st["offsets_lost"])
                     dropped.add_metric([*labels, "out_of_order"], mem.out_of_order)
                     dropped.add_metric([*labels, "invalid_series"], mem.invalid_series)
+                    misrouted.add_metric(labels, mem.misrouted)
                     for reason, n in sorted(st["bad_records"].items()):
                         bad.add_metric([*labels, reason], n)
                     if st.get("lag") is not None:
@@ -194,6 +202,7 @@ class ClusterCollector(Collector):
             messages,
             bad,
             dropped,
+            misrouted,
             memory,
             lost,
             lag,
