@@ -99,3 +99,27 @@ def test_metrics_parse_and_count_shards(rest, name: str) -> None:
     rest.http.delete(f"/api/v1/datasets/{name}")
     gone = metrics(rest)
     assert not [s for s in gone["filopy_shards"] if s.labels["dataset"] == name]
+
+
+def test_metrics_include_http_ingestion(rest) -> None:
+    """The REST server's /metrics carries its ingestion endpoints' counters too."""
+    before = metrics(rest).get("filopy_http_ingest_requests", [])
+    sent = rest.http.post("/ingest/nosuchdataset/api/v1/write", content=b"x")
+    assert sent.status_code == 404, sent.text
+    after = metrics(rest)
+    labels = {"protocol": "prometheus_remote_write", "code": "404"}
+    was = [s.value for s in before if labels.items() <= s.labels.items()]
+    assert (
+        value(after["filopy_http_ingest_requests"], "filopy_http_ingest_requests_total", **labels)
+        == (was[0] if was else 0) + 1
+    )
+    rejected = after["filopy_http_ingest_request_bytes"]
+    assert (
+        value(
+            rejected,
+            "filopy_http_ingest_request_bytes_total",
+            protocol="prometheus_remote_write",
+            outcome="rejected",
+        )
+        >= 1
+    )
