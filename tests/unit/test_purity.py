@@ -14,6 +14,7 @@ PURE = [
     "filopy.dataset",
     "coordinator.manager",
     "coordinator.strategy",
+    "coordinator.rebalance",
     "coordinator.failure_detector",
     "coordinator.membership",
     "coordinator.messages",
