@@ -49,6 +49,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # Exceptions of FiloPy's packages that are not FiloPy errors, and why.
 NOT_FILOPY_ERRORS = {
     "filopy.rest.errors.ApiError": "the HTTP answer REST already chose, not an error to answer",
+    "filopy.ingest_http.core.Refused": "the HTTP answer an ingestion endpoint already chose",
 }
 
 A = Dataset(name="m", num_shards=4)
