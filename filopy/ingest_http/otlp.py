@@ -1,12 +1,703 @@
-"""(being written) otlp ingestion endpoints."""
+"""OTLP/HTTP metrics into a dataset: `POST /ingest/{dataset}/v1/metrics`.
+
+The body is an `ExportMetricsServiceRequest`, binary protobuf (`Content-Type:
+application/x-protobuf`) or its JSON mapping (`application/json`), identity or gzip. Answers
+follow the OTLP spec (https://opentelemetry.io/docs/specs/otlp/#otlphttp), in the request's own
+encoding: 200 with an `ExportMetricsServiceResponse` once Kafka acknowledged every accepted sample,
+its `partial_success` naming the data points refused and why (senders do not retry those); a
+`google.rpc.Status` body with 400 (bad data), 404, 409, 413, 415, or 503 + Retry-After (retried).
+
+Metrics become Prometheus series as Prometheus' own OTLP receiver makes them (v3.14.0, its
+defaults: `translation_strategy: UnderscoreEscapingWithSuffixes`, label names sanitised with
+`key` prefixes and multiple underscores kept; the rules of github.com/prometheus/otlptranslator
+v1.0.0 and storage/remote/otlptranslator/prometheusremotewrite): unit and `_total` suffixes,
+`service.namespace`/`service.name` -> `job`, `service.instance.id` -> `instance`, the other
+resource attributes on `target_info`. Gauges and non-monotonic sums are gauges, cumulative
+monotonic sums counters, explicit-bucket histograms `_bucket{le}` (cumulative) / `_sum` /
+`_count`, summaries `{quantile}` / `_sum` / `_count`. Refused, per data point: delta (or
+unspecified) temporality, which cannot become cumulative without state across requests;
+exponential histograms, which FiloPy (float samples only) cannot store. A data point is written
+whole or not at all: if any of its series breaks the dataset's limits, or its timestamp is out
+of range, all of it is refused. Data points flagged "no recorded value" are skipped (Prometheus
+writes a staleness marker; FiloPy has none). See docs/ingestion-http.md.
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+import base64
+import functools
+import json
+import math
+import re
+from collections.abc import Iterable
+from typing import Any, ClassVar
 
-from filopy.ingest_http.core import Ingestion
+import numpy as np
+from fastapi import APIRouter, Request, Response
+from google.protobuf import descriptor_pb2, descriptor_pool, json_format, message_factory
+from google.protobuf.message import DecodeError, Message
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+    ExportMetricsServiceResponse,
+)
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality, Metric
+from starlette.datastructures import Headers
+
+from filopy.dataset import LabelLimits
+from filopy.ingest_http.core import (
+    Ingestion,
+    IngestProtocol,
+    Received,
+    Refused,
+    WriteResult,
+    show_labels,
+)
+from ingest.bad_records import DEFAULT_TS_RANGE, BadRecord, Decoded, clip, series_problem
+from ingest.batch import Labels, SampleBatch
+
+PATH = "/ingest/{dataset}/v1/metrics"
+PROTOBUF = "application/x-protobuf"
+JSON = "application/json"
+_MEDIA_TYPES = {PROTOBUF: PROTOBUF, "application/protobuf": "application/protobuf", JSON: JSON}
+
+# Refusal reasons of data points (besides `BadRecord`'s): short, stable metric labels.
+DELTA = "delta_temporality"
+BAD_TEMPORALITY = "invalid_temporality"  # AGGREGATION_TEMPORALITY_UNSPECIFIED
+UNSUPPORTED = "unsupported"  # exponential histograms
+BAD_NAME = "invalid_metric_name"  # a name that normalises to nothing, or underscores only
+BAD_LABEL_NAME = "invalid_label_name"  # an attribute key that is empty or underscores only
+NO_VALUE = "no_value"  # a number data point with neither as_double nor as_int
+
+NO_RECORDED_VALUE = 1  # DataPointFlags.DATA_POINT_FLAGS_NO_RECORDED_VALUE_MASK
+CUMULATIVE = AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
+DELTA_TEMPORALITY = AggregationTemporality.AGGREGATION_TEMPORALITY_DELTA
+TARGET_INFO = "target_info"
+SERVICE_NAME, SERVICE_NAMESPACE, SERVICE_INSTANCE = (
+    "service.name",
+    "service.namespace",
+    "service.instance.id",
+)
+IDENTIFYING = frozenset({SERVICE_NAME, SERVICE_NAMESPACE, SERVICE_INSTANCE})
+# target_info gets a sample every half lookback delta (Prometheus' default 5 m) from the
+# resource's earliest to its latest data point, so it is found over the whole range.
+TARGET_INFO_INTERVAL_NS = 150 * 10**9
+
+# gRPC codes for the Status body (the spec says clients do not act on them; people read them).
+_GRPC_CODE = {400: 3, 404: 5, 409: 9, 413: 8, 415: 3, 429: 8, 503: 14}
+
+
+# ----- names: Prometheus 3.14 (otlptranslator v1.0.0), UnderscoreEscapingWithSuffixes ---------
+
+# OTLP (UCUM) units -> Prometheus units; "per" units. As otlptranslator's unitMap / perUnitMap.
+UNITS = {
+    "d": "days",
+    "h": "hours",
+    "min": "minutes",
+    "s": "seconds",
+    "ms": "milliseconds",
+    "us": "microseconds",
+    "ns": "nanoseconds",
+    "By": "bytes",
+    "KiBy": "kibibytes",
+    "MiBy": "mebibytes",
+    "GiBy": "gibibytes",
+    "TiBy": "tibibytes",
+    "KBy": "kilobytes",
+    "MBy": "megabytes",
+    "GBy": "gigabytes",
+    "TBy": "terabytes",
+    "m": "meters",
+    "V": "volts",
+    "A": "amperes",
+    "J": "joules",
+    "W": "watts",
+    "g": "grams",
+    "Cel": "celsius",
+    "Hz": "hertz",
+    "1": "",
+    "%": "percent",
+}
+PER_UNITS = {
+    "s": "second",
+    "m": "minute",
+    "h": "hour",
+    "d": "day",
+    "w": "week",
+    "mo": "month",
+    "y": "year",
+}
+
+_NOT_METRIC_CHAR = re.compile(r"[^a-zA-Z0-9:]")
+_NOT_METRIC_CHARS = re.compile(r"[^a-zA-Z0-9:]+")
+_NOT_LABEL_CHAR = re.compile(r"[^a-zA-Z0-9]")
+
+GAUGE, COUNTER, UPDOWN, HISTOGRAM, SUMMARY, OTHER = range(6)
+
+
+def _unit_suffixes(unit: str) -> tuple[str, str]:
+    """The main and "per" unit suffixes, before cleaning (otlptranslator's buildUnitSuffixes)."""
+    parts = unit.split("/", 1)
+    main = per = ""
+    head = parts[0].strip()
+    if head and "{" not in head and "}" not in head:
+        main = UNITS.get(head, head)
+    if len(parts) > 1 and parts[1]:
+        tail = parts[1].strip()
+        if tail and "{" not in tail and "}" not in tail:
+            per = PER_UNITS.get(tail, tail)
+        if per:
+            per = "per_" + per
+    return main, per
+
+
+def _clean_unit(unit: str) -> str:
+    """Invalid characters to `_`, runs of `_` collapsed, a leading `_` dropped."""
+    return re.sub("_+", "_", _NOT_METRIC_CHAR.sub("_", unit)).removeprefix("_")
+
+
+@functools.lru_cache(maxsize=4096)
+def metric_name(name: str, unit: str, kind: int) -> str:
+    """The Prometheus metric (family) name of an OTLP metric: name tokens joined by `_`, unit
+    suffixes, `_total` for counters, `_ratio` for gauges of unit "1". "" if none is valid."""
+    tokens = [t for t in _NOT_METRIC_CHARS.split(name) if t]
+    main, per = _unit_suffixes(unit)
+    main, per = _clean_unit(main), _clean_unit(per)
+    if main in tokens:
+        main = ""
+    if per == "per_":
+        per = ""
+    else:
+        per = per.removesuffix("_")
+        if per in tokens:
+            per = ""
+    if per:
+        main = main.removesuffix("_")
+    if main:
+        tokens.append(main)
+    if per:
+        tokens.append(per)
+    if kind == COUNTER:
+        tokens = [t for t in tokens if t != "total"] + ["total"]
+    if unit == "1" and kind == GAUGE:
+        tokens = [t for t in tokens if t != "ratio"] + ["ratio"]
+    out = "_".join(tokens)
+    if out and out[0].isdigit():
+        out = "_" + out
+    return out if out.strip("_") else ""
+
+
+@functools.lru_cache(maxsize=8192)
+def label_name(key: str) -> str:
+    """A Prometheus label name for an attribute key (otlptranslator's LabelNamer, Prometheus'
+    defaults: multiple underscores kept, `key_` before a digit, `key` before a single `_`).
+    "" if the key is empty or only underscores."""
+    if not key:
+        return ""
+    out = _NOT_LABEL_CHAR.sub("_", key)
+    if out[0].isdigit():
+        out = "key_" + out
+    elif out.startswith("_") and not out.startswith("__"):
+        out = "key" + out
+    return out if out.strip("_") else ""
+
+
+@functools.lru_cache(maxsize=4096)
+def format_float(v: float) -> str:
+    """A float as Go's strconv.FormatFloat(v, 'f', -1, 64) writes it (`le`, `quantile`)."""
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "+Inf" if v > 0 else "-Inf"
+    return np.format_float_positional(v, trim="-")
+
+
+def _json_float(v: float) -> str:
+    """A double attribute as pcommon's Value.AsString writes it (ES6 number formatting)."""
+    if not math.isfinite(v):
+        return "json: unsupported value: " + format_float(v)
+    a = abs(v)
+    if a != 0 and (a < 1e-6 or a >= 1e21):
+        text = repr(v)  # shortest round-trip digits, as Go's 'e' with precision -1
+        return re.sub(r"e-0(\d)$", r"e-\1", text)
+    return format_float(v)
+
+
+def _raw(v: AnyValue) -> Any:
+    """An AnyValue as plain data (pcommon's AsRaw), for arrays and maps written as JSON."""
+    kind = v.WhichOneof("value")
+    if kind == "kvlist_value":
+        return {kv.key: _raw(kv.value) for kv in v.kvlist_value.values}
+    if kind == "array_value":
+        return [_raw(x) for x in v.array_value.values]
+    if kind == "bytes_value":
+        return base64.b64encode(v.bytes_value).decode()
+    if kind == "double_value":
+        d = v.double_value
+        return int(d) if d.is_integer() and abs(d) < 1e21 else d
+    return getattr(v, kind) if kind else None
+
+
+def attribute_value(v: AnyValue) -> str:
+    """An attribute value as a label value (pcommon's Value.AsString)."""
+    kind = v.WhichOneof("value")
+    if kind == "string_value":
+        return v.string_value
+    if kind == "int_value":
+        return str(v.int_value)
+    if kind == "bool_value":
+        return "true" if v.bool_value else "false"
+    if kind == "double_value":
+        return _json_float(v.double_value)
+    if kind == "bytes_value":
+        return base64.b64encode(v.bytes_value).decode()
+    if kind is None:
+        return ""
+    return json.dumps(_raw(v), ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+
+
+def attribute_labels(
+    attributes: Iterable[KeyValue], ignore: frozenset[str] = frozenset()
+) -> tuple[Labels, str | None]:
+    """Attributes as labels, sorted by key; keys that sanitise to one name have their values
+    joined by ";" (Prometheus does so); empty values are dropped. The second item names the
+    first key that cannot be a label name (None if all can)."""
+    labels: Labels = {}
+    for kv in sorted(attributes, key=lambda kv: kv.key):
+        key = kv.key
+        if key in ignore or key == "__name__":
+            continue
+        name = label_name(key)
+        if not name:
+            return labels, key
+        value = attribute_value(kv.value)
+        old = labels.get(name)
+        if old:
+            labels[name] = f"{old};{value}"
+        elif value:  # Prometheus drops empty labels
+            labels[name] = value
+    return labels, None
+
+
+# ----- the conversion --------------------------------------------------------------------------
+
+
+class _Points:
+    """Accepted samples, one data point at a time (all of its samples, or none), and what was
+    refused: per reason, in data points."""
+
+    def __init__(self, metric_column: str, limits: LabelLimits) -> None:
+        self.metric_column = metric_column
+        self.limits = limits
+        self.series: list[Labels] = []
+        self.ids: dict[tuple[tuple[str, str], ...], int] = {}
+        self.checked: dict[tuple[tuple[str, str], ...], tuple[BadRecord, str] | None] = {}
+        self.idx: list[int] = []
+        self.ts: list[int] = []
+        self.vals: list[float] = []
+        self.bad: dict[str, int] = {}
+        self.first_bad: str | None = None
+        self.lo, self.hi = DEFAULT_TS_RANGE
+
+    def refuse(self, reason: str, n: int, why: str) -> None:
+        if n:
+            self.bad[reason] = self.bad.get(reason, 0) + n
+            if self.first_bad is None:
+                self.first_bad = clip(why)
+
+    def add(self, ts_ms: int, series: list[Labels], values: list[float], what: str) -> bool:
+        """One data point's samples (all at `ts_ms`), unless its timestamp or one of its
+        series breaks the dataset's contract; then the whole point is refused."""
+        if not self.lo <= ts_ms <= self.hi:
+            self.refuse(
+                BadRecord.TIMESTAMP_RANGE.value,
+                1,
+                f"{what}: timestamp {ts_ms} ms is outside [{self.lo}, {self.hi}]; "
+                f"series {show_labels(series[0])}",
+            )
+            return False
+        keys = [tuple(labels.items()) for labels in series]
+        checked = self.checked
+        for key, labels in zip(keys, series, strict=True):
+            if key in checked:
+                problem = checked[key]
+            else:
+                problem = checked[key] = series_problem(labels, self.metric_column, self.limits)
+            if problem is not None:
+                reason, why = problem
+                self.refuse(reason.value, 1, f"{what}: {why}; series {show_labels(labels)}")
+                return False
+        ids = self.ids
+        for key, labels in zip(keys, series, strict=True):
+            i = ids.get(key)
+            if i is None:
+                i = ids[key] = len(self.series)
+                self.series.append(labels)
+            self.idx.append(i)
+        self.ts.extend([ts_ms] * len(series))
+        self.vals.extend(values)
+        return True
+
+    def batch(self) -> SampleBatch:
+        n = len(self.idx)
+        return SampleBatch(
+            self.series,
+            np.fromiter(self.idx, np.int32, n),
+            np.fromiter(self.ts, np.int64, n),
+            np.fromiter(self.vals, np.float64, n),
+            self.bad,
+        )
+
+
+def _kind(metric: Metric, data: str) -> int:
+    if data == "gauge":
+        return GAUGE
+    if data == "sum":
+        return COUNTER if metric.sum.is_monotonic else UPDOWN
+    if data == "histogram":
+        return HISTOGRAM
+    if data == "summary":
+        return SUMMARY
+    return OTHER
+
+
+class _Resource:
+    """What every data point of one ResourceMetrics shares: job, instance, target_info's labels,
+    the range of its accepted points' timestamps."""
+
+    def __init__(self, attributes: Iterable[KeyValue]) -> None:
+        attrs = {kv.key: kv.value for kv in attributes}
+        self.attributes = attributes
+        self.identity: Labels = {}
+        if SERVICE_NAME in attrs:
+            job = attribute_value(attrs[SERVICE_NAME])
+            if SERVICE_NAMESPACE in attrs:
+                job = attribute_value(attrs[SERVICE_NAMESPACE]) + "/" + job
+            if job:
+                self.identity["job"] = job
+        if SERVICE_INSTANCE in attrs:
+            instance = attribute_value(attrs[SERVICE_INSTANCE])
+            if instance:
+                self.identity["instance"] = instance
+        self.other_attributes = any(k not in IDENTIFYING for k in attrs)
+        self.earliest_ns: int | None = None
+        self.latest_ns = 0
+
+    def saw(self, t_ns: int) -> None:
+        if self.earliest_ns is None or t_ns < self.earliest_ns:
+            self.earliest_ns = t_ns
+        self.latest_ns = max(self.latest_ns, t_ns)
+
+
+class Converter:
+    """An ExportMetricsServiceRequest as samples, the way Prometheus' OTLP receiver makes them."""
+
+    def __init__(self, metric_column: str, limits: LabelLimits) -> None:
+        self.mc = metric_column
+        self.points = _Points(metric_column, limits)
+        self.target_info_seen: set[tuple[tuple[tuple[str, str], ...], int]] = set()
+
+    def convert(self, request: ExportMetricsServiceRequest) -> Decoded:
+        for rm in request.resource_metrics:
+            resource = _Resource(rm.resource.attributes)
+            for sm in rm.scope_metrics:
+                for metric in sm.metrics:
+                    self.metric(metric, resource)
+            self.target_info(resource)
+        return Decoded(self.points.batch(), self.points.first_bad)
+
+    def base_labels(self, attributes: Iterable[KeyValue], resource: _Resource) -> Labels | str:
+        """A data point's labels (without the name), or the attribute key that cannot be one."""
+        labels, bad_key = attribute_labels(attributes)
+        if bad_key is not None:
+            return bad_key
+        labels.update(resource.identity)
+        return labels
+
+    def metric(self, metric: Metric, resource: _Resource) -> None:
+        data = metric.WhichOneof("data")
+        if data is None:
+            return
+        points = getattr(metric, data).data_points
+        if not points:
+            return
+        kind = _kind(metric, data)
+        if data in ("sum", "histogram", "exponential_histogram"):
+            temporality = getattr(metric, data).aggregation_temporality
+            if temporality != CUMULATIVE:
+                what = "delta" if temporality == DELTA_TEMPORALITY else "unspecified"
+                reason = DELTA if temporality == DELTA_TEMPORALITY else BAD_TEMPORALITY
+                self.points.refuse(
+                    reason,
+                    len(points),
+                    f"metric {metric.name!r}: {what} aggregation temporality "
+                    "(only cumulative can be stored; set the exporter's temporality preference "
+                    "to cumulative)",
+                )
+                return
+        if kind == OTHER:
+            self.points.refuse(
+                UNSUPPORTED,
+                len(points),
+                f"metric {metric.name!r}: exponential histograms are not supported "
+                "(FiloPy stores float samples; configure an explicit-bucket histogram)",
+            )
+            return
+        name = metric_name(metric.name, metric.unit, kind)
+        if not name:
+            self.points.refuse(
+                BAD_NAME,
+                len(points),
+                f"metric {metric.name!r}: no valid Prometheus metric name can be made of it",
+            )
+            return
+        if kind in (GAUGE, COUNTER, UPDOWN):
+            self.numbers(points, name, metric.name, resource)
+        elif kind == HISTOGRAM:
+            self.histograms(points, name, metric.name, resource)
+        else:
+            self.summaries(points, name, metric.name, resource)
+
+    def _start(self, pt: Any, metric: str, resource: _Resource) -> Labels | None:
+        """A point's base labels, or None if it is skipped (no recorded value) or refused."""
+        if pt.flags & NO_RECORDED_VALUE:
+            return None
+        base = self.base_labels(pt.attributes, resource)
+        if isinstance(base, str):
+            self.points.refuse(
+                BAD_LABEL_NAME,
+                1,
+                f"metric {metric!r}: attribute key {base!r} cannot be a label name",
+            )
+            return None
+        return base
+
+    def _accept(
+        self, pt: Any, series: list[Labels], vals: list[float], metric: str, resource: _Resource
+    ) -> None:
+        t_ns = pt.time_unix_nano
+        if self.points.add(t_ns // 1_000_000, series, vals, f"metric {metric!r}"):
+            resource.saw(t_ns)
+
+    def numbers(self, points: Any, name: str, metric: str, resource: _Resource) -> None:
+        mc = self.mc
+        for pt in points:
+            base = self._start(pt, metric, resource)
+            if base is None:
+                continue
+            which = pt.WhichOneof("value")
+            if which is None:
+                self.points.refuse(NO_VALUE, 1, f"metric {metric!r}: a data point with no value")
+                continue
+            value = float(pt.as_double if which == "as_double" else pt.as_int)
+            base[mc] = name
+            self._accept(pt, [base], [value], metric, resource)
+
+    def histograms(self, points: Any, name: str, metric: str, resource: _Resource) -> None:
+        mc = self.mc
+        bucket, count_name, sum_name = name + "_bucket", name + "_count", name + "_sum"
+        for pt in points:
+            base = self._start(pt, metric, resource)
+            if base is None:
+                continue
+            count = float(pt.count)
+            series = [{**base, mc: count_name}]
+            vals = [count]
+            if pt.HasField("sum"):
+                series.append({**base, mc: sum_name})
+                vals.append(pt.sum)
+            cumulative = 0
+            for bound, n in zip(pt.explicit_bounds, pt.bucket_counts, strict=False):
+                cumulative += n
+                series.append({**base, "le": format_float(bound), mc: bucket})
+                vals.append(float(cumulative))
+            series.append({**base, "le": "+Inf", mc: bucket})
+            vals.append(count)
+            self._accept(pt, series, vals, metric, resource)
+
+    def summaries(self, points: Any, name: str, metric: str, resource: _Resource) -> None:
+        mc = self.mc
+        count_name, sum_name = name + "_count", name + "_sum"
+        for pt in points:
+            base = self._start(pt, metric, resource)
+            if base is None:
+                continue
+            series = [{**base, mc: sum_name}, {**base, mc: count_name}]
+            vals = [pt.sum, float(pt.count)]
+            for q in pt.quantile_values:
+                series.append({**base, "quantile": format_float(q.quantile), mc: name})
+                vals.append(q.value)
+            self._accept(pt, series, vals, metric, resource)
+
+    def target_info(self, resource: _Resource) -> None:
+        """`target_info{job, instance, <other resource attributes>} 1` over the range of the
+        resource's accepted points, if it has attributes besides the identifying ones."""
+        if resource.earliest_ns is None or not resource.other_attributes:
+            return
+        labels, bad_key = attribute_labels(resource.attributes, IDENTIFYING)
+        if bad_key is not None:
+            self.points.refuse(
+                BAD_LABEL_NAME,
+                1,
+                f"target_info: resource attribute key {bad_key!r} cannot be a label name",
+            )
+            return
+        labels.update(resource.identity)
+        if "job" not in labels and "instance" not in labels:
+            return
+        labels[self.mc] = TARGET_INFO
+        key = tuple(labels.items())
+        first, last = resource.earliest_ns, resource.latest_ns
+        times = [t // 1_000_000 for t in range(first, last, TARGET_INFO_INTERVAL_NS)]
+        times.append(last // 1_000_000)
+        for ms in times:
+            if (key, ms) not in self.target_info_seen:
+                self.target_info_seen.add((key, ms))
+                self.points.add(ms, [dict(labels)], [1.0], "target_info")
+
+
+def parse(body: bytes, media: str) -> ExportMetricsServiceRequest:
+    """The request message, or `Refused` (400)."""
+    request = ExportMetricsServiceRequest()
+    if not body:
+        return request  # an empty request: success, as the spec says
+    if media == JSON:
+        try:
+            json_format.Parse(body, request, ignore_unknown_fields=True)
+        except (json_format.ParseError, ValueError, TypeError, RecursionError) as e:
+            raise Refused(
+                400,
+                "bad_data",
+                f"the body is not a JSON ExportMetricsServiceRequest (OTLP/JSON): {e}",
+            ) from None
+        return request
+    try:
+        request.ParseFromString(body)
+    except (DecodeError, RecursionError) as e:
+        raise Refused(
+            400, "bad_data", f"the body is not a protobuf ExportMetricsServiceRequest: {e}"
+        ) from None
+    return request
+
+
+def decode(body: bytes, media: str, metric_column: str, limits: LabelLimits) -> Decoded:
+    """A decompressed OTLP body as a batch; refusals counted per data point."""
+    return Converter(metric_column, limits).convert(parse(body, media))
+
+
+# ----- answers ---------------------------------------------------------------------------------
+
+
+def _status_class() -> type[Message]:
+    """`google.rpc.Status` (code, message; no details), built here: googleapis-common-protos is
+    not a dependency, and a private pool never clashes with it when it is loaded."""
+    fdp = descriptor_pb2.FileDescriptorProto(
+        name="filopy/ingest_http/otlp_status.proto", package="google.rpc", syntax="proto3"
+    )
+    msg = fdp.message_type.add(name="Status")
+    f = descriptor_pb2.FieldDescriptorProto
+    msg.field.add(name="code", number=1, type=f.TYPE_INT32, label=f.LABEL_OPTIONAL)
+    msg.field.add(name="message", number=2, type=f.TYPE_STRING, label=f.LABEL_OPTIONAL)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(fdp)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("google.rpc.Status"))
+
+
+Status = _status_class()
+
+
+def media_type(content_type: str) -> str | None:
+    """The OTLP encoding a Content-Type names (parameters ignored), None if neither."""
+    return _MEDIA_TYPES.get(content_type.split(";", 1)[0].strip().lower())
+
+
+class OtlpMetrics(IngestProtocol):
+    """One request's protocol: its answers are in the encoding the request came in."""
+
+    name: ClassVar[str] = "otlp"
+    encodings: ClassVar[frozenset[str]] = frozenset({"identity", "gzip"})
+    default_encoding: ClassVar[str] = "identity"
+
+    def __init__(self, content_type: str) -> None:
+        self.content_type = content_type
+        self.media = media_type(content_type)
+
+    @property
+    def answer_type(self) -> str:
+        return self.media or PROTOBUF
+
+    def _body(self, message: Message, status: int = 200) -> Response:
+        if self.media == JSON:
+            text = json_format.MessageToJson(message, indent=None)
+            return Response(text, status_code=status, media_type=JSON)
+        return Response(
+            message.SerializeToString(), status_code=status, media_type=self.answer_type
+        )
+
+    def check(self, headers: Headers) -> None:
+        if self.media is None:
+            raise Refused(
+                415,
+                "unsupported",
+                f"Content-Type {self.content_type!r}: OTLP/HTTP takes {PROTOBUF} "
+                f"(ExportMetricsServiceRequest) or {JSON} (its JSON mapping)",
+            )
+
+    def decode(self, received: Received) -> Decoded:
+        ds = received.dataset
+        return decode(received.body, self.answer_type, ds.metric_column, ds.limits)
+
+    def answer(self, result: WriteResult) -> Response:
+        """200 with an ExportMetricsServiceResponse; `partial_success` if some data points were
+        refused (senders must not retry them)."""
+        response = ExportMetricsServiceResponse()
+        if result.rejected:
+            reasons = ", ".join(f"{r}: {k}" for r, k in sorted(result.rejected.items()))
+            first = f"; first: {result.first_rejected}" if result.first_rejected else ""
+            response.partial_success.rejected_data_points = result.n_rejected
+            response.partial_success.error_message = (
+                f"{result.n_rejected} data points rejected ({reasons}){first}; "
+                f"{result.accepted} samples written"
+            )
+        return self._body(response)
+
+    def refuse(self, refused: Refused, result: WriteResult | None = None) -> Response:
+        """A `google.rpc.Status` body; Retry-After on 429 / 503 (which senders retry)."""
+        status = Status(code=_GRPC_CODE.get(refused.status, 2), message=refused.message)
+        response = self._body(status, refused.status)
+        if refused.retry_after:
+            response.headers["Retry-After"] = str(refused.retry_after)
+        return response
+
+
+_ERROR = {"description": "A google.rpc.Status (protobuf or JSON, as the request)."}
 
 
 def otlp_router(ingestion: Ingestion) -> APIRouter:
-    """No routes yet."""
-    return APIRouter(tags=["ingestion"])
+    """The OTLP/HTTP metrics endpoint, on the shared ingestion state."""
+    router = APIRouter(tags=["ingestion"])
+
+    @router.post(
+        PATH,
+        response_class=Response,
+        responses={
+            200: {
+                "description": "Every accepted sample is acknowledged by Kafka (acks=all): an "
+                "ExportMetricsServiceResponse, with partial_success naming refused data points.",
+                "content": {PROTOBUF: {}, JSON: {}},
+            },
+            400: _ERROR | {"description": "Undecodable body. " + _ERROR["description"]},
+            404: _ERROR | {"description": "Unknown dataset. " + _ERROR["description"]},
+            409: _ERROR | {"description": "The dataset reads another record format."},
+            413: _ERROR | {"description": "Body, samples or series over the limit."},
+            415: _ERROR | {"description": "Not protobuf or JSON, or not gzip / identity."},
+            503: _ERROR | {"description": "Kafka unavailable or slow; retry (Retry-After)."},
+        },
+    )
+    async def otlp_metrics(dataset: str, request: Request) -> Response:
+        """OTLP/HTTP metrics into `dataset`: an ExportMetricsServiceRequest as protobuf
+        (`application/x-protobuf`) or JSON (`application/json`), gzip or identity."""
+        protocol = OtlpMetrics(request.headers.get("content-type", ""))
+        return await ingestion.handle(protocol, dataset, request)
+
+    return router
