@@ -35,6 +35,8 @@ from coordinator.messages import (
     MemberAdded,
     MemberRemoved,
     Message,
+    MovesForced,
+    MovesStarted,
     NodeShardMap,
     RejectReason,
     Reply,
@@ -49,12 +51,15 @@ from coordinator.messages import (
     SubscriptionsChanged,
     Unsubscribed,
 )
+from coordinator.rebalance import Plan, plan_moves, version_key
 from coordinator.strategy import DefaultShardAssignmentStrategy, ShardAssignmentStrategy
 from coordinator.subscriptions import ShardSubscriptions
 from filopy.dataset import Dataset, DatasetRef
 from filopy.mapper import ShardMapper
 from filopy.shard_status import (
+    Active,
     CurrentShardSnapshot,
+    Handoff,
     IngestionDegraded,
     IngestionError,
     IngestionStarted,
@@ -62,7 +67,9 @@ from filopy.shard_status import (
     RecoveryInProgress,
     ShardAssignmentStarted,
     ShardDown,
+    ShardDrained,
     ShardEvent,
+    ShardHandoffStarted,
     ShardMapState,
     Stopped,
 )
@@ -71,6 +78,8 @@ __all__ = ["DEFAULT_REASSIGNMENT_MIN_INTERVAL", "ErrorReassignmentStats", "Shard
 
 Clock = Callable[[], float]
 DEFAULT_REASSIGNMENT_MIN_INTERVAL = 2 * 60 * 60.0  # seconds
+DEFAULT_DRAIN_TIMEOUT = 60.0  # seconds a handoff waits for the old owner's drain
+DEFAULT_MAX_CONCURRENT_MOVES = 4  # handoffs in flight, per dataset and cluster-wide
 
 
 @dataclass(slots=True)
@@ -104,6 +113,8 @@ class ShardManager:
         strategy: ShardAssignmentStrategy | None = None,
         *,
         reassignment_min_interval: float | timedelta = DEFAULT_REASSIGNMENT_MIN_INTERVAL,
+        drain_timeout: float = DEFAULT_DRAIN_TIMEOUT,
+        max_concurrent_moves: int = DEFAULT_MAX_CONCURRENT_MOVES,
         clock: Clock = time.time,
     ) -> None:
         self._strategy: ShardAssignmentStrategy = strategy or DefaultShardAssignmentStrategy()
@@ -120,6 +131,11 @@ class ShardManager:
         self._retired_versions: dict[DatasetRef, int] = {}
         self._pending: dict[DatasetRef, _Pending] = {}
         self._direct: list[Message] = []
+        self._drain_timeout = float(drain_timeout)
+        self._max_moves = max(0, int(max_concurrent_moves))
+        self._versions: dict[str, str] = {}  # member -> the version its node advertises
+        # Handoffs in flight: (dataset, shard) -> when it began (clock seconds).
+        self._handoffs: dict[tuple[DatasetRef, int], float] = {}
 
     # ----- read-only views ------------------------------------------------------------------
 
@@ -159,15 +175,25 @@ class ShardManager:
     def subscription_state(self) -> SubscriptionsChanged:
         return self._subs.as_message()
 
+    def versions(self) -> dict[str, str]:
+        """Each member's advertised version."""
+        return {m: self._versions.get(m, "") for m in self._members}
+
+    def handoffs(self) -> dict[tuple[DatasetRef, int], float]:
+        """Planned moves in flight: (dataset, shard) -> when each began."""
+        return dict(self._handoffs)
+
     def error_reassignments(self, ref: DatasetRef) -> ErrorReassignmentStats:
         s = self._error_stats.get(ref, ErrorReassignmentStats())
         return ErrorReassignmentStats(s.done, s.skipped)
 
     # ----- membership -----------------------------------------------------------------------
 
-    def add_member(self, node: str) -> Result:
-        """A node joined: remember it (newest last) and give it what the strategy recommends."""
+    def add_member(self, node: str, version: str = "") -> Result:
+        """A node joined: remember it (newest last) and its version, and give it what the
+        strategy recommends."""
         self._members.setdefault(node, None)
+        self._versions[node] = version
         assignments = []
         for ref, dataset in self._datasets.items():
             mapper = self._mappers[ref]
@@ -190,11 +216,19 @@ class ShardManager:
         ):
             return Result(reply=MemberRemoved(node, ()))
         self._members.pop(node, None)
+        self._versions.pop(node, None)
         freed = self._remove_node(node)
         return self._finish(MemberRemoved(node, freed))
 
     def _remove_node(self, node: str) -> tuple[tuple[DatasetRef, tuple[int, ...]], ...]:
         freed = []
+        for ref, shard in [k for k in self._handoffs if self._handoff_target(*k) == node]:
+            # The move's target left: the shard stays with its owner, which runs it again.
+            owner = self._mappers[ref].owner(shard)
+            self._begin(ref)
+            self._apply(
+                ref, ShardAssignmentStarted(ref, shard, owner, f"handoff cancelled: {node} left")
+            )
         for ref in self._datasets:
             mapper = self._mappers[ref]
             shards = mapper.shards_for_node(node)
@@ -271,6 +305,8 @@ class ShardManager:
         had_subscribers = bool(self._subs.subscribers(ref))
         self._subs = self._subs.without_dataset(ref)
         self._error_stats.pop(ref, None)
+        for key in [k for k in self._handoffs if k[0] == ref]:
+            del self._handoffs[key]
         self._reassigned_at = {k: v for k, v in self._reassigned_at.items() if k[0] != ref}
         if had_subscribers:
             messages += self._subscriptions_changed()
@@ -387,6 +423,14 @@ class ShardManager:
         mapper.advance_version(mapper.version + 1)
         prior = current.all_nodes() if current is not None else frozenset()
         self._install(definition, mapper)
+        # Handoffs in the recovered map go on (their owners re-report drained, or the drain
+        # timeout forces them), timed from now.
+        now = self._clock()
+        for key in [k for k in self._handoffs if k[0] == ref]:
+            del self._handoffs[key]
+        for shard, st in enumerate(mapper.statuses):
+            if isinstance(st, Handoff):
+                self._handoffs[(ref, shard)] = now
         pending = self._begin(ref)
         pending.prior_owners |= prior
         pending.snapshot_to_subscribers = True
@@ -444,6 +488,17 @@ class ShardManager:
             # run nothing, so this report is about an ingester it is stopping. Only an
             # operator's start brings a stopped shard back.
             return EventIgnored(event, f"shard {shard} is stopped; start it to run it again")
+        status = mapper.status(shard)
+        if isinstance(event, ShardDrained):
+            if not isinstance(status, Handoff) or status.drained or event.node != sender:
+                return EventIgnored(event, f"shard {shard} is not being handed off by {sender}")
+            self._begin(ref)
+            self._apply(ref, event)
+            self._hand_over(ref, shard, sender, status.target, "rebalance: drained by " + sender)
+            return None
+        if isinstance(status, Handoff) and not isinstance(event, IngestionError):
+            # The old owner's reports while it drains: the shard stays in Handoff until drained.
+            return EventIgnored(event, f"shard {shard} is being handed off to {status.target}")
         if isinstance(event, IngestionStopped):
             # A node stops an ingester only when a map no longer has it running the shard (or
             # when it drains). Every map since the shard's current assignment to this node says
@@ -471,6 +526,106 @@ class ShardManager:
             stats.done += 1
         else:
             stats.skipped += 1
+
+    # ----- planned moves (handoffs) -------------------------------------------------------------
+
+    def _handoff_target(self, ref: DatasetRef, shard: int) -> str | None:
+        status = self._mappers[ref].status(shard)
+        return status.target if isinstance(status, Handoff) else None
+
+    def _hand_over(self, ref: DatasetRef, shard: int, source: str, target: str, why: str) -> None:
+        """Give a handed-off shard to its target; if the target left meanwhile, to whoever the
+        strategy picks (the old owner included: it starts from the checkpoints it wrote)."""
+        if target in self._members:
+            self._apply(ref, ShardAssignmentStarted(ref, shard, target, why))
+            return
+        self._apply(ref, ShardDown(ref, shard, source))
+        self._assign_unowned(ref)
+
+    def plan(
+        self,
+        ref: DatasetRef,
+        *,
+        add_nodes: int = 0,
+        remove_nodes: Sequence[str] = (),
+        budget: int | None = None,
+    ) -> Plan | DatasetUnknown:
+        """What a rebalance would do now, or after `add_nodes` new nodes joined (of the newest
+        version) and `remove_nodes` left, without applying anything: the same planner the
+        periodic rebalance runs. Shards a leaving node frees are first placed as a leave places
+        them (the strategy), then balanced. `budget` None: no throttle."""
+        mapper = self._mappers.get(ref)
+        if mapper is None:
+            return DatasetUnknown(ref)
+        mapper = mapper.copy()
+        dataset = self._datasets[ref]
+        nodes = self.versions()
+        newest = max(nodes.values(), key=version_key, default="")
+        for i in range(add_nodes):
+            nodes[f"new-{i + 1}"] = newest
+        for node in remove_nodes:
+            nodes.pop(node, None)
+            mapper.remove_node(node)
+        order = self._assignment_order(nodes)
+        for node in order:
+            shards = self._strategy.shard_assignments(node, dataset, mapper)
+            for shard in shards:
+                mapper.update_from_event(ShardAssignmentStarted(ref, shard, node))
+        movable = [isinstance(st, Active) for st in mapper.statuses]
+        return plan_moves(mapper.owners, movable, nodes, 1 << 30 if budget is None else budget)
+
+    def rebalance(self, refs: Sequence[DatasetRef] | None = None) -> Result:
+        """Start the handoffs that narrow each dataset's spread over the members, within the
+        throttle: at most `max_concurrent_moves` in flight per dataset and cluster-wide."""
+        started: list[tuple[DatasetRef, int, str, str]] = []
+        held: list[tuple[DatasetRef, str]] = []
+        nodes = self.versions()
+        for ref in refs if refs is not None else list(self._datasets):
+            mapper = self._mappers.get(ref)
+            if mapper is None:
+                continue
+            in_flight = sum(1 for r, _ in self._handoffs if r == ref)
+            budget = min(self._max_moves - in_flight, self._max_moves - len(self._handoffs))
+            movable = [
+                isinstance(st, Active) and o in nodes
+                for o, st in zip(mapper.owners, mapper.statuses, strict=True)
+            ]
+            plan = plan_moves(mapper.owners, movable, nodes, max(0, budget))
+            held.append((ref, plan.held_back))
+            if plan.moves:
+                self._begin(ref)
+            for move in plan.moves:
+                self._apply(
+                    ref,
+                    ShardHandoffStarted(ref, move.shard, move.source, move.target, "rebalance"),
+                )
+                started.append((ref, move.shard, move.source, move.target))
+        return self._finish(MovesStarted(tuple(started), tuple(held)))
+
+    def expire_handoffs(self) -> Result:
+        """Force the handoffs whose old owner did not report drained within the drain timeout:
+        the target takes the shard anyway, with a new epoch that fences the old owner off the
+        store, and the event says so."""
+        now = self._clock()
+        forced: list[tuple[DatasetRef, int, str, str]] = []
+        for (ref, shard), began in list(self._handoffs.items()):
+            if now - began < self._drain_timeout:
+                continue
+            mapper = self._mappers[ref]
+            source, target = mapper.owner(shard), self._handoff_target(ref, shard)
+            if source is None or target is None:
+                continue
+            self._begin(ref)
+            self._hand_over(
+                ref,
+                shard,
+                source,
+                target,
+                f"rebalance: {source} did not drain within {self._drain_timeout:g} s, move "
+                "forced (epoch fencing keeps it from writing)",
+            )
+            forced.append((ref, shard, source, target))
+        return self._finish(MovesForced(tuple(forced)))
 
     # ----- operator requests ------------------------------------------------------------------
 
@@ -567,12 +722,18 @@ class ShardManager:
 
     # ----- internals --------------------------------------------------------------------------
 
+    def _assignment_order(self, nodes: dict[str, str]) -> list[str]:
+        """Who is offered free shards first: the newest version, then the newest member."""
+        newest_first = list(reversed(nodes))
+        return sorted(newest_first, key=lambda n: version_key(nodes[n]), reverse=True)
+
     def _assign_unowned(self, ref: DatasetRef, exclude: str | None = None) -> dict[str, list[int]]:
-        """Offer unowned shards to members, newest first, applying each answer before the next."""
+        """Offer unowned shards to members, newest version and newest member first, applying
+        each answer before the next."""
         mapper = self._mappers[ref]
         dataset = self._datasets[ref]
         assignments: dict[str, list[int]] = {}
-        for node in reversed(self._members):
+        for node in self._assignment_order(self.versions()):
             if mapper.num_assignable_shards == 0:
                 break
             if node == exclude:
@@ -601,10 +762,20 @@ class ShardManager:
         if not mapper.update_from_event(event):
             return
         pending.events.append((event, mapper.version))
+        new_status = mapper.status(shard)
+        key = (ref, shard)
+        if isinstance(new_status, Handoff):
+            self._handoffs.setdefault(key, self._clock())
+        else:
+            self._handoffs.pop(key, None)
         # Only a change to what some node must run needs the full map (O(N) to build and
-        # ship): an owner change, or a shard starting or stopping ingestion. Progress such as
-        # Assigned -> Recovery -> Active or Degraded does not.
-        if mapper.owner(shard) != owner or mapper.status(shard).ingesting != status.ingesting:
+        # ship): an owner change, a shard starting or stopping ingestion, or a handoff starting
+        # or ending. Progress such as Assigned -> Recovery -> Active or Degraded does not.
+        if (
+            mapper.owner(shard) != owner
+            or new_status.ingesting != status.ingesting
+            or isinstance(new_status, Handoff) != isinstance(status, Handoff)
+        ):
             pending.nodes_need_map = True
 
     def _audience(self, ref: DatasetRef) -> tuple[str, ...]:

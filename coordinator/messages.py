@@ -23,6 +23,8 @@ __all__ = [
     "MemberAdded",
     "MemberRemoved",
     "Message",
+    "MovesForced",
+    "MovesStarted",
     "NodeShardMap",
     "RejectReason",
     "Reply",
@@ -151,6 +153,22 @@ class ShardsRecovered:
     version: int
 
 
+@dataclass(frozen=True, slots=True)
+class MovesStarted:
+    """Reply to ``rebalance`` and ``drain_node``: the handoffs begun, per dataset, and per
+    dataset why no more were (``coordinator.rebalance.Plan.held_back``)."""
+
+    moves: tuple[tuple[DatasetRef, int, str, str], ...]  # (dataset, shard, from, to)
+    held_back: tuple[tuple[DatasetRef, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class MovesForced:
+    """Reply to ``expire_handoffs``: handoffs whose drain did not finish in time, forced."""
+
+    moves: tuple[tuple[DatasetRef, int, str, str], ...]
+
+
 Reply = (
     DatasetVerified
     | DatasetExists
@@ -168,6 +186,8 @@ Reply = (
     | EventIgnored
     | EventsApplied
     | ShardsRecovered
+    | MovesStarted
+    | MovesForced
 )
 
 
@@ -224,6 +244,10 @@ class NodeShardMap:
 
     def ingesting_shards(self) -> list[int]:
         return [] if self.removed else self.state.ingesting_shards(self.node)
+
+    def draining_shards(self) -> list[int]:
+        """Shards of this node being handed off: stop consuming, flush, report drained."""
+        return [] if self.removed else self.state.draining_shards(self.node)
 
 
 Message = NodeShardMap | SubscriberMessage

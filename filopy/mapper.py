@@ -1,9 +1,10 @@
 """One dataset's shard map: who owns each shard and in what state.
 
 Ownership and status follow a small set of rules so that any reachable state can be rebuilt
-from events (``minimal_events``): an owned shard is Assigned, Active, Recovery or Stopped; an
-unowned one is Unassigned, Error, Stopped or Down. Indexes (shards per node, unowned shards,
-shards free for automatic assignment) are kept up to date in O(log N) per change: the shard
+from events (``minimal_events``): an owned shard is Assigned, Active, Recovery, Degraded,
+Handoff or Stopped; an unowned one is Unassigned, Error, Stopped or Down. Indexes (shards per
+node, unowned shards, shards free for automatic assignment) are kept up to date in O(log N) per
+change: the shard
 manager applies one event per shard report and asks the assignment strategy about hundreds of
 nodes per change, so nothing on those paths may scan or copy all N shards (65536 at most).
 
@@ -30,6 +31,7 @@ from filopy.shard_status import (
     Degraded,
     Down,
     Error,
+    Handoff,
     IngestionDegraded,
     IngestionError,
     IngestionStarted,
@@ -38,7 +40,9 @@ from filopy.shard_status import (
     RecoveryInProgress,
     ShardAssignmentStarted,
     ShardDown,
+    ShardDrained,
     ShardEvent,
+    ShardHandoffStarted,
     ShardMapState,
     ShardStatus,
     Stopped,
@@ -50,7 +54,7 @@ __all__ = ["ShardEventError", "ShardMapper"]
 
 _UNOWNED_ONLY = (Unassigned, Error, Down)  # statuses that imply "nobody ingests this shard"
 # statuses that imply "some node ingests this shard"
-_OWNED_ONLY = (Assigned, Active, Recovery, Degraded)
+_OWNED_ONLY = (Assigned, Active, Recovery, Degraded, Handoff)
 
 
 class _MinSet:
@@ -276,6 +280,16 @@ class ShardMapper:
                 changed = self._set(shard, self._owners[shard], STOPPED)
             case ShardDown():
                 changed = self._set(shard, None, DOWN)
+            case ShardHandoffStarted(node=node, target=target):
+                node = self._require_node(event, node)
+                if not target or target == node:
+                    raise ShardEventError(event, "a handoff must name another node as target")
+                changed = self._set(shard, node, Handoff(target))
+            case ShardDrained(node=node):
+                status = self._statuses[shard]
+                if not isinstance(status, Handoff) or self._owners[shard] != node:
+                    raise ShardEventError(event, f"shard {shard} is not being handed off by {node}")
+                changed = self._set(shard, node, Handoff(status.target, drained=True))
             case _:
                 raise ShardEventError(event, f"unknown shard event type {type(event).__name__}")
         if changed:
@@ -344,6 +358,11 @@ class ShardMapper:
                     events.append(IngestionStopped(ref, shard, owner))
                 case Down():
                     events.append(ShardDown(ref, shard, None))
+                case Handoff(target=target, drained=drained):
+                    events.append(ShardAssignmentStarted(ref, shard, owner))
+                    events.append(ShardHandoffStarted(ref, shard, owner, target))
+                    if drained:
+                        events.append(ShardDrained(ref, shard, owner))
         return events
 
     def merge_from(self, other: ShardMapper, ref: DatasetRef) -> ShardMapper:
@@ -449,7 +468,7 @@ class ShardMapper:
         """A 16-shards-per-row status grid plus each node's shards, for the CLI."""
         lines = [
             "Status legend: .=Unassigned N=Assigned A=Active R=Recovery !=Degraded E=Error "
-            "S=Stopped D=Down",
+            "S=Stopped D=Down H=Handoff",
             f"----- Status map (version {self._version}) -----",
         ]
         for start in range(0, self.num_shards, 16):

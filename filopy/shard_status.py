@@ -27,6 +27,7 @@ __all__ = [
     "Degraded",
     "Down",
     "Error",
+    "Handoff",
     "IngestionDegraded",
     "IngestionError",
     "IngestionStarted",
@@ -35,7 +36,9 @@ __all__ = [
     "RecoveryInProgress",
     "ShardAssignmentStarted",
     "ShardDown",
+    "ShardDrained",
     "ShardEvent",
+    "ShardHandoffStarted",
     "ShardMapState",
     "ShardStatus",
     "Stopped",
@@ -59,6 +62,7 @@ class ShardStatus:
     Error: ClassVar[type[Error]]
     Stopped: ClassVar[type[Stopped]]
     Down: ClassVar[type[Down]]
+    Handoff: ClassVar[type[Handoff]]
 
     def __str__(self) -> str:
         return type(self).__name__
@@ -76,6 +80,11 @@ class ShardStatus:
             return Error(arg)
         if name == "Degraded" and arg is not None:
             return Degraded(arg)
+        if name == "Handoff" and arg is not None:
+            target, _, drained = arg.rpartition(", ")
+            if drained == "drained" and target:
+                return Handoff(target, drained=True)
+            return Handoff(arg)
         if arg is None and name in _SIMPLE:
             return _SIMPLE[name]
         raise ValueError(f"not a shard status: {text!r}")
@@ -142,6 +151,21 @@ class Down(ShardStatus):
     letter: ClassVar[str] = "D"
 
 
+@dataclass(frozen=True, slots=True)
+class Handoff(ShardStatus):
+    """A planned move to ``target``: the owner stops consuming, flushes and checkpoints every
+    flush group (``drained`` once done) and answers queries meanwhile; then ``target`` takes
+    the shard with a new epoch and replays nothing."""
+
+    target: str = ""
+    drained: bool = False
+    letter: ClassVar[str] = "H"
+    ingesting: ClassVar[bool] = True  # still the owner's: it serves queries until handed over
+
+    def __str__(self) -> str:
+        return f"Handoff({self.target}{', drained' if self.drained else ''})"
+
+
 ShardStatus.Unassigned = Unassigned
 ShardStatus.Assigned = Assigned
 ShardStatus.Active = Active
@@ -150,6 +174,7 @@ ShardStatus.Degraded = Degraded
 ShardStatus.Error = Error
 ShardStatus.Stopped = Stopped
 ShardStatus.Down = Down
+ShardStatus.Handoff = Handoff
 
 # Shared instances: a 4096-shard map then pickles as a few objects plus references.
 UNASSIGNED = Unassigned()
@@ -186,7 +211,25 @@ class ShardEvent:
 
 @dataclass(frozen=True, slots=True)
 class ShardAssignmentStarted(ShardEvent):
-    """The manager gave the shard to ``node``: status Assigned, owner set."""
+    """The manager gave the shard to ``node``: status Assigned, owner set. ``reason`` says why
+    when it is a move (e.g. a rebalance, or a drain that timed out and was forced)."""
+
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ShardHandoffStarted(ShardEvent):
+    """A planned move of the shard from ``node`` to ``target`` began: status Handoff(target),
+    owner kept; ``node`` drains the shard and reports ``ShardDrained``."""
+
+    target: str = ""
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ShardDrained(ShardEvent):
+    """``node`` stopped consuming the shard and flushed and checkpointed all it held: status
+    Handoff(target, drained); the manager gives the shard to the target next."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,8 +304,17 @@ class ShardMapState:
     def shards_for_node(self, node: str) -> list[int]:
         return [s for s, o in enumerate(self.owners) if o == node]
 
+    def draining_shards(self, node: str) -> list[int]:
+        """The shards ``node`` should drain (stop consuming, flush, checkpoint) for a move."""
+        return [
+            s
+            for s, (o, st) in enumerate(zip(self.owners, self.statuses, strict=True))
+            if o == node and isinstance(st, Handoff)
+        ]
+
     def ingesting_shards(self, node: str) -> list[int]:
-        """The shards ``node`` should be running ingestion for right now."""
+        """The shards ``node`` should be running (a shard it drains included: it serves
+        queries from it until the move completes)."""
         return [
             s
             for s, (o, st) in enumerate(zip(self.owners, self.statuses, strict=True))

@@ -22,7 +22,17 @@ from coordinator.client import DatasetUnknownError, FiloPyClient
 
 log = logging.getLogger("filopy.rest")
 
-STATUSES = ("Unassigned", "Assigned", "Recovery", "Active", "Degraded", "Error", "Stopped", "Down")
+STATUSES = (
+    "Unassigned",
+    "Assigned",
+    "Recovery",
+    "Active",
+    "Degraded",
+    "Handoff",
+    "Error",
+    "Stopped",
+    "Down",
+)
 
 
 class ClusterCollector(Collector):

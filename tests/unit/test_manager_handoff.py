@@ -1,0 +1,336 @@
+"""ShardManager: planned moves through the drain protocol (handoffs), rebalancing, throttling,
+version rules, drain timeouts and what-if plans. Pure: no Ray, no services."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from coordinator import ShardManager
+from coordinator.messages import DatasetUnknown, EventIgnored, MovesForced, MovesStarted
+from coordinator.rebalance import Plan
+from filopy import (
+    Active,
+    Assigned,
+    Handoff,
+    IngestionDegraded,
+    IngestionError,
+    IngestionStarted,
+    ShardAssignmentStarted,
+    ShardDrained,
+    ShardHandoffStarted,
+    ShardMapper,
+)
+
+from .support import dataset, ref
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+R = ref()
+
+
+def active_cluster(
+    nodes: list[str], shards: int = 32, clock: FakeClock | None = None, **kw: object
+) -> ShardManager:
+    """A manager whose dataset is spread over `nodes` and every shard Active."""
+    mgr = ShardManager(clock=clock or FakeClock(), **kw)  # type: ignore[arg-type]
+    for n in nodes:
+        mgr.add_member(n, "1.0")
+    mgr.add_dataset(dataset(num_shards=shards, min_num_nodes=len(nodes)))
+    m = mgr.mapper(R)
+    assert m is not None
+    for s in range(shards):
+        owner = m.owner(s)
+        assert owner is not None
+        mgr.update_from_external_shard_event(owner, IngestionStarted(R, s, owner))
+    return mgr
+
+
+def mapper(mgr: ShardManager) -> ShardMapper:
+    m = mgr.mapper(R)
+    assert m is not None
+    return m
+
+
+def counts(mgr: ShardManager) -> dict[str, int]:
+    m = mapper(mgr)
+    return {n: m.num_shards_for_node(n) for n in sorted(m.all_nodes())}
+
+
+def finish_moves(mgr: ShardManager) -> int:
+    """Play the nodes' part: each old owner drains, each new owner goes Active. Returns how
+    many moves completed."""
+    done = 0
+    m = mapper(mgr)
+    for s in range(m.num_shards):
+        status = m.status(s)
+        if isinstance(status, Handoff):
+            owner = m.owner(s)
+            assert owner is not None
+            mgr.update_from_external_shard_event(owner, ShardDrained(R, s, owner))
+            after = mapper(mgr)
+            assert after.owner(s) == status.target and isinstance(after.status(s), Assigned)
+            mgr.update_from_external_shard_event(
+                status.target, IngestionStarted(R, s, status.target)
+            )
+            done += 1
+    return done
+
+
+def test_joining_nodes_get_an_even_share_through_handoffs() -> None:
+    mgr = active_cluster(["a", "b"])
+    mgr.add_member("c", "1.0")
+    mgr.add_member("d", "1.0")
+    assert counts(mgr) == {"a": 16, "b": 16}  # a join alone moves nothing (as FiloDB)
+    rounds = 0
+    while True:
+        result = mgr.rebalance()
+        assert isinstance(result.reply, MovesStarted)
+        if not result.reply.moves:
+            break
+        assert len(mgr.handoffs()) <= 4  # the default throttle
+        rounds += 1
+        finish_moves(mgr)
+    assert counts(mgr) == {"a": 8, "b": 8, "c": 8, "d": 8}
+    assert rounds == 4 and mapper(mgr).is_healthy()
+    assert result.reply.held_back == ((R, "balanced"),)
+
+
+def test_a_handoff_tells_the_old_owner_to_drain_and_subscribers_see_every_phase() -> None:
+    mgr = active_cluster(["a", "b"], shards=4)
+    mgr.add_member("c", "1.0")
+    mgr.subscribe("sub", R)
+    result = mgr.rebalance()
+    assert isinstance(result.reply, MovesStarted)
+    [(_, shard, source, target)] = result.reply.moves
+    assert target == "c"
+    # The old owner gets a map naming the shard as one to drain (still its own for queries).
+    [to_source] = result.node_maps(source)
+    assert to_source.draining_shards() == [shard] and shard in to_source.ingesting_shards()
+    assert [type(e) for e in result.payloads_for("sub")] == [ShardHandoffStarted]
+    assert mapper(mgr).status(shard) == Handoff("c")
+    # Its reports while draining do not undo the handoff.
+    ignored = mgr.update_from_external_shard_event(source, IngestionStarted(R, shard, source))
+    assert isinstance(ignored.reply, EventIgnored)
+    drained = mgr.update_from_external_shard_event(source, ShardDrained(R, shard, source))
+    events = drained.payloads_for("sub")
+    assert [type(e) for e in events] == [ShardDrained, ShardAssignmentStarted]
+    assert events[1].node == "c" and "drained by" in events[1].reason
+    assert drained.node_maps("c")[0].ingesting_shards() == [shard]
+    assert shard not in drained.node_maps(source)[0].ingesting_shards()
+
+
+def test_only_the_owner_can_report_drained_and_only_once() -> None:
+    mgr = active_cluster(["a", "b"], shards=4)
+    mgr.add_member("c", "1.0")
+    result = mgr.rebalance()
+    assert isinstance(result.reply, MovesStarted)
+    [(_, shard, source, _)] = result.reply.moves
+    other = "b" if source == "a" else "a"
+    assert isinstance(
+        mgr.update_from_external_shard_event(other, ShardDrained(R, shard, other)).reply,
+        EventIgnored,
+    )
+    mgr.update_from_external_shard_event(source, ShardDrained(R, shard, source))
+    again = mgr.update_from_external_shard_event(source, ShardDrained(R, shard, source))
+    assert isinstance(again.reply, EventIgnored)
+
+
+def test_a_drain_past_the_timeout_is_forced_and_says_so() -> None:
+    clock = FakeClock()
+    mgr = active_cluster(["a", "b"], shards=4, clock=clock, drain_timeout=30.0)
+    mgr.add_member("c", "1.0")
+    mgr.subscribe("sub", R)
+    started = mgr.rebalance().reply
+    assert isinstance(started, MovesStarted)
+    [(_, shard, source, _)] = started.moves
+    clock.now += 29
+    assert mgr.expire_handoffs().reply == MovesForced(())
+    clock.now += 2
+    result = mgr.expire_handoffs()
+    assert result.reply == MovesForced(((R, shard, source, "c"),))
+    [event] = result.payloads_for("sub")
+    assert isinstance(event, ShardAssignmentStarted) and event.node == "c"
+    assert "did not drain within 30 s" in event.reason and "forced" in event.reason
+    assert mgr.handoffs() == {}
+
+
+def test_the_throttle_holds_per_dataset_and_cluster_wide() -> None:
+    mgr = active_cluster(["a"], shards=16, max_concurrent_moves=3)
+    mgr.add_member("b", "1.0")
+    first = mgr.rebalance().reply
+    assert isinstance(first, MovesStarted) and len(first.moves) == 3
+    assert first.held_back == ((R, "throttled"),)
+    second = mgr.rebalance().reply  # nothing finished: no free slot
+    assert isinstance(second, MovesStarted) and second.moves == ()
+    finish_moves(mgr)
+    third = mgr.rebalance().reply
+    assert isinstance(third, MovesStarted) and len(third.moves) == 3
+
+
+def test_no_rebalancing_while_versions_differ_and_new_shards_prefer_the_newest() -> None:
+    mgr = active_cluster(["a", "b"], shards=8)
+    mgr.add_member("c", "1.1")
+    result = mgr.rebalance().reply
+    assert isinstance(result, MovesStarted) and result.moves == ()
+    assert result.held_back[0][1].startswith("versions differ")
+    mgr.add_dataset(dataset(name="fresh", num_shards=4, min_num_nodes=4))
+    fresh = mgr.mapper(ref("fresh"))
+    assert fresh is not None and fresh.shards_for_node("c") == [0]  # newest version first
+
+
+def test_a_target_that_leaves_cancels_the_move_and_the_owner_keeps_the_shard() -> None:
+    mgr = active_cluster(["a", "b"], shards=4)
+    mgr.add_member("c", "1.0")
+    started = mgr.rebalance().reply
+    assert isinstance(started, MovesStarted)
+    [(_, shard, source, _)] = started.moves
+    result = mgr.remove_member("c")
+    assert mapper(mgr).owner(shard) == source
+    assert isinstance(mapper(mgr).status(shard), Assigned)
+    [to_source] = result.node_maps(source)
+    assert shard in to_source.ingesting_shards() and to_source.draining_shards() == []
+    assert mgr.handoffs() == {}
+
+
+def test_a_target_gone_by_the_time_the_drain_ends_gets_the_shard_placed_anew() -> None:
+    mgr = active_cluster(["a", "b"], shards=4)
+    mgr.add_member("c", "1.0")
+    started = mgr.rebalance().reply
+    assert isinstance(started, MovesStarted)
+    [(_, shard, source, _)] = started.moves
+    # The manager forgets c without the member-left path (e.g. quarantined mid-drain).
+    mgr._members.pop("c")
+    mgr.update_from_external_shard_event(source, ShardDrained(R, shard, source))
+    assert mapper(mgr).owner(shard) in {"a", "b"}
+    assert isinstance(mapper(mgr).status(shard), Assigned)
+
+
+def test_errors_and_operator_stops_end_a_handoff() -> None:
+    mgr = active_cluster(["a", "b"], shards=4)
+    mgr.add_member("c", "1.0")
+    started = mgr.rebalance().reply
+    assert isinstance(started, MovesStarted)
+    [(_, shard, source, _)] = started.moves
+    mgr.update_from_external_shard_event(source, IngestionError(R, shard, source, "boom"))
+    assert (R, shard) not in mgr.handoffs()
+    assert not isinstance(mapper(mgr).status(shard), Handoff)
+
+
+def test_degraded_or_moving_shards_are_not_planned_again() -> None:
+    mgr = active_cluster(["a"], shards=8)
+    mgr.update_from_external_shard_event("a", IngestionDegraded(R, 0, "a", "store down"))
+    mgr.add_member("b", "1.0")
+    result = mgr.rebalance().reply
+    assert isinstance(result, MovesStarted)
+    moved = [s for _, s, _, _ in result.moves]
+    assert 0 not in moved and len(moved) == len(set(moved)) == 4
+
+
+def test_recovered_handoffs_resume_and_time_out_from_the_recovery() -> None:
+    clock = FakeClock()
+    mgr = active_cluster(["a", "b"], shards=4, clock=clock)
+    mgr.add_member("c", "1.0")
+    mgr.rebalance()
+    state = mapper(mgr).snapshot()
+    clock.now += 1_000
+    fresh = ShardManager(clock=clock)
+    fresh.recover_shards(R, state, dataset(num_shards=4, min_num_nodes=2))
+    for n in ["a", "b", "c"]:
+        fresh.add_member(n, "1.0")
+    [(key, began)] = fresh.handoffs().items()
+    assert began == clock.now
+    shard = key[1]
+    owner = mapper(fresh).owner(shard)
+    assert owner is not None
+    fresh.update_from_external_shard_event(owner, ShardDrained(R, shard, owner))
+    assert mapper(fresh).owner(shard) == "c"
+
+
+def test_what_if_plans_apply_nothing() -> None:
+    mgr = active_cluster(["a", "b"], shards=32)
+    before = mapper(mgr).snapshot()
+    plan = mgr.plan(R, add_nodes=2)
+    assert isinstance(plan, Plan)
+    assert plan.load_after == {"a": 8.0, "b": 8.0, "new-1": 8.0, "new-2": 8.0}
+    assert len(plan.moves) == 16
+    leave = mgr.plan(R, remove_nodes=["b"])
+    # a may carry at most ceil(32 / min_num_nodes) = 16 shards: the other 16 would wait.
+    assert isinstance(leave, Plan) and leave.load_after == {"a": 16.0}
+    assert leave.owners.count(None) == 16
+    assert mapper(mgr).snapshot() == before and mgr.handoffs() == {}
+    assert isinstance(mgr.plan(ref("nope")), DatasetUnknown)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n_nodes=st.integers(1, 3),
+    joins=st.integers(0, 4),
+    shards=st.sampled_from([2, 4, 8, 16, 32]),
+    limit=st.integers(1, 5),
+    steps=st.lists(st.sampled_from(["rebalance", "drain", "expire", "join", "leave"]), max_size=30),
+)
+def test_any_sequence_keeps_one_owner_per_shard_and_the_throttle(
+    n_nodes: int, joins: int, shards: int, limit: int, steps: list[str]
+) -> None:
+    clock = FakeClock()
+    nodes = [f"n{i}" for i in range(n_nodes)]
+    mgr = active_cluster(
+        nodes, shards=shards, clock=clock, max_concurrent_moves=limit, drain_timeout=5.0
+    )
+    joined = n_nodes
+    for step in steps:
+        clock.now += 1
+        if step == "rebalance":
+            mgr.rebalance()
+        elif step == "drain":
+            m = mapper(mgr)
+            for s in range(shards):
+                st_ = m.status(s)
+                owner = m.owner(s)
+                if isinstance(st_, Handoff) and not st_.drained and owner is not None:
+                    mgr.update_from_external_shard_event(owner, ShardDrained(R, s, owner))
+                    break
+        elif step == "expire":
+            mgr.expire_handoffs()
+        elif step == "join" and joins:
+            joins -= 1
+            mgr.add_member(f"n{joined}", "1.0")
+            joined += 1
+        elif step == "leave" and len(mgr.members) > 1:
+            mgr.remove_member(mgr.members[0])
+        m = mapper(mgr)
+        assert len(mgr.handoffs()) <= limit
+        for s in range(shards):
+            owner, status = m.owner(s), m.status(s)
+            if isinstance(status, Handoff):
+                assert owner is not None and owner != status.target
+                assert (R, s) in mgr.handoffs()
+            if status.ingesting:
+                assert owner is not None
+        assert all(isinstance(m.status(s), Handoff) for _, s in mgr.handoffs())
+    # And it settles: every started move completes once nodes drain and go live.
+    for _ in range(50):
+        finish_moves(mgr)
+        mgr.rebalance()
+        if not mgr.handoffs():
+            break
+    assert mgr.handoffs() == {}
+    m = mapper(mgr)
+    for s in range(shards):
+        owner = m.owner(s)
+        if owner is not None and isinstance(m.status(s), Assigned):
+            mgr.update_from_external_shard_event(owner, IngestionStarted(R, s, owner))
+    assert not any(isinstance(st_, Handoff) for st_ in mapper(mgr).statuses)
+    final = mapper(mgr)
+    # No shard stuck mid-move: each is Active on its owner, or unowned (a leave can leave
+    # shards waiting for capacity: at most ceil(shards / min_num_nodes) per node).
+    for s in range(shards):
+        assert isinstance(final.status(s), Active) == (final.owner(s) is not None)
