@@ -66,7 +66,12 @@ class NodeClusterActor:
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
         c = settings.cluster
-        self._mgr = ShardManager(reassignment_min_interval=c.reassignment_min_interval_s)
+        self._mgr = ShardManager(
+            reassignment_min_interval=c.reassignment_min_interval_s,
+            drain_timeout=settings.rebalance.drain_timeout_s,
+            max_concurrent_moves=settings.rebalance.max_concurrent_moves,
+        )
+        self._versions: dict[str, str] = {}  # node -> the version its last ping answer named
         # Who is a member (joining, member, quarantined: coordinator/membership.py) and the
         # coordinator actor of every node it knows.
         self._membership = Membership(c.failure_timeout_s, c.ping_interval_s)
@@ -308,7 +313,7 @@ class NodeClusterActor:
             # A (new) coordinator process numbers its reports from 1 again.
             self._last_event_seq = {k: v for k, v in self._last_event_seq.items() if k[0] != node}
             log.info("node %s joined", node)
-            self._deliver(self._mgr.add_member(node))
+            self._deliver(self._mgr.add_member(node, self._versions.get(node, "")))
             self._deliver(self._mgr.subscribe_all(guardian_id(node)))
 
     async def _live_filopy_nodes(self) -> set[str]:
@@ -344,7 +349,7 @@ class NodeClusterActor:
 
     async def _ping(self, node: str, handle: ActorHandle) -> None:
         try:
-            await asyncio.wait_for(
+            info = await asyncio.wait_for(
                 asyncio.wrap_future(handle.ping.remote().future()),
                 self._settings.cluster.ping_timeout_s,
             )
@@ -358,6 +363,7 @@ class NodeClusterActor:
         finally:
             self._inflight.pop(node, None)
         if self._handles.get(node) is handle:  # not a late answer from a replaced coordinator
+            self._versions[node] = getattr(info, "version", "")
             self._changed(self._membership.answered(node))
 
     def _ping_all(self) -> None:
@@ -439,7 +445,24 @@ class NodeClusterActor:
             self._every(c.ping_interval_s, self._ping_all),
             self._every(c.resync_interval_s, self._resync),
             self._every(c.resync_interval_s, self._resync_subscribers),
+            self._every(min(1.0, self._settings.rebalance.drain_timeout_s), self._expire_moves),
+            self._every(self._settings.rebalance.interval_s, self._rebalance),
         )
+
+    def _expire_moves(self) -> None:
+        """Force the handoffs whose drain did not finish in time."""
+        result = self._mgr.expire_handoffs()
+        if result.messages:
+            log.warning("forced moves whose drain timed out: %s", result.reply)
+        self._deliver(result)
+
+    def _rebalance(self) -> None:
+        """One rebalance round, if enabled: start the moves the throttle allows."""
+        if self._settings.rebalance.enabled:
+            result = self._mgr.rebalance()
+            if result.messages:
+                log.info("rebalance: %s", result.reply)
+            self._deliver(result)
 
     @staticmethod
     async def _every(interval: float, step: Callable[[], Awaitable[None] | None]) -> None:
@@ -485,6 +508,7 @@ class NodeClusterActor:
         self._deliver(self._mgr.recover_subscriptions(self._resolve(merged_subscriptions(states))))
         for node in sorted(alive, key=lambda n: alive[n][0].joined_at):  # the old join order
             self._handles[node] = existing[node]
+            self._versions[node] = alive[node][0].version
             self._changed(self._membership.discovered(node))
             self._changed(self._membership.answered(node))
         self._deliver(self._mgr.remove_stale_coordinators(self._membership.members))

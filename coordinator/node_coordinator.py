@@ -20,12 +20,14 @@ The actor is detached: it outlives a singleton restart, so ingestion never stops
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import itertools
 import logging
 import os
 import threading
 import time
 from collections import Counter
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +45,7 @@ from filopy.shard_status import (
     IngestionDegraded,
     IngestionError,
     IngestionStopped,
+    ShardDrained,
     ShardEvent,
     ShardMapState,
 )
@@ -63,6 +66,7 @@ class NodeInfo:
     node_id: str
     joined_at: float  # wall clock, orders members after a singleton restart
     pid: int
+    version: str = ""  # what the node advertises (cluster.node_version, or the package's)
 
 
 # Ingesters started at once when a map brings many shards (their starts may wait on the store).
@@ -72,6 +76,16 @@ REPORT_BATCH_MAX = 8192
 REPORT_LINGER_S = 0.01  # how long the first report of a batch waits for others
 REPORT_CALL_TIMEOUT_S = 30.0
 REPORT_RETRY_FOR_S = 60.0  # a batch the singleton does not take by then is dropped (resync heals)
+
+
+def node_version(settings: Settings) -> str:
+    """The version a node advertises: `cluster.node_version`, else the installed package's."""
+    if settings.cluster.node_version:
+        return settings.cluster.node_version
+    try:
+        return importlib.metadata.version("filopy")
+    except importlib.metadata.PackageNotFoundError:
+        return ""
 
 
 class ReportSender:
@@ -214,7 +228,7 @@ class NodeCoordinator:
         ingester_factory: IngesterFactory | None = None,
         reporter: EventReporter | None = None,
     ) -> None:
-        self._info = NodeInfo(node_id, time.time(), os.getpid())
+        self._info = NodeInfo(node_id, time.time(), os.getpid(), node_version(settings))
         self._settings = settings
         self._factory: IngesterFactory = ingester_factory or (
             KafkaShardIngester if settings.ingest.source == "kafka" else EpochClaimingIngester
@@ -224,6 +238,9 @@ class NodeCoordinator:
         self._sender = ReportSender(node_id, settings.ray.namespace)
         self._maps: dict[DatasetRef, NodeShardMap] = {}
         self._ingesters: dict[tuple[DatasetRef, int], ShardIngester] = {}
+        # Ingesters drained for a handoff: stopped (all flushed and checkpointed), kept in
+        # `_ingesters` so this node answers queries for the shard until the move completes.
+        self._drained: set[tuple[DatasetRef, int]] = set()
         self._stores: tuple[MetaStore, ColumnStore] | None = None
         self._stores_lock = asyncio.Lock()
         self._converge_lock = asyncio.Lock()
@@ -256,7 +273,12 @@ class NodeCoordinator:
             self._maps.pop(message.ref, None)
         else:
             self._maps[message.ref] = message
-        await self._converge(message.ref, message.dataset, set(message.ingesting_shards()))
+        await self._converge(
+            message.ref,
+            message.dataset,
+            set(message.ingesting_shards()),
+            set(message.draining_shards()),
+        )
         return True
 
     async def deliver(self, delivery: Delivery) -> None:
@@ -277,6 +299,7 @@ class NodeCoordinator:
             self._pending.clear()
             stopping = list(self._ingesters.items())
             self._ingesters.clear()
+            self._drained.clear()
             await asyncio.gather(*(ing.stop() for _, ing in stopping))
             for ref, shard in (key for key, _ in stopping):
                 self._report(IngestionStopped(ref, shard, self.node_id))
@@ -361,7 +384,11 @@ class NodeCoordinator:
 
     def _rereport(self, message: NodeShardMap) -> None:
         """A resent map still shows a shard as merely Assigned although its ingester reported
-        progress: the report was lost on the way, so send it again."""
+        progress, or as being handed off although this node reported it drained: the report
+        was lost on the way (or the singleton restarted), so send it again."""
+        for shard in message.draining_shards():
+            if (message.ref, shard) in self._drained:
+                self._report(ShardDrained(message.ref, shard, self.node_id))
         for shard in message.ingesting_shards():
             key = (message.ref, shard)
             ingester = self._ingesters.get(key)
@@ -373,17 +400,39 @@ class NodeCoordinator:
             if last is not None and isinstance(message.state.statuses[shard], Assigned):
                 self._report(last)
 
-    async def _converge(self, ref: DatasetRef, dataset: Dataset, wanted: set[int]) -> None:
+    async def _converge(
+        self,
+        ref: DatasetRef,
+        dataset: Dataset,
+        wanted: set[int],
+        draining: AbstractSet[int] = frozenset(),
+    ) -> None:
+        """Run `wanted` shards; drain `draining` ones (a subset of `wanted`: stop consuming,
+        flush and checkpoint everything, report drained, keep answering queries); stop the
+        rest."""
         async with self._converge_lock:
             if self._draining:
                 return
-            for key in [k for k in self._pending if k[0] == ref and k[1] not in wanted]:
+            for key in [
+                k for k in self._pending if k[0] == ref and (k[1] not in wanted or k[1] in draining)
+            ]:
                 del self._pending[key]
             running = {s for r, s in self._ingesters if r == ref}
             for shard in sorted(running - wanted):
-                ingester = self._ingesters.pop((ref, shard))
+                key = (ref, shard)
+                ingester = self._ingesters.pop(key)
+                if key in self._drained:
+                    self._drained.discard(key)  # handed over: it stopped when it drained
+                    continue
                 await ingester.stop()
                 self._report(IngestionStopped(ref, shard, self.node_id))
+            await self._drain_shards(ref, draining)
+            # A handoff cancelled after the drain: the shard is this node's again, start afresh.
+            for shard in sorted(s for r, s in self._drained if r == ref and s not in draining):
+                self._drained.discard((ref, shard))
+                self._ingesters.pop((ref, shard), None)
+            running = {s for r, s in self._ingesters if r == ref}
+            wanted = wanted - draining
             waiting = {s for r, s in self._pending if r == ref}
             new = sorted(wanted - running - waiting)
             if not new:
@@ -395,6 +444,22 @@ class NodeCoordinator:
                 self._schedule_retry()
                 return
             await self._attempt([(ref, dataset, new)])
+
+    async def _drain_shards(self, ref: DatasetRef, shards: set[int]) -> None:
+        """Drain each shard for its handoff, all at once, and report each drained; a shard
+        this node never got running has nothing to flush: drained at once."""
+        todo = sorted(s for s in shards if (ref, s) not in self._drained)
+
+        async def drain_one(shard: int) -> None:
+            key = (ref, shard)
+            ingester = self._ingesters.get(key)
+            if ingester is not None:
+                await ingester.stop()  # stops consuming, then flushes and checkpoints it all
+                self._drained.add(key)
+            self._report(ShardDrained(ref, shard, self.node_id))
+
+        for i in range(0, len(todo), START_CONCURRENCY):
+            await asyncio.gather(*(drain_one(s) for s in todo[i : i + START_CONCURRENCY]))
 
     async def _attempt(
         self, groups: list[tuple[DatasetRef, Dataset, list[int]]], store_error: str | None = None

@@ -67,6 +67,7 @@ class ClusterSettings(_Section):
     failure_timeout_s: float = Field(gt=0)
     resync_interval_s: float = Field(gt=0)
     reassignment_min_interval_s: float = Field(ge=0)
+    node_version: str
 
     @model_validator(mode="after")
     def _detect_before_declaring(self) -> ClusterSettings:
@@ -76,6 +77,13 @@ class ClusterSettings(_Section):
                 f"cluster.ping_interval_s ({self.ping_interval_s})"
             )
         return self
+
+
+class RebalanceSettings(_Section):
+    enabled: bool
+    interval_s: float = Field(gt=0)
+    max_concurrent_moves: int = Field(ge=1)
+    drain_timeout_s: float = Field(gt=0)
 
 
 class IngestSettings(_Section):
@@ -124,6 +132,7 @@ class Settings(BaseSettings):
     cassandra: CassandraSettings
     ray: RaySettings
     cluster: ClusterSettings
+    rebalance: RebalanceSettings
     ingest: IngestSettings
     gateway: GatewaySettings
 

@@ -21,7 +21,14 @@ import numpy.typing as npt
 from filopy.dataset import Dataset, DatasetRef
 from filopy.errors import Unavailable
 from filopy.hashing import check_spread
-from filopy.shard_status import Active, Degraded, Recovery, ShardMapState, ShardStatus
+from filopy.shard_status import (
+    Active,
+    Degraded,
+    Handoff,
+    Recovery,
+    ShardMapState,
+    ShardStatus,
+)
 from filopy.store.api import LabelMatcher
 from query.aggregate import Partial
 from query.evaluator import eval_partial, eval_series_local, evaluate
@@ -364,22 +371,50 @@ class _Run:
         ref = self.dataset.ref
         calls = {n: nodes.submit(n, ref, ns, request(ns)) for n, ns in by_node.items()}
         answers: list[NodeAnswer] = []
+        moved: dict[int, str] = {}  # shards a node no longer ran -> that node
         for node, call in calls.items():
-            answer, served = self._answer(node, call, by_node[node], request, down)
-            if answer is None:
-                continue
-            answers.append(answer)
-            self.nodes.setdefault(node, set()).update(served)
-            self.shards.update(served)
-            self.series += answer.series
-            self.samples += answer.samples
-            self._warn_catching_up(served)
+            self._collect(node, call, by_node[node], request, down, moved, answers)
+        if moved:
+            # Our map was older than a move (e.g. a handoff just completed): ask the owners the
+            # current map names, once, rather than fail the query.
+            fresh = self.svc._maps.shard_map(self.dataset.name)
+            again: dict[str, list[int]] = {}
+            for s, old in sorted(moved.items()):
+                owner, status = fresh.owner(s), fresh.status(s)
+                if owner is not None and owner != old and status.ingesting:
+                    again.setdefault(owner, []).append(s)
+            for node, ns in again.items():
+                call = nodes.submit(node, ref, ns, request(ns))
+                for s in ns:
+                    down.pop(s, None)
+                self._collect(node, call, ns, request, down, {}, answers)
         if down:
             if not self.partial:
                 raise ShardsUnavailable(self.dataset.name, down)
             listed = ", ".join(f"{s} ({st})" for s, st in sorted(down.items()))
             self._warn(f"partial result: shards {listed} of {self.dataset.name!r} were not queried")
         return answers
+
+    def _collect(
+        self,
+        node: str,
+        call: PendingAnswer,
+        node_shards: list[int],
+        request: Callable[[Sequence[int]], NodeQuery],
+        down: dict[int, str],
+        moved: dict[int, str],
+        answers: list[NodeAnswer],
+    ) -> None:
+        """Wait for one node's answer and account for it."""
+        answer, served = self._answer(node, call, node_shards, request, down, moved)
+        if answer is None:
+            return
+        answers.append(answer)
+        self.nodes.setdefault(node, set()).update(served)
+        self.shards.update(served)
+        self.series += answer.series
+        self.samples += answer.samples
+        self._warn_catching_up(served)
 
     def _answer(
         self,
@@ -388,14 +423,17 @@ class _Run:
         node_shards: list[int],
         request: Callable[[Sequence[int]], NodeQuery],
         down: dict[int, str],
+        moved: dict[int, str],
     ) -> tuple[NodeAnswer | None, list[int]]:
         """A node's answer and the shards it covers; failures go to `down`. A node that no
-        longer runs some of the shards (our map was stale) is asked again for the others."""
+        longer runs some of the shards (our map was stale) is asked again for the others, and
+        those shards go to `moved` too (the caller may find their new owner)."""
         try:
             return call.result(self.svc._timeout_s), node_shards
         except ShardsNotHere as e:
             missing = set(e.shards or node_shards)
             for s in missing & set(node_shards):
+                moved[s] = node
                 status = self.shard_map.status(s)
                 down[s] = (
                     f"moved from {node}"
@@ -406,7 +444,7 @@ class _Run:
             if not rest:
                 return None, []
             again = self.svc._nodes.submit(node, self.dataset.ref, rest, request(rest))
-            return self._answer(node, again, rest, request, down)
+            return self._answer(node, again, rest, request, down, moved)
         except NodeUnavailable as e:
             down.update({s: str(e) for s in node_shards})
             return None, []
@@ -438,6 +476,8 @@ def _catching_up(status: ShardStatus) -> str:
             return "recovering (replaying the Kafka backlog)"
         case Degraded(message=message):
             return f"degraded ({message})" if message else "degraded"
+        case Handoff(target=target):
+            return f"being handed over to {target}"
     return f"{str(status).lower()} (starting ingestion)"
 
 

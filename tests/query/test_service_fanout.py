@@ -184,6 +184,37 @@ def test_a_stale_map_asks_the_node_again_for_the_shards_it_runs() -> None:
     assert ("n1", (0,), "batch") in nodes.calls  # re-asked for what it still runs
 
 
+def test_a_shard_handed_over_meanwhile_is_asked_of_its_new_owner() -> None:
+    """The query started on a map where n1 held shard 1; n1 let it go (a handoff completed) and
+    the map source now names n2: the query asks n2 once and succeeds, with no 503."""
+    m = active_map()
+    maps = FakeMaps(m.snapshot())
+    nodes = FakeNodes({"n1": [0], "n2": [1, 2, 3]})
+    m.update_from_event(ShardAssignmentStarted(DS.ref, 1, "n2", "rebalance"))
+    m.update_from_event(IngestionStarted(DS.ref, 1, "n2"))
+    stale = maps.state
+    maps.state = m.snapshot()
+
+    class StaleFirst(FakeMaps):
+        """The first read (the query's plan) sees the stale map; later ones the new one."""
+
+        def __init__(self) -> None:
+            super().__init__(stale)
+            self.reads = 0
+
+        def shard_map(self, name: str) -> ShardMapState:
+            self.reads += 1
+            return stale if self.reads == 1 else maps.state
+
+    svc = QueryService(StaleFirst(), nodes)
+    want = QueryService(FakeMaps(m.snapshot()), FakeNodes({"n1": [0], "n2": [1, 2, 3]}))
+    got = svc.instant(DS.name, "sum(a) / sum(b)", T + 500_000)
+    expected = want.instant(DS.name, "sum(a) / sum(b)", T + 500_000)
+    assert got.shards == (0, 1, 2, 3)
+    assert np.array_equal(got.value.values, expected.value.values)  # type: ignore[union-attr]
+    assert ("n2", (1,), "batch") in nodes.calls
+
+
 def test_a_failed_node_s_shards_are_unavailable() -> None:
     svc = service(active_map(), FakeNodes(NODES, down=["n2"]))
     got = svc.instant(DS.name, "sum(a) / sum(b)", T + 500_000, partial=True)

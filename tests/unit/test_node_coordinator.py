@@ -12,7 +12,12 @@ from coordinator.messages import NodeShardMap
 from coordinator.node_coordinator import NodeCoordinator
 from filopy import Dataset, IngestionStarted, IngestionStopped, ShardMapper
 from filopy.config import load_settings
-from filopy.shard_status import ShardAssignmentStarted, ShardEvent
+from filopy.shard_status import (
+    ShardAssignmentStarted,
+    ShardDrained,
+    ShardEvent,
+    ShardHandoffStarted,
+)
 
 DS = Dataset(name="m", num_shards=4, min_num_nodes=1)
 
@@ -67,5 +72,60 @@ def test_converges_ignores_stale_and_rereports_lost_events(tmp_path: Path) -> No
         assert await node.apply_map(_map(mapper))
         assert await node.running_shards() == {"m": [0]}
         assert events == [IngestionStopped(DS.ref, 1, "n1")]
+
+    asyncio.run(scenario())
+
+
+def test_a_handoff_drains_the_shard_keeps_serving_it_then_lets_it_go(tmp_path: Path) -> None:
+    """Drain protocol, node side: Handoff -> the ingester stops (flushing everything) and the
+    node reports ShardDrained, still holding the shard for queries; once the map gives the
+    shard to the target the node lets it go without another report; a handoff cancelled after
+    the drain starts the shard afresh."""
+    base = load_settings()
+    settings = base.model_copy(
+        update={
+            "store": base.store.model_copy(update={"sqlite_path": tmp_path / "m.db"}),
+            "ingest": base.ingest.model_copy(update={"source": "none"}),
+        }
+    )
+    events: list[ShardEvent] = []
+    node = NodeCoordinator("n1", settings, reporter=events.append)
+    mapper = ShardMapper(4)
+    for shard in (0, 1):
+        mapper.update_from_event(ShardAssignmentStarted(DS.ref, shard, "n1"))
+        mapper.update_from_event(IngestionStarted(DS.ref, shard, "n1"))
+
+    async def scenario() -> None:
+        assert await node.apply_map(_map(mapper))
+        first_epoch = (await node.epochs())["m"][1]
+        events.clear()
+        mapper.update_from_event(ShardHandoffStarted(DS.ref, 1, "n1", "n2"))
+        assert await node.apply_map(_map(mapper))
+        assert events == [ShardDrained(DS.ref, 1, "n1")]
+        assert await node.running_shards() == {"m": [0, 1]}  # still answers for shard 1
+        # A resent map that still shows the handoff gets the drained report again.
+        events.clear()
+        assert not await node.apply_map(_map(mapper))
+        assert events == [ShardDrained(DS.ref, 1, "n1")]
+
+        # Cancelled (the target left): the shard is n1's again and starts afresh.
+        events.clear()
+        mapper.update_from_event(ShardAssignmentStarted(DS.ref, 1, "n1", "cancelled"))
+        assert await node.apply_map(_map(mapper))
+        assert events == [IngestionStarted(DS.ref, 1, "n1")]
+        second_epoch = (await node.epochs())["m"][1]
+        assert second_epoch is not None and first_epoch is not None
+        assert second_epoch > first_epoch
+
+        # A handoff that completes: drained, then the map names the target.
+        mapper.update_from_event(IngestionStarted(DS.ref, 1, "n1"))
+        mapper.update_from_event(ShardHandoffStarted(DS.ref, 1, "n1", "n2"))
+        assert await node.apply_map(_map(mapper))
+        events.clear()
+        mapper.update_from_event(ShardDrained(DS.ref, 1, "n1"))
+        mapper.update_from_event(ShardAssignmentStarted(DS.ref, 1, "n2", "rebalance"))
+        assert await node.apply_map(_map(mapper))
+        assert await node.running_shards() == {"m": [0]}
+        assert events == []  # no IngestionStopped: it stopped when it drained
 
     asyncio.run(scenario())
