@@ -18,8 +18,11 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import httpx
 import pytest
 import requests
+from fastapi import FastAPI
+from google.rpc.status_pb2 import Status
 from opentelemetry.exporter.otlp.proto.http import Compression
 from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 from opentelemetry.metrics import CallbackOptions, Observation
@@ -39,7 +42,11 @@ from opentelemetry.sdk.metrics import _Gauge as Gauge
 from opentelemetry.sdk.metrics.export import AggregationTemporality, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 
-from tests.rest.conftest import Rest, start_rest
+from filopy import Dataset
+from filopy.dataset import SourceSettings
+from filopy.ingest_http import Ingestion, ingest_router
+from filopy.ingest_http.core import DEFAULT_SETTINGS
+from tests.rest.conftest import Rest, ServerThread, start_rest
 from tests.rest.test_cluster import all_active
 from tests.runtime.conftest import cluster_settings
 
@@ -275,3 +282,148 @@ def test_sdk_gauges_counters_histograms_read_back_by_promql(
     assert labels["telemetry_sdk_language"] == "python"  # the SDK's own resource attributes
     assert not {"service_name", "service_namespace", "service_instance_id"} & set(labels)
     rest.http.delete(f"/api/v1/datasets/{name}")
+
+
+def test_delta_temporality_is_refused_in_partial_success(rest: Rest, kafka_bootstrap: str) -> None:
+    """An exporter preferring delta: its counter and histogram points are refused (200 with
+    `partial_success`, which senders do not retry); its gauge is written."""
+    name = new_dataset(rest, kafka_bootstrap)
+    resource = Resource({"service.name": "batch-job"})
+    sender = Sender(f"{rest.url}/ingest/{name}/v1/metrics", resource, DELTA)
+    sender.meter.create_counter("jobs.done").add(3, {"queue": "q1"})
+    sender.meter.create_histogram("job.duration", unit="s").record(1.5)
+    sender.meter.create_gauge("workers").set(4)
+    sender.shutdown()  # one export
+
+    (resp,) = sender.responses
+    partial = export_response(resp).partial_success
+    assert partial.rejected_data_points == 2
+    message = partial.error_message
+    assert message.startswith("2 data points rejected (delta_temporality: 2); first: "), message
+    assert "delta aggregation temporality" in message and message.endswith("1 samples written")
+    eventually(
+        lambda: instant(rest, name, "workers", now_ms()),
+        {key(__name__="workers", job="batch-job"): 4.0},
+    )
+    assert instant(rest, name, '{__name__=~"jobs.*|job_.*"}', now_ms()) == {}
+    rest.http.delete(f"/api/v1/datasets/{name}")
+
+
+# The OTLP/JSON example of the spec (open-telemetry/opentelemetry-proto v1.9.0,
+# examples/metrics.json): the SDK sends protobuf only, so OTLP/JSON is checked against the
+# spec's own request. Its counter and histogram are delta and it has an exponential histogram.
+SPEC_JSON_EXAMPLE = """
+{"resourceMetrics": [{
+  "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "my.service"}}]},
+  "scopeMetrics": [{
+    "scope": {"name": "my.library", "version": "1.0.0", "attributes": [
+      {"key": "my.scope.attribute", "value": {"stringValue": "some scope attribute"}}]},
+    "metrics": [
+      {"name": "my.counter", "unit": "1", "description": "I am a Counter",
+       "sum": {"aggregationTemporality": 1, "isMonotonic": true, "dataPoints": [
+         {"asDouble": 5, "startTimeUnixNano": "1544712660300000000",
+          "timeUnixNano": "1544712660300000000",
+          "attributes": [{"key": "my.counter.attr", "value": {"stringValue": "some value"}}]}]}},
+      {"name": "my.gauge", "unit": "1", "description": "I am a Gauge",
+       "gauge": {"dataPoints": [
+         {"asDouble": 10, "timeUnixNano": "1544712660300000000",
+          "attributes": [{"key": "my.gauge.attr", "value": {"stringValue": "some value"}}]}]}},
+      {"name": "my.histogram", "unit": "1", "description": "I am a Histogram",
+       "histogram": {"aggregationTemporality": 1, "dataPoints": [
+         {"startTimeUnixNano": "1544712660300000000", "timeUnixNano": "1544712660300000000",
+          "count": "2", "sum": 2, "bucketCounts": ["1","1"], "explicitBounds": [1],
+          "min": 0, "max": 2,
+          "attributes": [{"key": "my.histogram.attr", "value": {"stringValue": "some value"}}]}]}},
+      {"name": "my.exponential.histogram", "unit": "1",
+       "description": "I am an Exponential Histogram",
+       "exponentialHistogram": {"aggregationTemporality": 1, "dataPoints": [
+         {"startTimeUnixNano": "1544712660300000000", "timeUnixNano": "1544712660300000000",
+          "count": "3", "sum": 10, "scale": 0, "zeroCount": "1",
+          "positive": {"offset": 1, "bucketCounts": ["0","2"]}, "min": 0, "max": 5,
+          "zeroThreshold": 0,
+          "attributes": [{"key": "my.exponential.histogram.attr",
+                          "value": {"stringValue": "some value"}}]}]}}
+    ]}]}]}
+"""
+
+
+def status(resp: httpx.Response, code: int, content_type: str = "application/x-protobuf") -> str:
+    """The message of a `google.rpc.Status` error body (protobuf or JSON, as the request)."""
+    assert resp.status_code == code, resp.content
+    assert resp.headers["content-type"] == content_type
+    if content_type == "application/json":
+        body = resp.json()
+        assert set(body) == {"code", "message"}, body
+        return body["message"]
+    out = Status()
+    out.ParseFromString(resp.content)
+    assert out.message
+    return out.message
+
+
+def test_json_bad_bodies_and_the_server_keeps_serving(rest: Rest, kafka_bootstrap: str) -> None:
+    name = new_dataset(rest, kafka_bootstrap)
+    url = f"/ingest/{name}/v1/metrics"
+    protobuf = {"Content-Type": "application/x-protobuf"}
+
+    as_json = {"Content-Type": "application/json"}
+    resp = rest.http.post(url, content=SPEC_JSON_EXAMPLE, headers=as_json)
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["content-type"] == "application/json"
+    partial = resp.json()["partialSuccess"]
+    assert partial["rejectedDataPoints"] == "3"  # int64 as a string, as the JSON mapping says
+    assert partial["errorMessage"].startswith("3 data points rejected (delta_temporality: 3)")
+    at = 1544712660300
+    eventually(
+        lambda: instant(rest, name, "my_gauge_ratio", at),
+        {key(__name__="my_gauge_ratio", my_gauge_attr="some value", job="my.service"): 10.0},
+    )
+    empty = rest.http.post(url, content=b"", headers=protobuf)  # an empty request: success
+    assert empty.status_code == 200 and empty.content == b""
+
+    not_protobuf = rest.http.post(url, content=b"\xff" * 64, headers=protobuf)
+    assert "not a protobuf ExportMetricsServiceRequest" in status(not_protobuf, 400)
+    not_json = rest.http.post(url, content=b'{"resourceMetrics": [', headers=as_json)
+    assert "not a JSON ExportMetricsServiceRequest" in status(not_json, 400, "application/json")
+    truncated = gzip.compress(b"\x0a\x00" * 1000)[:-20]
+    cut = rest.http.post(url, content=truncated, headers=protobuf | {"Content-Encoding": "gzip"})
+    assert status(cut, 400) == "the gzip body is truncated"
+    wrong_type = rest.http.post(url, content=b"x", headers={"Content-Type": "text/plain"})
+    assert "Content-Type 'text/plain'" in status(wrong_type, 415)
+    brotli = rest.http.post(url, content=b"x", headers=protobuf | {"Content-Encoding": "br"})
+    assert "Content-Encoding 'br'" in status(brotli, 415)
+    unknown = rest.http.post("/ingest/nosuchdataset/v1/metrics", content=b"", headers=protobuf)
+    assert status(unknown, 404) == "unknown dataset 'nosuchdataset'"
+
+    # The server keeps serving: the SDK's next export is written.
+    sender = Sender(f"{rest.url}{url}", Resource({"service.name": "after"}), CUMULATIVE)
+    sender.meter.create_gauge("still.serving").set(1)
+    sender.shutdown()
+    (resp_ok,) = sender.responses
+    assert not export_response(resp_ok).HasField("partial_success")
+    eventually(
+        lambda: instant(rest, name, "still_serving", now_ms()),
+        {key(__name__="still_serving", job="after"): 1.0},
+    )
+    rest.http.delete(f"/api/v1/datasets/{name}")
+
+
+def test_unreachable_kafka_is_503_with_retry_after_and_the_sdk_retries() -> None:
+    """Kafka not answering: 503 + Retry-After with a Status body; the SDK retries (503 is one
+    of OTLP's retryable codes) until its timeout, then gives up."""
+    dead = f"127.0.0.1:{free_port()}"
+    ds = Dataset(name="otlpdead", num_shards=2, source=SourceSettings(bootstrap_servers=dead))
+    limits = DEFAULT_SETTINGS.model_copy(update={"ack_timeout_s": 1.0, "retry_after_s": 1})
+    app = FastAPI()
+    app.include_router(ingest_router(Ingestion(lambda: [ds], limits)))
+    with ServerThread(app) as url:
+        sender = Sender(f"{url}/ingest/otlpdead/v1/metrics", Resource({}), CUMULATIVE, timeout_s=8)
+        sender.meter.create_gauge("lost").set(1)
+        sender.shutdown()
+    assert len(sender.responses) >= 2, [r.status_code for r in sender.responses]
+    for resp in sender.responses:
+        assert resp.status_code == 503
+        assert resp.headers["Retry-After"] == "1"
+        out = Status()
+        out.ParseFromString(resp.content)
+        assert out.message.startswith(f"Kafka unavailable: Kafka at {dead}"), out.message
