@@ -28,14 +28,14 @@ SVC=${FILOPY_SERVICES_DIR:-$ROOT/.services}
 SUITE_MODULE=github.com/prometheus/compliance/remotewrite/receiver
 SUITE_VERSION=v0.0.0-20260806071727-67b8327a2e93
 PROMETHEUS_MODULE=github.com/prometheus/prometheus
-PROMETHEUS_VERSION=v0.316.0 # Prometheus 3.16.0
+PROMETHEUS_VERSION=v0.316.0 # Prometheus 3.16.0 (the Go module's v0.3MM.P is Prometheus 3.MM.P)
 
 log() { printf '[rw-compliance] %s\n' "$*" >&2; }
 die() { printf '[rw-compliance] error: %s\n' "$*" >&2; exit 1; }
 
 check_go() {
   command -v go >/dev/null || die "go (1.25 or newer) is needed to build the remote-write compliance suite: install Go from go.dev or Debian's golang-go"
-  export GOTOOLCHAIN=local GOFLAGS="-mod=mod -buildvcs=false"
+  export GOTOOLCHAIN=local GOWORK=off GOFLAGS="-mod=mod -buildvcs=false"
 }
 
 # The module's source, read-only in Go's module cache.
@@ -71,15 +71,15 @@ suite() {
 
 run() {
   [ $# -ge 1 ] || die "usage: $0 run URL [test binary args...]"
-  local url=$1 bin dir
+  local url=$1 bin
   shift
   bin=$(suite)
   check_go
-  dir=$(mktemp -d)
-  trap 'rm -rf "$dir"' EXIT
-  printf 'remote_write:\n  - name: filopy\n    url: %s\n' "$url" >"$dir/config.yml"
-  cd "$dir"
-  PROMETHEUS_RW2_COMPLIANCE_CONFIG_FILE=$dir/config.yml \
+  RUN_DIR=$(mktemp -d)
+  trap 'rm -rf "$RUN_DIR"' EXIT
+  printf 'remote_write:\n  - name: filopy\n    url: %s\n' "$url" >"$RUN_DIR/config.yml"
+  cd "$RUN_DIR"
+  PROMETHEUS_RW2_COMPLIANCE_CONFIG_FILE=$RUN_DIR/config.yml \
     go tool test2json -p receiver "$bin" -test.v=test2json "$@"
 }
 
@@ -91,7 +91,11 @@ prometheus() {
     local src
     src=$(module_dir "$PROMETHEUS_MODULE" "$PROMETHEUS_VERSION")
     copy_module "$src" "$out/src"
-    (cd "$out/src" && go build -o "$out/prometheus" ./cmd/prometheus) >"$out/build.log" 2>&1 ||
+    local release=${PROMETHEUS_VERSION#v0.3}  # 16.0 -> 3.16.0
+    release=3.$((10#${release%%.*})).${release#*.}
+    (cd "$out/src" && go build -o "$out/prometheus" \
+      -ldflags "-X github.com/prometheus/common/version.Version=$release" ./cmd/prometheus) \
+      >"$out/build.log" 2>&1 ||
       die "building Prometheus failed; see $out/build.log"
     rm -rf "$out/src"
     touch "$out/.complete"
