@@ -82,6 +82,7 @@ IDENTIFYING = frozenset({SERVICE_NAME, SERVICE_NAMESPACE, SERVICE_INSTANCE})
 # target_info gets a sample every half lookback delta (Prometheus' default 5 m) from the
 # resource's earliest to its latest data point, so it is found over the whole range.
 TARGET_INFO_INTERVAL_NS = 150 * 10**9
+MAX_TARGET_INFO_STEPS = 100  # past that (points over 4 h apart), samples at both ends only
 
 # gRPC codes for the Status body (the spec says clients do not act on them; people read them).
 _GRPC_CODE = {400: 3, 404: 5, 409: 9, 413: 8, 415: 3, 429: 8, 503: 14}
@@ -548,7 +549,10 @@ class Converter:
         labels[self.mc] = TARGET_INFO
         key = tuple(labels.items())
         first, last = resource.earliest_ns, resource.latest_ns
-        times = [t // 1_000_000 for t in range(first, last, TARGET_INFO_INTERVAL_NS)]
+        if (last - first) // TARGET_INFO_INTERVAL_NS <= MAX_TARGET_INFO_STEPS:
+            times = [t // 1_000_000 for t in range(first, last, TARGET_INFO_INTERVAL_NS)]
+        else:  # points hours apart in one request: bounded work, the two ends only
+            times = [first // 1_000_000]
         times.append(last // 1_000_000)
         for ms in times:
             if (key, ms) not in self.target_info_seen:
