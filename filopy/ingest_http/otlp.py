@@ -290,9 +290,17 @@ class _Points:
     def __init__(self, metric_column: str, limits: LabelLimits) -> None:
         self.metric_column = metric_column
         self.limits = limits
+        # Series surely within `limits` (UTF-8 takes at most 4 bytes a character; JSON at most
+        # 6 bytes a byte, 6 a label): label count, longest name and value, total characters.
+        self.max_labels = limits.max_labels_per_series
+        self.max_name_chars = limits.max_label_name_bytes // 4
+        self.max_value_chars = limits.max_label_value_bytes // 4
+        self.max_key_chars = (limits.max_series_key_bytes - 2) // 24
         self.series: list[Labels] = []
-        self.ids: dict[tuple[tuple[str, str], ...], int] = {}
-        self.checked: dict[tuple[tuple[str, str], ...], tuple[BadRecord, str] | None] = {}
+        # Data points (first series' name, base labels) seen; the series index, built once a
+        # point repeats (several points of one series in a request, rare).
+        self.points: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
+        self.index: dict[tuple[tuple[str, str], ...], int] | None = None
         self.idx: list[int] = []
         self.ts: list[int] = []
         self.vals: list[float] = []
@@ -306,9 +314,33 @@ class _Points:
             if self.first_bad is None:
                 self.first_bad = clip(why)
 
-    def add(self, ts_ms: int, series: list[Labels], values: list[float], what: str) -> bool:
+    def problem(self, labels: Labels) -> tuple[BadRecord, str] | None:
+        """`series_problem`, skipped (a few C-level passes) for series surely within limits.
+        Names are never empty here (metric_name, label_name), so only sizes can be wrong."""
+        n = len(labels)
+        if (
+            n <= self.max_labels
+            and max(map(len, labels)) <= self.max_name_chars
+            and max(map(len, labels.values())) <= self.max_value_chars
+            and sum(map(len, labels)) + sum(map(len, labels.values())) + n <= self.max_key_chars
+        ):
+            return None
+        return series_problem(labels, self.metric_column, self.limits)
+
+    def add(
+        self,
+        ts_ms: int,
+        base: Labels,
+        series: list[Labels],
+        values: list[float],
+        what: str,
+        widest: int | None = -1,
+    ) -> bool:
         """One data point's samples (all at `ts_ms`), unless its timestamp or one of its
-        series breaks the dataset's contract; then the whole point is refused."""
+        series breaks the dataset's contract; then the whole point is refused. `series` are
+        `base` plus a name and at most one more label; `series[widest]` has the most labels,
+        the longest names and values and the most characters (so if it fits, all do; None:
+        no series is widest in every way)."""
         if not self.lo <= ts_ms <= self.hi:
             self.refuse(
                 BadRecord.TIMESTAMP_RANGE.value,
@@ -317,25 +349,33 @@ class _Points:
                 f"series {show_labels(series[0])}",
             )
             return False
-        keys = [tuple(labels.items()) for labels in series]
-        checked = self.checked
-        for key, labels in zip(keys, series, strict=True):
-            if key in checked:
-                problem = checked[key]
-            else:
-                problem = checked[key] = series_problem(labels, self.metric_column, self.limits)
-            if problem is not None:
-                reason, why = problem
-                self.refuse(reason.value, 1, f"{what}: {why}; series {show_labels(labels)}")
-                return False
-        ids = self.ids
-        for key, labels in zip(keys, series, strict=True):
-            i = ids.get(key)
-            if i is None:
-                i = ids[key] = len(self.series)
-                self.series.append(labels)
-            self.idx.append(i)
-        self.ts.extend([ts_ms] * len(series))
+        if widest is None or self.problem(series[widest]) is not None:
+            for labels in series:
+                problem = self.problem(labels)
+                if problem is not None:
+                    reason, why = problem
+                    self.refuse(reason.value, 1, f"{what}: {why}; series {show_labels(labels)}")
+                    return False
+        n = len(series)
+        point = (series[0][self.metric_column], tuple(base.items()))
+        if self.index is None and point not in self.points:
+            self.points.add(point)  # series never seen in this request: no lookups
+            first = len(self.series)
+            self.series.extend(series)
+            self.idx.extend(range(first, first + n))
+        else:  # several points of one series in a request: each series found by its labels
+            if self.index is None:
+                self.index = {tuple(labels.items()): i for i, labels in enumerate(self.series)}
+            self.points.add(point)
+            index, idx = self.index, self.idx
+            for labels in series:
+                key = tuple(labels.items())
+                i = index.get(key)
+                if i is None:
+                    i = index[key] = len(self.series)
+                    self.series.append(labels)
+                idx.append(i)
+        self.ts.extend([ts_ms] * n)
         self.vals.extend(values)
         return True
 
@@ -474,10 +514,17 @@ class Converter:
         return base
 
     def _accept(
-        self, pt: Any, series: list[Labels], vals: list[float], metric: str, resource: _Resource
+        self,
+        pt: Any,
+        base: Labels,
+        series: list[Labels],
+        vals: list[float],
+        metric: str,
+        resource: _Resource,
+        widest: int | None = -1,
     ) -> None:
         t_ns = pt.time_unix_nano
-        if self.points.add(t_ns // 1_000_000, series, vals, f"metric {metric!r}"):
+        if self.points.add(t_ns // 1_000_000, base, series, vals, f"metric {metric!r}", widest):
             resource.saw(t_ns)
 
     def numbers(self, points: Any, name: str, metric: str, resource: _Resource) -> None:
@@ -492,7 +539,7 @@ class Converter:
                 continue
             value = float(pt.as_double if which == "as_double" else pt.as_int)
             base[mc] = name
-            self._accept(pt, [base], [value], metric, resource)
+            self._accept(pt, base, [base], [value], metric, resource)
 
     def histograms(self, points: Any, name: str, metric: str, resource: _Resource) -> None:
         mc = self.mc
@@ -508,13 +555,19 @@ class Converter:
                 series.append({**base, mc: sum_name})
                 vals.append(pt.sum)
             cumulative = 0
+            widest, longest = len(series), 4  # the bucket with the longest `le`: +Inf or one
             for bound, n in zip(pt.explicit_bounds, pt.bucket_counts, strict=False):
                 cumulative += n
-                series.append({**base, "le": format_float(bound), mc: bucket})
+                le = format_float(bound)
+                if len(le) > longest:
+                    widest, longest = len(series), len(le)
+                series.append({**base, "le": le, mc: bucket})
                 vals.append(float(cumulative))
+            if widest == len(series):
+                widest = -1
             series.append({**base, "le": "+Inf", mc: bucket})
             vals.append(count)
-            self._accept(pt, series, vals, metric, resource)
+            self._accept(pt, base, series, vals, metric, resource, widest)
 
     def summaries(self, points: Any, name: str, metric: str, resource: _Resource) -> None:
         mc = self.mc
@@ -528,7 +581,7 @@ class Converter:
             for q in pt.quantile_values:
                 series.append({**base, "quantile": format_float(q.quantile), mc: name})
                 vals.append(q.value)
-            self._accept(pt, series, vals, metric, resource)
+            self._accept(pt, base, series, vals, metric, resource, None)
 
     def target_info(self, resource: _Resource) -> None:
         """`target_info{job, instance, <other resource attributes>} 1` over the range of the
@@ -557,7 +610,7 @@ class Converter:
         for ms in times:
             if (key, ms) not in self.target_info_seen:
                 self.target_info_seen.add((key, ms))
-                self.points.add(ms, [dict(labels)], [1.0], "target_info")
+                self.points.add(ms, labels, [dict(labels)], [1.0], "target_info")
 
 
 def parse(body: bytes, media: str) -> ExportMetricsServiceRequest:
