@@ -22,27 +22,19 @@ import json
 import re
 import shutil
 import subprocess
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 
-from filopy.dataset import Dataset, SourceSettings
-from filopy.ingest_http import create_gateway_app
-from filopy.store import open_stores
-from ingest.binary_format import decode_binary
-from ingest.topics import ensure_topic
-from tests.rest.conftest import ServerThread
-from tests.rest.test_remote_write_kafka_outage import _counter, _settings
+from filopy.dataset import Dataset
+from tests.rest.test_remote_write_kafka_outage import _counter
+from tests.rest.test_remote_write_v2 import SCRIPT, gateway_on, topic_series
 
 pytestmark = [pytest.mark.kafka]
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "scripts" / "rw-compliance.sh"
 RECEIVER = "filopy"  # the remote_write entry's name: the suite's innermost subtest
 
 # Requests carrying native histogram samples: FiloPy stores float samples only, so it refuses
@@ -78,7 +70,6 @@ INVALID = re.compile(
     r"|^TestRW1ErrorHandling$|^TestHistograms/bad_count_histogram$"
 )
 SUITE_TESTS = 205  # answered requests of the pinned suite version
-SHARDS = 2
 
 
 def expected_status(test: str) -> int:
@@ -100,55 +91,12 @@ def suite_binary() -> Path:
     return Path(done.stdout.strip().splitlines()[-1])
 
 
-def topic_series(ds: Dataset) -> list[tuple[dict[str, str], int]]:
-    """Every series in the dataset's topic (Prometheus' label names) and its sample count."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": ds.source.bootstrap_servers,
-            "group.id": "rwc",
-            "enable.auto.commit": False,
-        }
-    )
-    out: list[tuple[dict[str, str], int]] = []
-    try:
-        for p in range(SHARDS):
-            end = consumer.get_watermark_offsets(TopicPartition(ds.topic, p), timeout=30)[1]
-            consumer.assign([TopicPartition(ds.topic, p, 0)])
-            offset = 0
-            while offset < end:
-                msg = consumer.poll(10)
-                assert msg is not None, f"partition {p}: nothing at offset {offset} of {end}"
-                assert msg.error() is None, msg.error()
-                offset = msg.offset() + 1
-                batch = decode_binary(msg.value()).batch
-                counts = Counter(batch.series_idx.tolist())
-                for i, labels in enumerate(batch.series):
-                    labels = dict(labels)
-                    labels["__name__"] = labels.pop("_metric_")
-                    out.append((labels, counts[i]))
-    finally:
-        consumer.close()
-    return out
-
-
 @pytest.fixture(scope="module")
 def gateway(
     tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str
 ) -> Iterator[tuple[str, Dataset]]:
     """A `filopy gateway` app (no Ray) on a fresh dataset of the real Kafka."""
-    tmp = tmp_path_factory.mktemp("rwc")
-    settings = _settings(tmp, kafka_bootstrap)
-    ds = Dataset(
-        name=f"rwc{uuid.uuid4().hex[:8]}",
-        num_shards=SHARDS,
-        source=SourceSettings(bootstrap_servers=kafka_bootstrap),
-    )
-    ensure_topic(ds)
-    meta, columns = open_stores(settings)
-    meta.create_dataset(ds)
-    meta.close()
-    columns.close()
-    with ServerThread(create_gateway_app(settings)) as url:
+    with gateway_on(tmp_path_factory.mktemp("rwc"), kafka_bootstrap) as (url, ds):
         yield url, ds
 
 

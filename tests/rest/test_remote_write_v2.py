@@ -1,0 +1,493 @@
+"""Prometheus remote write 2.0 (`io.prometheus.write.v2.Request`) at the remote-write endpoint.
+
+A real Prometheus 3 (built from its Go module by scripts/rw-compliance.sh: Debian's 2.42 cannot
+send 2.0) scrapes itself and a Python target whose counter carries exemplars, and remote-writes
+2.0 (`protobuf_message: io.prometheus.write.v2.Request`, exemplars and metadata on) to
+`filopy serve`'s endpoint on a real two-node cluster ingesting from the real Kafka. It must see
+the X-Prometheus-Remote-Write-*-Written headers it expects (it treats a 2xx without them as a
+1.0-only receiver); the series and per-series sample counts FiloPy holds equal what Prometheus'
+own query API reports for the range, and Prometheus reports no failed sample or exemplar.
+
+Bad 2.0 input, built by hand (no client sends it), against a `filopy gateway` app: symbol refs
+outside the table, odd label refs, a symbol table not starting with "", a 1.0 body under the 2.0
+Content-Type, unknown messages; each a 4xx with a message, nothing written. Native histograms
+are refused (400) after the float samples beside them are written, and the headers say so.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import cramjam
+import httpx
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+from fastapi import FastAPI
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import Counter as PromCounter
+
+from filopy import Dataset
+from filopy.dataset import SourceSettings
+from filopy.ingest_http import Ingestion, create_gateway_app, ingest_router
+from filopy.ingest_http.core import DEFAULT_SETTINGS
+from filopy.ingest_http.prompb.remote_pb2 import WriteRequest
+from filopy.ingest_http.prompb.write_v2_pb2 import Request
+from filopy.store import open_stores
+from ingest.binary_format import decode_binary
+from ingest.topics import ensure_topic
+from tests.rest.conftest import Rest, ServerThread, start_rest
+from tests.rest.test_remote_write import free_port, held_counts, new_dataset
+from tests.rest.test_remote_write_kafka_outage import _counter, _settings
+from tests.runtime.conftest import cluster_settings
+
+pytestmark = [pytest.mark.kafka]
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "rw-compliance.sh"
+V2 = "application/x-protobuf;proto=io.prometheus.write.v2.Request"
+HEADERS = {"Content-Encoding": "snappy", "Content-Type": V2}
+WRITTEN = "X-Prometheus-Remote-Write-{}-Written"
+SHARDS = 2
+T0 = 1_700_000_000_000
+
+
+# ----- helpers ----------------------------------------------------------------------------------
+
+
+@contextmanager
+def gateway_on(tmp: Path, kafka_bootstrap: str) -> Iterator[tuple[str, Dataset]]:
+    """A `filopy gateway` app (no Ray, definitions from SQLite) on a fresh dataset's topic."""
+    settings = _settings(tmp, kafka_bootstrap)
+    ds = Dataset(
+        name=f"rw2{uuid.uuid4().hex[:8]}",
+        num_shards=SHARDS,
+        source=SourceSettings(bootstrap_servers=kafka_bootstrap),
+    )
+    ensure_topic(ds)
+    meta, columns = open_stores(settings)
+    meta.create_dataset(ds)
+    meta.close()
+    columns.close()
+    with ServerThread(create_gateway_app(settings)) as url:
+        yield url, ds
+
+
+def topic_series(ds: Dataset) -> list[tuple[dict[str, str], int]]:
+    """Every series in each message of the dataset's topic (with Prometheus' `__name__`) and
+    its sample count, read straight from Kafka."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": ds.source.bootstrap_servers,
+            "group.id": "rw2",
+            "enable.auto.commit": False,
+        }
+    )
+    out: list[tuple[dict[str, str], int]] = []
+    try:
+        for p in range(ds.num_shards):
+            end = consumer.get_watermark_offsets(TopicPartition(ds.topic, p), timeout=30)[1]
+            consumer.assign([TopicPartition(ds.topic, p, 0)])
+            offset = 0
+            while offset < end:
+                msg = consumer.poll(10)
+                assert msg is not None, f"partition {p}: nothing at offset {offset} of {end}"
+                assert msg.error() is None, msg.error()
+                offset = msg.offset() + 1
+                batch = decode_binary(msg.value()).batch
+                counts = Counter(batch.series_idx.tolist())
+                for i, labels in enumerate(batch.series):
+                    named = dict(labels)
+                    named["__name__"] = named.pop("_metric_")
+                    out.append((named, counts[i]))
+    finally:
+        consumer.close()
+    return out
+
+
+def v2_body(*series: dict[str, Any], symbols: list[str] | None = None) -> bytes:
+    """A snappy-compressed 2.0 request. Each series: `labels` (a dict, or raw `refs`),
+    `samples` [(ts, value)], `histograms` (a count), `exemplars` [labels dict], `metadata`
+    (help, unit)."""
+    table = [""] if symbols is None else list(symbols)
+
+    def ref(s: str) -> int:
+        if s not in table:
+            table.append(s)
+        return table.index(s)
+
+    request = Request()
+    for s in series:
+        ts = request.timeseries.add()
+        if "refs" in s:
+            ts.labels_refs.extend(s["refs"])
+        for k, v in sorted(s.get("labels", {}).items()):
+            ts.labels_refs.extend([ref(k), ref(v)])
+        for t, v in s.get("samples", ()):
+            ts.samples.add(timestamp=t, value=v)
+        for i in range(s.get("histograms", 0)):
+            h = ts.histograms.add(timestamp=T0 + i, count_int=3, sum=1.5, schema=0)
+            h.positive_spans.add(offset=0, length=1)
+            h.positive_deltas.append(3)
+        for e in s.get("exemplars", ()):
+            ex = ts.exemplars.add(value=1.0, timestamp=T0)
+            for k, v in e.items():
+                ex.labels_refs.extend([ref(k), ref(v)])
+        if "metadata" in s:
+            ts.metadata.type = ts.metadata.METRIC_TYPE_COUNTER
+            ts.metadata.help_ref = ref(s["metadata"][0])
+            ts.metadata.unit_ref = ref(s["metadata"][1])
+    request.symbols.extend(table)
+    return bytes(cramjam.snappy.compress_raw(request.SerializeToString()))
+
+
+def written(resp: httpx.Response) -> tuple[int, int, int] | None:
+    """(samples, histograms, exemplars) of the written-headers; None when none is sent."""
+    got = [resp.headers.get(WRITTEN.format(k)) for k in ("Samples", "Histograms", "Exemplars")]
+    if all(v is None for v in got):
+        return None
+    assert all(v is not None for v in got), resp.headers
+    return int(got[0]), int(got[1]), int(got[2])  # type: ignore[arg-type]
+
+
+def error(resp: httpx.Response, status: int) -> str:
+    assert resp.status_code == status, resp.text
+    body = resp.json()
+    assert body["status"] == "error" and body["error"]
+    return body["error"]
+
+
+@pytest.fixture(scope="module")
+def gateway(
+    tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str
+) -> Iterator[tuple[httpx.Client, Dataset]]:
+    with (
+        gateway_on(tmp_path_factory.mktemp("rw2"), kafka_bootstrap) as (url, ds),
+        httpx.Client(base_url=url, timeout=30) as http,
+    ):
+        yield http, ds
+
+
+# ----- hand-built requests: what no client sends ---------------------------------------------
+
+
+def test_v2_maps_labels_as_v1_and_sends_the_written_headers(
+    gateway: tuple[httpx.Client, Dataset],
+) -> None:
+    http, ds = gateway
+    url = f"/ingest/{ds.name}/api/v1/write"
+    labels = {"__name__": "same_as_v1", "job": "a", "le": "0.5", "path": "/x y"}
+    body = v2_body(
+        {
+            "labels": labels,
+            "samples": [(T0, 1.0), (T0 + 1, 2.0)],
+            "exemplars": [{"trace_id": "t1"}, {}],
+            "metadata": ("Help text", "seconds"),
+        },
+        {"labels": {"__name__": "only_exemplars"}, "exemplars": [{"trace_id": "t2"}]},
+        {"labels": {"__name__": "only_metadata"}, "metadata": ("h", "")},
+    )
+    resp = http.post(url, content=body, headers=HEADERS)
+    assert resp.status_code == 204, resp.text
+    assert resp.content == b""
+    assert written(resp) == (2, 0, 3)
+
+    v1 = WriteRequest()
+    series = v1.timeseries.add()
+    for k, v in labels.items():
+        series.labels.add(name=k, value=v)
+    series.samples.add(timestamp=T0 + 2, value=3.0)
+    resp = http.post(
+        url,
+        content=bytes(cramjam.snappy.compress_raw(v1.SerializeToString())),
+        headers=HEADERS | {"Content-Type": "application/x-protobuf"},
+    )
+    assert resp.status_code == 204, resp.text
+    assert written(resp) is None  # 1.0 has no written-headers
+
+    held = [(s, n) for s, n in topic_series(ds) if s["__name__"] == "same_as_v1"]
+    assert held == [(labels, 2), (labels, 1)]  # one series, whichever version sent it
+
+
+def test_bad_symbol_refs_are_400_and_nothing_is_written(
+    gateway: tuple[httpx.Client, Dataset],
+) -> None:
+    http, ds = gateway
+    url = f"/ingest/{ds.name}/api/v1/write"
+    ok = {"labels": {"__name__": "bad_refs_ok"}, "samples": [(T0, 1.0)]}
+    cases = {
+        "outside the symbol table (3 symbols)": v2_body(ok, {"refs": [1, 7], "samples": [(T0, 1)]}),
+        "3 label refs, not name-value pairs": v2_body(
+            ok, {"refs": [1, 2, 1], "samples": [(T0, 1)]}
+        ),
+        "must start with the empty string": v2_body(ok, symbols=["x"]),
+    }
+    # An exemplar and a metadata ref past the table, built directly.
+    request = Request()
+    request.symbols.extend(["", "__name__", "m"])
+    series = request.timeseries.add(labels_refs=[1, 2])
+    series.samples.add(timestamp=T0, value=1.0)
+    series.exemplars.add(labels_refs=[1, 9], value=1.0, timestamp=T0)
+    cases["exemplar: label ref 9 is outside the symbol table (3 symbols)"] = bytes(
+        cramjam.snappy.compress_raw(request.SerializeToString())
+    )
+    del series.exemplars[:]
+    series.metadata.help_ref = 5
+    cases["a label or metadata ref is outside the symbol table (3 symbols)"] = bytes(
+        cramjam.snappy.compress_raw(request.SerializeToString())
+    )
+    v1 = WriteRequest()
+    v1.timeseries.add().samples.add(timestamp=T0, value=1.0)
+    cases["a prometheus.WriteRequest of remote write 1.0?"] = bytes(
+        cramjam.snappy.compress_raw(v1.SerializeToString())
+    )
+    cases["not a protobuf io.prometheus.write.v2.Request"] = bytes(
+        cramjam.snappy.compress_raw(b"\xff" * 32)
+    )
+    cases["empty body"] = b""
+    for expected, body in cases.items():
+        resp = http.post(url, content=body, headers=HEADERS)
+        assert expected in error(resp, 400), (expected, resp.text)
+        assert written(resp) == (0, 0, 0), expected
+    assert not [s for s, _ in topic_series(ds) if s["__name__"] in ("bad_refs_ok", "m")]
+
+
+def test_native_histograms_are_refused_after_the_floats_beside_them_are_written(
+    gateway: tuple[httpx.Client, Dataset],
+) -> None:
+    http, ds = gateway
+    body = v2_body(
+        {"labels": {"__name__": "beside_histograms"}, "samples": [(T0, 1.0), (T0 + 1, 2.0)]},
+        {"labels": {"__name__": "a_native_histogram", "job": "h"}, "histograms": 3},
+        {"labels": {"job": "nameless"}, "exemplars": [{"trace_id": "t"}]},
+    )
+    resp = http.post(f"/ingest/{ds.name}/api/v1/write", content=body, headers=HEADERS)
+    message = error(resp, 400)
+    assert message.startswith(
+        "2 samples written; 3 refused (unsupported: 3); first: native histogram samples "
+        "(FiloPy stores float samples only); series {__name__='a_native_histogram', job='h'}"
+    ), message
+    assert "1 exemplars refused with their series (first: no metric name" in message
+    assert written(resp) == (2, 0, 0)
+    names = Counter(s["__name__"] for s, _ in topic_series(ds))
+    assert names["beside_histograms"] == 1 and names["a_native_histogram"] == 0
+
+
+def test_other_messages_and_media_types_are_415(gateway: tuple[httpx.Client, Dataset]) -> None:
+    http, ds = gateway
+    url = f"/ingest/{ds.name}/api/v1/write"
+    body = v2_body({"labels": {"__name__": "x"}, "samples": [(T0, 1.0)]})
+    for content_type, expected in (
+        ("application/x-protobuf;proto=io.prometheus.write.v3.Request", "unknown message"),
+        ("application/json", "this endpoint takes application/x-protobuf"),
+        ("text/plain; proto=io.prometheus.write.v2.Request", "this endpoint takes"),
+    ):
+        resp = http.post(url, content=body, headers=HEADERS | {"Content-Type": content_type})
+        assert expected in error(resp, 415)
+        assert written(resp) is None
+    resp = http.post(url, content=body, headers=HEADERS | {"Content-Encoding": "zstd"})
+    assert "snappy" in error(resp, 415)
+    # Parameters are case-insensitive and may be quoted; 1.0 may be named explicitly.
+    quoted = HEADERS | {
+        "Content-Type": 'Application/X-Protobuf; Proto="io.prometheus.write.v2.Request"'
+    }
+    assert http.post(url, content=body, headers=quoted).status_code == 204
+
+
+def test_unreachable_kafka_is_503_without_written_headers() -> None:
+    """Kafka not answering: 503 + Retry-After; no counts, since Kafka may hold part of them."""
+    dead = f"127.0.0.1:{free_port()}"
+    ds = Dataset(name="rw2dead", num_shards=2, source=SourceSettings(bootstrap_servers=dead))
+    limits = DEFAULT_SETTINGS.model_copy(update={"ack_timeout_s": 2.0, "retry_after_s": 7})
+    app = FastAPI()
+    app.include_router(ingest_router(Ingestion(lambda: [ds], limits)))
+    body = v2_body({"labels": {"__name__": "up"}, "samples": [(T0, 1.0)]})
+    with ServerThread(app) as url, httpx.Client(base_url=url, timeout=60) as http:
+        resp = http.post("/ingest/rw2dead/api/v1/write", content=body, headers=HEADERS)
+        assert error(resp, 503).startswith("Kafka unavailable")
+        assert resp.headers["Retry-After"] == "7"
+        assert written(resp) is None
+        missing = http.post("/ingest/nosuch/api/v1/write", content=body, headers=HEADERS)
+        assert error(missing, 404) == "unknown dataset 'nosuch'"
+        assert written(missing) == (0, 0, 0)
+
+
+# ----- a real 2.0 sender: Prometheus 3 -----------------------------------------------------------
+
+
+def prometheus3() -> Path:
+    """Prometheus 3, built (once, cached) by the project's script; a missing `go` fails."""
+    done = subprocess.run(
+        ["bash", str(SCRIPT), "prometheus"], capture_output=True, text=True, timeout=3600
+    )
+    assert done.returncode == 0, f"{SCRIPT} prometheus failed:\n{done.stderr[-3000:]}"
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def rest(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str) -> Iterator[Rest]:
+    settings = cluster_settings(tmp_path_factory.mktemp("rw2"), "kafka")
+    settings = settings.model_copy(
+        update={"kafka": settings.kafka.model_copy(update={"bootstrap_servers": kafka_bootstrap})}
+    )
+    yield from start_rest(tmp_path_factory.mktemp("rw2"), nodes=2, settings=settings)
+
+
+@contextmanager
+def exemplar_target() -> Iterator[int]:
+    """A Python target (prometheus_client, OpenMetrics) whose counter gets a new exemplar
+    every 200 ms."""
+    registry = CollectorRegistry()
+    jobs = PromCounter("filopy_test_jobs", "Jobs done.", ["queue"], registry=registry)
+    port = free_port()
+    server, thread = start_http_server(port, "127.0.0.1", registry=registry)
+    stop = threading.Event()
+
+    def work() -> None:
+        i = 0
+        while not stop.wait(0.2):
+            i += 1
+            jobs.labels("q1").inc(exemplar={"trace_id": f"{i:032x}"})
+
+    worker = threading.Thread(target=work, daemon=True)
+    worker.start()
+    try:
+        yield port
+    finally:
+        stop.set()
+        worker.join(5)
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(3900)
+def test_prometheus3_remote_write_2_series_and_samples_match(
+    rest: Rest, kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    binary = prometheus3()
+    name = new_dataset(rest, kafka_bootstrap)
+    port = free_port()
+    with exemplar_target() as target:
+        config = tmp_path / "prometheus.yml"
+        config.write_text(
+            f"""
+global:
+  scrape_interval: 1s
+  evaluation_interval: 1s
+scrape_configs:
+  - job_name: prometheus
+    static_configs:
+      - targets: ["127.0.0.1:{port}"]
+  - job_name: worker
+    static_configs:
+      - targets: ["127.0.0.1:{target}"]
+remote_write:
+  - url: {rest.url}/ingest/{name}/api/v1/write
+    protobuf_message: io.prometheus.write.v2.Request
+    send_exemplars: true
+    queue_config:
+      batch_send_deadline: 1s
+      min_backoff: 100ms
+      max_backoff: 1s
+"""
+        )
+        log_path = tmp_path / "prometheus.log"
+        log = log_path.open("wb")
+        proc = subprocess.Popen(
+            [
+                str(binary),
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tmp_path / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--enable-feature=exemplar-storage,metadata-wal-records",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        prom = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10)
+        try:
+
+            def query(q: str, at: float | None = None) -> list[dict]:
+                params = {"query": q} | ({"time": f"{at:.3f}"} if at is not None else {})
+                resp = prom.get("/api/v1/query", params=params)
+                assert resp.status_code == 200, resp.text
+                return resp.json()["data"]["result"]
+
+            def scalar(q: str) -> float:
+                result = query(q)
+                return sum(float(r["value"][1]) for r in result)
+
+            def scrapes() -> int:
+                try:
+                    result = query('min(count_over_time(up{job=~"prometheus|worker"}[1h]))')
+                except (httpx.TransportError, AssertionError):  # not up, or 503 while starting
+                    return 0
+                return int(float(result[0]["value"][1])) if result else 0
+
+            rest.wait_for("8 scrapes", lambda: scrapes() >= 8, timeout_s=90)
+            end_ms = int(time.time() * 1000)
+            end = end_ms / 1000
+
+            def sent_past_end() -> bool:
+                sent = query("prometheus_remote_storage_queue_highest_sent_timestamp_seconds")
+                return bool(sent) and float(sent[0]["value"][1]) > end + 1
+
+            rest.wait_for("samples after the range sent", sent_past_end, timeout_s=90)
+            want = {
+                json.dumps(series["metric"], sort_keys=True): len(series["values"])
+                for series in query('{job=~"prometheus|worker"}[1h]', at=end)
+            }
+            exemplars_sent = scalar("prometheus_remote_storage_exemplars_total")
+            failed = {
+                kind: scalar(f"prometheus_remote_storage_{kind}_failed_total")
+                for kind in ("samples", "exemplars", "histograms", "metadata")
+            }
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(90) == 0
+        finally:
+            prom.close()
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            log.close()
+    log_text = log_path.read_text()
+    assert len(want) > 100 and sum(want.values()) > 8 * 100  # a real, varied workload
+    assert any('"job": "worker"' in k and "filopy_test_jobs_total" in k for k in want)
+    assert "non-recoverable error" not in log_text, log_text[-3000:]
+    assert failed == dict.fromkeys(failed, 0.0), failed
+    assert exemplars_sent > 0  # the worker's exemplars went out, and were accepted
+
+    metrics = rest.http.get("/metrics").text
+    v2_ok = _counter(
+        metrics, "filopy_http_ingest_requests_total", protocol="prometheus_remote_write_v2"
+    )
+    assert v2_ok > 0 and v2_ok == _counter(
+        metrics,
+        "filopy_http_ingest_requests_total",
+        protocol="prometheus_remote_write_v2",
+        code="204",
+    )
+    assert (
+        _counter(metrics, "filopy_http_ingest_requests_total", protocol="prometheus_remote_write")
+        == 0
+    )
+
+    deadline = time.monotonic() + 60
+    got = held_counts(rest, name, end_ms)
+    while got != want and time.monotonic() < deadline:
+        time.sleep(0.5)
+        got = held_counts(rest, name, end_ms)
+    assert set(got) == set(want)
+    assert got == want
+    rest.http.delete(f"/api/v1/datasets/{name}")
