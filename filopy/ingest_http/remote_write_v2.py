@@ -83,8 +83,9 @@ def to_batch(request: Request, metric_column: str, limits: LabelLimits) -> Decod
     n_symbols = len(symbols)
     if symbols and symbols[0]:
         raise _bad(f"the symbol table must start with the empty string, not {symbols[0][:40]!r}")
-    value_of = symbols.__getitem__
-    rename = metric_column != PROMETHEUS_METRIC_LABEL
+    # Label names through `names` (`__name__` renamed in place), values through `symbols`.
+    names = [metric_column if s == PROMETHEUS_METRIC_LABEL else s for s in symbols]
+    name_of, value_of = names.__getitem__, symbols.__getitem__
 
     series: list[Labels] = []
     counts: list[int] = []
@@ -99,10 +100,8 @@ def to_batch(request: Request, metric_column: str, limits: LabelLimits) -> Decod
             refs = ts.labels_refs
             if len(refs) % 2:
                 raise _bad(f"timeseries {i}: {len(refs)} label refs, not name-value pairs")
-            pairs = map(value_of, refs)  # an IndexError for a ref outside the table
-            labels = dict(zip(pairs, pairs, strict=False))  # (an even count, checked)
-            if rename and PROMETHEUS_METRIC_LABEL in labels:
-                labels = _renamed(labels, metric_column)
+            # An IndexError for a ref outside the table; an even count, checked.
+            labels = dict(zip(map(name_of, refs[0::2]), map(value_of, refs[1::2]), strict=False))
             if ts.HasField("metadata"):
                 md = ts.metadata
                 value_of(md.help_ref), value_of(md.unit_ref)
@@ -151,13 +150,6 @@ def to_batch(request: Request, metric_column: str, limits: LabelLimits) -> Decod
             bad,
         )
     return DecodedV2(Decoded(batch, first_bad), exemplars, refused, first_refused)
-
-
-def _renamed(labels: Labels, metric_column: str) -> Labels:
-    """`__name__` renamed to the metric column, in its place (first, as senders sort labels)."""
-    if next(iter(labels)) == PROMETHEUS_METRIC_LABEL:
-        return {metric_column: labels.pop(PROMETHEUS_METRIC_LABEL), **labels}
-    return {(metric_column if k == PROMETHEUS_METRIC_LABEL else k): v for k, v in labels.items()}
 
 
 def _shown(labels: Labels, metric_column: str) -> Labels:
