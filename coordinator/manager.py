@@ -479,6 +479,15 @@ class ShardManager:
         owner = mapper.owner(shard)
         if owner is None:
             return EventIgnored(event, f"shard {shard} is not assigned to any node")
+        status = mapper.status(shard)
+        if (
+            isinstance(status, Handoff)
+            and status.drained
+            and status.target == sender
+            and owner != sender
+            and event.node == sender
+        ):
+            return self._warming_up(ref, shard, sender, event)
         if owner != sender:
             return EventIgnored(event, f"shard {shard} is owned by {owner}, not by {sender}")
         if isinstance(event, _OWNER_SETTING) and event.node != sender:
@@ -488,13 +497,16 @@ class ShardManager:
             # run nothing, so this report is about an ingester it is stopping. Only an
             # operator's start brings a stopped shard back.
             return EventIgnored(event, f"shard {shard} is stopped; start it to run it again")
-        status = mapper.status(shard)
         if isinstance(event, ShardDrained):
             if not isinstance(status, Handoff) or status.drained or event.node != sender:
                 return EventIgnored(event, f"shard {shard} is not being handed off by {sender}")
             self._begin(ref)
-            self._apply(ref, event)
-            self._hand_over(ref, shard, sender, status.target, "rebalance: drained by " + sender)
+            if status.target in self._members:
+                # The target starts the shard now (new epoch, from the checkpoints just written)
+                # while the old owner keeps answering queries; it takes over once live.
+                self._apply(ref, event)
+            else:
+                self._hand_over(ref, shard, sender, status.target, "target gone")
             return None
         if isinstance(status, Handoff) and not isinstance(event, IngestionError):
             # The old owner's reports while it drains: the shard stays in Handoff until drained.
@@ -532,6 +544,24 @@ class ShardManager:
     def _handoff_target(self, ref: DatasetRef, shard: int) -> str | None:
         status = self._mappers[ref].status(shard)
         return status.target if isinstance(status, Handoff) else None
+
+    def _warming_up(
+        self, ref: DatasetRef, shard: int, target: str, event: ShardEvent
+    ) -> EventIgnored | None:
+        """A report from a handoff's target while it starts the drained shard: live means the
+        move is done (the target becomes the owner, Active); an error ends the move as any
+        ingestion error does; progress before that changes nothing (the old owner still
+        answers queries, so they never wait on the target's start)."""
+        if isinstance(event, IngestionStarted):
+            self._begin(ref)
+            self._apply(ref, event)
+            return None
+        if isinstance(event, IngestionError):
+            self._begin(ref)
+            self._apply(ref, event)
+            self._reassign_after_error(ref, shard, target)
+            return None
+        return EventIgnored(event, f"shard {shard} is still served by its old owner until live")
 
     def _hand_over(self, ref: DatasetRef, shard: int, source: str, target: str, why: str) -> None:
         """Give a handed-off shard to its target; if the target left meanwhile, to whoever the
@@ -615,14 +645,19 @@ class ShardManager:
             source, target = mapper.owner(shard), self._handoff_target(ref, shard)
             if source is None or target is None:
                 continue
+            status = mapper.status(shard)
+            late = (
+                f"{target} did not go live within {self._drain_timeout:g} s of the drain"
+                if isinstance(status, Handoff) and status.drained
+                else f"{source} did not drain within {self._drain_timeout:g} s"
+            )
             self._begin(ref)
             self._hand_over(
                 ref,
                 shard,
                 source,
                 target,
-                f"rebalance: {source} did not drain within {self._drain_timeout:g} s, move "
-                "forced (epoch fencing keeps it from writing)",
+                f"rebalance: {late}, move forced (epoch fencing keeps {source} from writing)",
             )
             forced.append((ref, shard, source, target))
         return self._finish(MovesForced(tuple(forced)))
@@ -769,12 +804,13 @@ class ShardManager:
         else:
             self._handoffs.pop(key, None)
         # Only a change to what some node must run needs the full map (O(N) to build and
-        # ship): an owner change, a shard starting or stopping ingestion, or a handoff starting
-        # or ending. Progress such as Assigned -> Recovery -> Active or Degraded does not.
+        # ship): an owner change, a shard starting or stopping ingestion, or any step of a
+        # handoff. Progress such as Assigned -> Recovery -> Active or Degraded does not.
         if (
             mapper.owner(shard) != owner
             or new_status.ingesting != status.ingesting
-            or isinstance(new_status, Handoff) != isinstance(status, Handoff)
+            or isinstance(new_status, Handoff)
+            or isinstance(status, Handoff)
         ):
             pending.nodes_need_map = True
 

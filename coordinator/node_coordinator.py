@@ -42,6 +42,7 @@ from filopy.config import Settings
 from filopy.dataset import Dataset, DatasetRef
 from filopy.shard_status import (
     Assigned,
+    Handoff,
     IngestionDegraded,
     IngestionError,
     IngestionStopped,
@@ -397,7 +398,11 @@ class NodeCoordinator:
                 last = ingester.last_event
             else:
                 last = None if pending is None else pending.last_event
-            if last is not None and isinstance(message.state.statuses[shard], Assigned):
+            status = message.state.statuses[shard]
+            starting = isinstance(status, Assigned) or (
+                isinstance(status, Handoff) and status.target == self.node_id
+            )
+            if last is not None and starting:
                 self._report(last)
 
     async def _converge(

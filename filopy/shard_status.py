@@ -154,8 +154,9 @@ class Down(ShardStatus):
 @dataclass(frozen=True, slots=True)
 class Handoff(ShardStatus):
     """A planned move to ``target``: the owner stops consuming, flushes and checkpoints every
-    flush group (``drained`` once done) and answers queries meanwhile; then ``target`` takes
-    the shard with a new epoch and replays nothing."""
+    flush group (``drained`` once done); then ``target`` starts the shard with a new epoch
+    from those checkpoints (replaying nothing) and takes it over once live. The owner answers
+    queries until then, so a planned move never makes a shard unavailable."""
 
     target: str = ""
     drained: bool = False
@@ -229,7 +230,8 @@ class ShardHandoffStarted(ShardEvent):
 @dataclass(frozen=True, slots=True)
 class ShardDrained(ShardEvent):
     """``node`` stopped consuming the shard and flushed and checkpointed all it held: status
-    Handoff(target, drained); the manager gives the shard to the target next."""
+    Handoff(target, drained). The target starts the shard now, and becomes its owner with its
+    ``IngestionStarted``; ``node`` answers queries until then."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,12 +315,14 @@ class ShardMapState:
         ]
 
     def ingesting_shards(self, node: str) -> list[int]:
-        """The shards ``node`` should be running (a shard it drains included: it serves
-        queries from it until the move completes)."""
+        """The shards ``node`` should be running: its own (a shard it drains included: it
+        serves queries from it until the move completes), and those drained for a handoff to
+        it, which it starts before it becomes their owner."""
         return [
             s
             for s, (o, st) in enumerate(zip(self.owners, self.statuses, strict=True))
-            if o == node and st.ingesting
+            if (o == node and st.ingesting)
+            or (isinstance(st, Handoff) and st.drained and st.target == node)
         ]
 
 

@@ -127,6 +127,9 @@ class KafkaShardIngester(ReportingIngester):
         self.messages = 0
         self.offsets_lost = 0  # offsets retention dropped before they were checkpointed
         self.replayed_from: int | None = None  # first offset read at start; > 0: checkpoints used
+        # Offsets read again at start that some flush group had already checkpointed (0 after a
+        # clean handoff or drain: every group checkpointed at the last offset its owner read).
+        self.replayed_offsets = 0
         self.flusher: Flusher | None = None
         # Consumer lag = end of the partition (as of the last fetch) - the next offset to read.
         self.end_offset: int | None = None
@@ -204,6 +207,8 @@ class KafkaShardIngester(ReportingIngester):
                 self._emit(RecoveryInProgress(ref, shard, self.node, 0, lost))
             first = low if start is None else max(start, low)
             self.replayed_from = first
+            if plan.checkpoints and start is not None:
+                self.replayed_offsets = max(0, max(plan.checkpoints.values()) + 1 - first)
             self.end_offset, self.next_offset = high, first
             self.flusher = flusher = Flusher(
                 self.memstore,
@@ -537,6 +542,7 @@ class KafkaShardIngester(ReportingIngester):
             "bad_records": dict(self.bad_records),
             "offsets_lost": self.offsets_lost,
             "replayed_from": self.replayed_from,
+            "replayed_offsets": self.replayed_offsets,
             "memstore": s,
             "memory_samples": self.memstore.memory_samples(),
             "lag": self.lag,

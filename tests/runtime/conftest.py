@@ -39,11 +39,15 @@ class FiloPyCluster:
         raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
-def cluster_settings(tmp_path: Path, source: str = "none", **ingest: Any) -> Settings:
+def cluster_settings(
+    tmp_path: Path, source: str = "none", rebalance: bool = False, **ingest: Any
+) -> Settings:
     """Settings for one test cluster: its own SQLite file and Ray namespace.
 
     `source="none"` runs the control plane alone (shards are claimed and reported live without
-    reading Kafka); the ingestion tests pass "kafka".
+    reading Kafka); the ingestion tests pass "kafka". Rebalancing is off unless asked for: the
+    tests of failures, starts and stops pin where shards are (FiloDB's placement, where a node
+    that joins gets nothing); tests/runtime/test_rebalance.py turns it on.
     """
     base = load_settings()
     return base.model_copy(
@@ -51,6 +55,7 @@ def cluster_settings(tmp_path: Path, source: str = "none", **ingest: Any) -> Set
             "store": base.store.model_copy(update={"sqlite_path": tmp_path / "filopy.db"}),
             "ray": base.ray.model_copy(update={"namespace": f"filopy-{uuid.uuid4().hex[:8]}"}),
             "ingest": base.ingest.model_copy(update={"source": source, **ingest}),
+            "rebalance": base.rebalance.model_copy(update={"enabled": rebalance}),
         }
     )
 

@@ -16,6 +16,7 @@ from filopy import (
     IngestionDegraded,
     IngestionError,
     IngestionStarted,
+    RecoveryInProgress,
     ShardAssignmentStarted,
     ShardDrained,
     ShardHandoffStarted,
@@ -74,12 +75,17 @@ def finish_moves(mgr: ShardManager) -> int:
         if isinstance(status, Handoff):
             owner = m.owner(s)
             assert owner is not None
-            mgr.update_from_external_shard_event(owner, ShardDrained(R, s, owner))
+            if not status.drained:
+                mgr.update_from_external_shard_event(owner, ShardDrained(R, s, owner))
             after = mapper(mgr)
-            assert after.owner(s) == status.target and isinstance(after.status(s), Assigned)
-            mgr.update_from_external_shard_event(
-                status.target, IngestionStarted(R, s, status.target)
-            )
+            if isinstance(after.status(s), Handoff):  # its target still a member: it starts it
+                assert after.owner(s) == owner  # the old owner serves it until the target is live
+                assert after.status(s) == Handoff(status.target, drained=True)
+                mgr.update_from_external_shard_event(
+                    status.target, IngestionStarted(R, s, status.target)
+                )
+                assert mapper(mgr).owner(s) == status.target
+                assert isinstance(mapper(mgr).status(s), Active)
             done += 1
     return done
 
@@ -120,11 +126,19 @@ def test_a_handoff_tells_the_old_owner_to_drain_and_subscribers_see_every_phase(
     ignored = mgr.update_from_external_shard_event(source, IngestionStarted(R, shard, source))
     assert isinstance(ignored.reply, EventIgnored)
     drained = mgr.update_from_external_shard_event(source, ShardDrained(R, shard, source))
-    events = drained.payloads_for("sub")
-    assert [type(e) for e in events] == [ShardDrained, ShardAssignmentStarted]
-    assert events[1].node == "c" and "drained by" in events[1].reason
+    assert [type(e) for e in drained.payloads_for("sub")] == [ShardDrained]
+    # The target starts it now; the old owner still holds it (and answers queries).
     assert drained.node_maps("c")[0].ingesting_shards() == [shard]
-    assert shard not in drained.node_maps(source)[0].ingesting_shards()
+    assert shard in drained.node_maps(source)[0].ingesting_shards()
+    assert mapper(mgr).owner(shard) == source
+    # Progress reports of the target change nothing; live, it becomes the owner.
+    warming = mgr.update_from_external_shard_event("c", RecoveryInProgress(R, shard, "c", 50))
+    assert isinstance(warming.reply, EventIgnored)
+    live = mgr.update_from_external_shard_event("c", IngestionStarted(R, shard, "c"))
+    assert [type(e) for e in live.payloads_for("sub")] == [IngestionStarted]
+    assert mapper(mgr).owner(shard) == "c" and isinstance(mapper(mgr).status(shard), Active)
+    assert shard not in live.node_maps(source)[0].ingesting_shards()
+    assert mgr.handoffs() == {}
 
 
 def test_only_the_owner_can_report_drained_and_only_once() -> None:
@@ -251,6 +265,7 @@ def test_recovered_handoffs_resume_and_time_out_from_the_recovery() -> None:
     owner = mapper(fresh).owner(shard)
     assert owner is not None
     fresh.update_from_external_shard_event(owner, ShardDrained(R, shard, owner))
+    fresh.update_from_external_shard_event("c", IngestionStarted(R, shard, "c"))
     assert mapper(fresh).owner(shard) == "c"
 
 
@@ -275,7 +290,9 @@ def test_what_if_plans_apply_nothing() -> None:
     joins=st.integers(0, 4),
     shards=st.sampled_from([2, 4, 8, 16, 32]),
     limit=st.integers(1, 5),
-    steps=st.lists(st.sampled_from(["rebalance", "drain", "expire", "join", "leave"]), max_size=30),
+    steps=st.lists(
+        st.sampled_from(["rebalance", "drain", "live", "expire", "join", "leave"]), max_size=30
+    ),
 )
 def test_any_sequence_keeps_one_owner_per_shard_and_the_throttle(
     n_nodes: int, joins: int, shards: int, limit: int, steps: list[str]
@@ -297,6 +314,15 @@ def test_any_sequence_keeps_one_owner_per_shard_and_the_throttle(
                 owner = m.owner(s)
                 if isinstance(st_, Handoff) and not st_.drained and owner is not None:
                     mgr.update_from_external_shard_event(owner, ShardDrained(R, s, owner))
+                    break
+        elif step == "live":
+            m = mapper(mgr)
+            for s in range(shards):
+                st_ = m.status(s)
+                if isinstance(st_, Handoff) and st_.drained:
+                    mgr.update_from_external_shard_event(
+                        st_.target, IngestionStarted(R, s, st_.target)
+                    )
                     break
         elif step == "expire":
             mgr.expire_handoffs()

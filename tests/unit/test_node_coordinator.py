@@ -117,15 +117,33 @@ def test_a_handoff_drains_the_shard_keeps_serving_it_then_lets_it_go(tmp_path: P
         assert second_epoch is not None and first_epoch is not None
         assert second_epoch > first_epoch
 
-        # A handoff that completes: drained, then the map names the target.
+        # A handoff that completes. The target (a second coordinator) starts the shard as
+        # soon as it is drained, before it owns it; the old owner holds it until then.
+        target_events: list[ShardEvent] = []
+        target = NodeCoordinator("n2", settings, reporter=target_events.append)
         mapper.update_from_event(IngestionStarted(DS.ref, 1, "n1"))
         mapper.update_from_event(ShardHandoffStarted(DS.ref, 1, "n1", "n2"))
         assert await node.apply_map(_map(mapper))
+        assert await target.apply_map(_map(mapper, "n2"))
+        assert await target.running_shards() == {}  # not drained yet: nothing to start
         events.clear()
         mapper.update_from_event(ShardDrained(DS.ref, 1, "n1"))
-        mapper.update_from_event(ShardAssignmentStarted(DS.ref, 1, "n2", "rebalance"))
         assert await node.apply_map(_map(mapper))
+        assert await target.apply_map(_map(mapper, "n2"))
+        assert await node.running_shards() == {"m": [0, 1]}  # still answers for it
+        assert await target.running_shards() == {"m": [1]}
+        assert target_events == [IngestionStarted(DS.ref, 1, "n2")]
+        assert (await target.epochs())["m"][1] > second_epoch  # a new epoch fences n1 off
+        # The singleton missed the target's report: a resent map makes it report again.
+        target_events.clear()
+        assert not await target.apply_map(_map(mapper, "n2"))
+        assert target_events == [IngestionStarted(DS.ref, 1, "n2")]
+        # Live: the map names n2 as the owner and n1 lets the shard go, reporting nothing.
+        mapper.update_from_event(IngestionStarted(DS.ref, 1, "n2"))
+        assert await node.apply_map(_map(mapper))
+        assert await target.apply_map(_map(mapper, "n2"))
         assert await node.running_shards() == {"m": [0]}
+        assert await target.running_shards() == {"m": [1]}
         assert events == []  # no IngestionStopped: it stopped when it drained
 
     asyncio.run(scenario())
