@@ -28,6 +28,7 @@ import base64
 import functools
 import json
 import math
+import operator
 import re
 from collections.abc import Iterable
 from typing import Any, ClassVar
@@ -134,6 +135,7 @@ _NOT_METRIC_CHARS = re.compile(r"[^a-zA-Z0-9:]+")
 _NOT_LABEL_CHAR = re.compile(r"[^a-zA-Z0-9]")
 
 GAUGE, COUNTER, UPDOWN, HISTOGRAM, SUMMARY, OTHER = range(6)
+_first = operator.itemgetter(0)
 
 
 def _unit_suffixes(unit: str) -> tuple[str, str]:
@@ -264,14 +266,15 @@ def attribute_labels(
     joined by ";" (Prometheus does so); empty values are dropped. The second item names the
     first key that cannot be a label name (None if all can)."""
     labels: Labels = {}
-    for kv in sorted(attributes, key=lambda kv: kv.key):
-        key = kv.key
+    items = [(kv.key, kv.value) for kv in attributes]
+    items.sort(key=_first)
+    for key, v in items:
         if key in ignore or key == "__name__":
             continue
         name = label_name(key)
         if not name:
             return labels, key
-        value = attribute_value(kv.value)
+        value = v.string_value if v.WhichOneof("value") == "string_value" else attribute_value(v)
         old = labels.get(name)
         if old:
             labels[name] = f"{old};{value}"
@@ -616,11 +619,12 @@ class Converter:
 def parse(body: bytes, media: str) -> ExportMetricsServiceRequest:
     """The request message, or `Refused` (400)."""
     request = ExportMetricsServiceRequest()
-    if not body:
-        return request  # an empty request: success, as the spec says
     if media == JSON:
         try:
-            json_format.Parse(body, request, ignore_unknown_fields=True)
+            obj = json.loads(body)
+            if not isinstance(obj, dict):
+                raise ValueError(f"a JSON {type(obj).__name__}, not an object")
+            json_format.ParseDict(obj, request, ignore_unknown_fields=True)
         except (json_format.ParseError, ValueError, TypeError, RecursionError) as e:
             raise Refused(
                 400,
@@ -628,7 +632,7 @@ def parse(body: bytes, media: str) -> ExportMetricsServiceRequest:
                 f"the body is not a JSON ExportMetricsServiceRequest (OTLP/JSON): {e}",
             ) from None
         return request
-    try:
+    try:  # no bytes at all are an empty request (success, as the spec says)
         request.ParseFromString(body)
     except (DecodeError, RecursionError) as e:
         raise Refused(
@@ -681,10 +685,12 @@ class OtlpMetrics(IngestProtocol):
 
     @property
     def answer_type(self) -> str:
-        return self.media or PROTOBUF
+        """The request's media type; JSON when it names none OTLP knows (not an OTLP client:
+        probably a person, with curl)."""
+        return self.media or JSON
 
     def _body(self, message: Message, status: int = 200) -> Response:
-        if self.media == JSON:
+        if self.answer_type == JSON:
             text = json_format.MessageToJson(message, indent=None)
             return Response(text, status_code=status, media_type=JSON)
         return Response(
@@ -727,7 +733,29 @@ class OtlpMetrics(IngestProtocol):
         return response
 
 
-_ERROR = {"description": "A google.rpc.Status (protobuf or JSON, as the request)."}
+def _error(what: str) -> dict[str, Any]:
+    return {
+        "description": f"{what} A google.rpc.Status (`code`, `message`), protobuf or JSON as "
+        "the request (JSON if its Content-Type is neither).",
+        "content": {PROTOBUF: {}, JSON: {}},
+    }
+
+
+# Only the JSON body is described as a schema (an object: the protobuf JSON mapping of
+# ExportMetricsServiceRequest); binary protobuf has none to give.
+_REQUEST_BODY = {
+    "required": True,
+    "description": "An ExportMetricsServiceRequest: binary protobuf (Content-Type: "
+    f"{PROTOBUF}) or its JSON mapping ({JSON}); Content-Encoding gzip or identity.",
+    "content": {
+        JSON: {
+            "schema": {
+                "type": "object",
+                "description": "ExportMetricsServiceRequest, protobuf JSON mapping (OTLP/JSON)",
+            }
+        }
+    },
+}
 
 
 def otlp_router(ingestion: Ingestion) -> APIRouter:
@@ -737,18 +765,19 @@ def otlp_router(ingestion: Ingestion) -> APIRouter:
     @router.post(
         PATH,
         response_class=Response,
+        openapi_extra={"requestBody": _REQUEST_BODY},
         responses={
             200: {
                 "description": "Every accepted sample is acknowledged by Kafka (acks=all): an "
                 "ExportMetricsServiceResponse, with partial_success naming refused data points.",
                 "content": {PROTOBUF: {}, JSON: {}},
             },
-            400: _ERROR | {"description": "Undecodable body. " + _ERROR["description"]},
-            404: _ERROR | {"description": "Unknown dataset. " + _ERROR["description"]},
-            409: _ERROR | {"description": "The dataset reads another record format."},
-            413: _ERROR | {"description": "Body, samples or series over the limit."},
-            415: _ERROR | {"description": "Not protobuf or JSON, or not gzip / identity."},
-            503: _ERROR | {"description": "Kafka unavailable or slow; retry (Retry-After)."},
+            400: _error("Undecodable body."),
+            404: _error("Unknown dataset."),
+            409: _error("The dataset reads another record format."),
+            413: _error("Body, samples or series over the limit."),
+            415: _error("Not protobuf or JSON, or not gzip / identity."),
+            503: _error("Kafka unavailable or slow: retry after Retry-After seconds."),
         },
     )
     async def otlp_metrics(dataset: str, request: Request) -> Response:
