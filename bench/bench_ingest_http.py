@@ -1,0 +1,502 @@
+"""HTTP ingestion through one `filopy gateway` process, side by side with VictoriaMetrics.
+
+Needs Kafka from `scripts/services.sh up kafka` and Debian's victoria-metrics package
+(/usr/bin/victoria-metrics). Starts, each in a temporary directory:
+- `python -m filopy.cli gateway --port P` (SQLite store holding one 8-shard dataset, real Kafka);
+- `victoria-metrics -storageDataPath ... -httpListenAddr 127.0.0.1:P2` (single node).
+
+The same samples are pre-built as (a) remote write 1.0 requests of 2,000 samples (snappy
+protobuf, as Prometheus sends: many series with 8 labels, one sample per series per request,
+the same series in the same request scrape after scrape) and (b) Influx line protocol bodies of
+the same samples (gzip, as Telegraf sends; `precision=ms`). One client (threads, one keep-alive
+connection each, pre-encoded bodies) sends them to each server; a run is timed from the first
+request to the last answer, and every answer must be 204. One warm-up scrape per server and
+protocol is sent first and not timed (both servers then know every series: the steady state).
+
+What a 204 means differs: FiloPy answers once Kafka acknowledged every sample (acks=all);
+VictoriaMetrics once the samples are parsed and added to its in-memory buffers (written to disk
+within about a second, not fsynced). CPU seconds of each server process (and of the Kafka
+broker during FiloPy's runs, and of this client) are read from /proc: the machine's cores are
+shared by the client, the servers and the broker.
+
+Results: bench/results/ingest_http.txt (`--out -` prints only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import http.client
+import itertools
+import os
+import platform
+import random
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import cramjam
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from filopy.config import load_settings  # noqa: E402
+from filopy.dataset import Dataset, SourceSettings  # noqa: E402
+from filopy.ingest_http.prompb.remote_pb2 import WriteRequest  # noqa: E402
+from filopy.store import open_stores  # noqa: E402
+from ingest.topics import ensure_topic  # noqa: E402
+
+BOOTSTRAP = f"127.0.0.1:{os.environ.get('FILOPY_KAFKA_PORT', '9092')}"
+VICTORIA = shutil.which("victoria-metrics") or "/usr/bin/victoria-metrics"
+KAFKA_PID_FILE = ROOT / ".services" / "run" / "kafka.pid"
+SHARDS = 8
+SAMPLES_PER_REQUEST = 2_000
+SCRAPE_INTERVAL_MS = 15_000
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+# ----- the samples ---------------------------------------------------------------------------
+
+
+def series_labels(n: int) -> list[list[tuple[str, str]]]:
+    """`n` series of a node-exporter-like fleet, 8 labels each, sorted by name as Prometheus
+    sends them (`__name__` first)."""
+    modes = ["idle", "user", "system", "iowait", "irq", "softirq", "steal", "nice"]
+    out = []
+    for i in range(n):
+        host = i // 500
+        labels = {
+            "__name__": f"node_metric_{i % 100}",
+            "cluster": f"c{host % 4}",
+            "cpu": str(i % 16),
+            "env": "prod",
+            "instance": f"host-{host:04d}.example.net:9100",
+            "job": "node",
+            "mode": modes[(i // 16) % len(modes)],
+            "region": ["eu-west-1", "us-east-1", "ap-south-1"][host % 3],
+        }
+        out.append(sorted(labels.items()))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """The same samples, pre-encoded per protocol; the first `per_scrape` bodies are warm-up."""
+
+    series: int
+    scrapes: int  # timed scrapes (one more is sent first, untimed)
+    per_scrape: int  # requests per scrape
+    remote_write: list[bytes]  # snappy-compressed prometheus.WriteRequest
+    lines: list[bytes]  # gzip-compressed line protocol, ms timestamps
+
+    @property
+    def timed_samples(self) -> int:
+        return self.series * self.scrapes
+
+
+def build(n_series: int, scrapes: int, seed: int = 1) -> Workload:
+    """(1 + scrapes) scrapes of every series, cut into requests of 2,000 series each."""
+    rng = random.Random(seed)
+    series = series_labels(n_series)
+    t0 = (int(time.time() * 1000) // SCRAPE_INTERVAL_MS - scrapes - 10) * SCRAPE_INTERVAL_MS
+    keys = []  # line protocol series key: measurement,tag=v,...
+    for labels in series:
+        name = labels[0][1]
+        keys.append(name + "," + ",".join(f"{k}={v}" for k, v in labels[1:]))
+    protos = []  # each series' labels as a TimeSeries, copied into every request (fast)
+    for labels in series:
+        proto = WriteRequest().timeseries.add()
+        for name, value in labels:
+            lb = proto.labels.add()
+            lb.name = name
+            lb.value = value
+        protos.append(proto)
+    rw: list[bytes] = []
+    lines: list[bytes] = []
+    for k in range(scrapes + 1):
+        t = t0 + k * SCRAPE_INTERVAL_MS
+        for lo in range(0, n_series, SAMPLES_PER_REQUEST):
+            req = WriteRequest()
+            text = []
+            for i in range(lo, min(lo + SAMPLES_PER_REQUEST, n_series)):
+                v = round(rng.uniform(0, 1000), 3) if i % 2 else float(k * 10 + i % 7)
+                ts = req.timeseries.add()
+                ts.CopyFrom(protos[i])
+                s = ts.samples.add()
+                s.value = v
+                s.timestamp = t
+                text.append(f"{keys[i]} value={v!r} {t}")
+            rw.append(bytes(cramjam.snappy.compress_raw(req.SerializeToString())))
+            lines.append(gzip.compress("\n".join(text).encode(), compresslevel=6))
+    per_scrape = -(-n_series // SAMPLES_PER_REQUEST)
+    return Workload(n_series, scrapes, per_scrape, rw, lines)
+
+
+# ----- the servers ---------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of one process (all its threads), from /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def kafka_pid() -> int | None:
+    try:
+        return int(KAFKA_PID_FILE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class Server:
+    """A server process and the URLs it takes each protocol at."""
+
+    def __init__(
+        self, name: str, argv: list[str], env: dict[str, str], health: str, log: Path
+    ) -> None:
+        self.name = name
+        self.argv = argv
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self.health = health
+        self._log = log.open("wb")
+        self.proc = subprocess.Popen(argv, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+        self.rw_path = ""
+        self.lp_path = ""
+        self.port = 0
+
+    def wait_ready(self, port: int, timeout_s: float = 60.0) -> None:
+        self.port = port
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}: see its log")
+            try:
+                c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+                c.request("GET", self.health)
+                if c.getresponse().status == 200:
+                    c.close()
+                    return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.name} not ready on port {port} in {timeout_s} s")
+            time.sleep(0.2)
+
+    def get(self, path: str) -> str:
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        c.request("GET", path)
+        body = c.getresponse().read().decode()
+        c.close()
+        return body
+
+    def cpu(self) -> float:
+        return cpu_seconds(self.proc.pid)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self._log.close()
+
+
+def start_filopy(tmp: Path, extra_env: dict[str, str] | None = None) -> Server:
+    """`filopy gateway` on a SQLite store holding one dataset whose topic exists."""
+    db = tmp / "filopy.db"
+    env = {
+        **os.environ,
+        "FILOPY_STATE_DIR": str(tmp / "state"),
+        "FILOPY_STORE__BACKEND": "sqlite",
+        "FILOPY_STORE__SQLITE_PATH": str(db),
+        "FILOPY_KAFKA__BOOTSTRAP_SERVERS": BOOTSTRAP,
+        **(extra_env or {}),
+    }
+    base = load_settings()
+    settings = base.model_copy(
+        update={
+            "store": base.store.model_copy(update={"backend": "sqlite", "sqlite_path": db}),
+            "kafka": base.kafka.model_copy(update={"bootstrap_servers": BOOTSTRAP}),
+        }
+    )
+    ds = Dataset(
+        name=f"bench{uuid.uuid4().hex[:8]}",
+        num_shards=SHARDS,
+        source=SourceSettings(bootstrap_servers=BOOTSTRAP),
+    )
+    ensure_topic(ds, BOOTSTRAP)
+    meta, columns = open_stores(settings)
+    try:
+        meta.create_dataset(ds)
+    finally:
+        meta.close()
+        columns.close()
+    port = free_port()
+    argv = [sys.executable, "-m", "filopy.cli", "gateway", "--port", str(port)]
+    server = Server("FiloPy gateway", argv, env, "/__liveness", tmp / "gateway.log")
+    server.wait_ready(port)
+    server.rw_path = f"/ingest/{ds.name}/api/v1/write"
+    server.lp_path = f"/ingest/{ds.name}/write?precision=ms"
+    server.dataset = ds  # type: ignore[attr-defined]
+    return server
+
+
+def start_victoria(tmp: Path) -> Server:
+    port = free_port()
+    argv = [
+        VICTORIA,
+        f"-storageDataPath={tmp / 'vm-data'}",
+        f"-httpListenAddr=127.0.0.1:{port}",
+        "-retentionPeriod=1y",
+        "-loggerLevel=ERROR",
+    ]
+    server = Server("VictoriaMetrics", argv, dict(os.environ), "/health", tmp / "vm.log")
+    server.wait_ready(port)
+    server.rw_path = "/api/v1/write"
+    server.lp_path = "/write?precision=ms"
+    return server
+
+
+# ----- the client ----------------------------------------------------------------------------
+
+
+def send_all(
+    port: int, path: str, bodies: Sequence[bytes], headers: dict[str, str], connections: int
+) -> float:
+    """Send every body (each once, in order across `connections` threads); seconds from the
+    first request to the last answer. Any answer but 204 fails the run."""
+    counter = itertools.count()  # next() is atomic under the GIL
+    failures: list[str] = []
+
+    def worker() -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        try:
+            while not failures:
+                i = next(counter)
+                if i >= len(bodies):
+                    return
+                conn.request("POST", path, body=bodies[i], headers=headers)
+                r = conn.getresponse()
+                answer = r.read()
+                if r.status != 204:
+                    failures.append(f"request {i}: {r.status} {answer[:300]!r}")
+        finally:
+            conn.close()
+
+    threads = [threading.Thread(target=worker) for _ in range(connections)]
+    t = time.perf_counter()
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    elapsed = time.perf_counter() - t
+    if failures:
+        raise RuntimeError(f"{path}: {failures[0]}")
+    return elapsed
+
+
+RW_HEADERS = {
+    "Content-Type": "application/x-protobuf",
+    "Content-Encoding": "snappy",
+    "X-Prometheus-Remote-Write-Version": "0.1.0",
+    "User-Agent": "bench_ingest_http",
+}
+LP_HEADERS = {"Content-Type": "text/plain; charset=utf-8", "Content-Encoding": "gzip"}
+
+
+@dataclass(slots=True)
+class Run:
+    server: str
+    protocol: str
+    samples: int
+    seconds: float
+    server_cpu: float
+    broker_cpu: float | None
+    client_cpu: float
+
+    @property
+    def rate(self) -> float:
+        return self.samples / self.seconds
+
+    @property
+    def per_cpu(self) -> float:
+        return self.samples / self.server_cpu if self.server_cpu > 0 else float("nan")
+
+
+def timed_run(
+    server: Server, protocol: str, work: Workload, connections: int, broker: int | None
+) -> Run:
+    bodies = work.remote_write if protocol == "remote write 1.0" else work.lines
+    path = server.rw_path if protocol == "remote write 1.0" else server.lp_path
+    headers = RW_HEADERS if protocol == "remote write 1.0" else LP_HEADERS
+    send_all(server.port, path, bodies[: work.per_scrape], headers, connections)  # warm-up
+    time.sleep(1.0)
+    cpu0, b0, c0 = server.cpu(), broker and cpu_seconds(broker), time.process_time()
+    seconds = send_all(server.port, path, bodies[work.per_scrape :], headers, connections)
+    cpu1, b1, c1 = server.cpu(), broker and cpu_seconds(broker), time.process_time()
+    return Run(
+        server.name,
+        protocol,
+        work.timed_samples,
+        seconds,
+        cpu1 - cpu0,
+        (b1 - b0) if broker else None,
+        c1 - c0,
+    )
+
+
+def check_counts(filopy: Server | None, vm: Server | None, expected: dict[str, int]) -> None:
+    """Each server counted every sample sent (warm-up included) as stored."""
+    if filopy is not None:
+        text = filopy.get("/metrics")
+        got = {
+            "remote write 1.0": _metric(
+                text,
+                "filopy_http_ingest_samples_accepted_total",
+                'protocol="prometheus_remote_write"',
+            ),
+            "line protocol": _metric(
+                text, "filopy_http_ingest_samples_accepted_total", 'protocol="influx_v1"'
+            ),
+        }
+        for proto, n in expected.items():
+            if got[proto] != n:
+                raise RuntimeError(f"FiloPy acked {got[proto]} {proto} samples, sent {n}")
+    if vm is not None:
+        text = vm.get("/metrics")
+        got = {
+            "remote write 1.0": _metric(text, "vm_rows_inserted_total", 'type="promremotewrite"'),
+            "line protocol": _metric(text, "vm_rows_inserted_total", 'type="influx"'),
+        }
+        for proto, n in expected.items():
+            if got[proto] != n:
+                raise RuntimeError(f"VictoriaMetrics inserted {got[proto]} {proto} rows, sent {n}")
+
+
+def _metric(text: str, name: str, label_part: str) -> int:
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") and label_part in line.split("}")[0]:
+            total += float(line.rsplit(" ", 1)[1])
+    return int(total)
+
+
+# ----- the report ----------------------------------------------------------------------------
+
+
+def report(runs: list[Run], work: Workload, args: argparse.Namespace, note: str) -> str:
+    n_rw = sum(len(b) for b in work.remote_write[work.per_scrape :])
+    n_lp = sum(len(b) for b in work.lines[work.per_scrape :])
+    out = [
+        "HTTP ingestion: one `filopy gateway` process vs VictoriaMetrics single-node, same samples",
+        f"{time.strftime('%Y-%m-%d %H:%M')}, Python {platform.python_version()}, "
+        f"{os.cpu_count()} CPUs shared by client, servers and the Kafka broker (load average "
+        f"{os.getloadavg()[0]:.1f} at the end)",
+        "command: " + shlex.join(["python", *sys.argv]),
+        f"{work.series:,} series x 8 labels; {work.scrapes} timed scrapes (+1 warm-up) = "
+        f"{work.timed_samples:,} samples in requests of {SAMPLES_PER_REQUEST:,} samples "
+        f"(1 per series); {args.connections} client connections",
+        f"bodies: remote write 1.0 snappy {n_rw / work.scrapes / work.per_scrape / 1024:.1f} KiB"
+        f"/request; line protocol gzip {n_lp / work.scrapes / work.per_scrape / 1024:.1f} KiB"
+        "/request, precision=ms",
+        "FiloPy 204 = every sample acked by Kafka (acks=all, 8 partitions); VictoriaMetrics 204 ="
+        " parsed and in its in-memory buffers (on disk within ~1 s, not fsynced)",
+        *([note] if note else []),
+        "",
+        f"{'protocol':<18}{'server':<17}{'samples/s':>12}{'seconds':>9}{'server CPU s':>14}"
+        f"{'samples/CPU s':>15}{'broker CPU s':>14}{'client CPU s':>14}",
+    ]
+    for r in runs:
+        broker = f"{r.broker_cpu:.2f}" if r.broker_cpu is not None else "-"
+        out.append(
+            f"{r.protocol:<18}{r.server:<17}{r.rate:>12,.0f}{r.seconds:>9.2f}"
+            f"{r.server_cpu:>14.2f}{r.per_cpu:>15,.0f}{broker:>14}{r.client_cpu:>14.2f}"
+        )
+    out.append("")
+    for proto in ("remote write 1.0", "line protocol"):
+        f = next((r for r in runs if r.protocol == proto and r.server.startswith("FiloPy")), None)
+        v = next((r for r in runs if r.protocol == proto and r.server.startswith("Victoria")), None)
+        if f and v:
+            out.append(
+                f"ratio FiloPy/VictoriaMetrics, {proto}: {f.rate / v.rate:.2f} in samples/s, "
+                f"{f.per_cpu / v.per_cpu:.2f} in samples per server CPU second"
+            )
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--series", type=int, default=50_000)
+    p.add_argument("--scrapes", type=int, default=20, help="timed scrapes (one more warms up)")
+    p.add_argument("--connections", type=int, default=4)
+    p.add_argument("--servers", default="filopy,vm", help="filopy, vm or both")
+    p.add_argument("--protocols", default="rw,lp", help="rw, lp or both")
+    p.add_argument("--note", default="", help="a line for the results file")
+    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "ingest_http.txt"))
+    args = p.parse_args(argv)
+    servers, protocols = args.servers.split(","), args.protocols.split(",")
+    t = time.perf_counter()
+    work = build(args.series, args.scrapes)
+    print(
+        f"built {len(work.remote_write)} requests per protocol in {time.perf_counter() - t:.1f} s"
+    )
+    tmp = Path(tempfile.mkdtemp(prefix="bench-ingest-http-"))
+    started: list[Server] = []
+    runs: list[Run] = []
+    try:
+        filopy = vm = None
+        if "filopy" in servers:
+            filopy = start_filopy(tmp / "filopy")
+            started.append(filopy)
+        if "vm" in servers:
+            vm = start_victoria(tmp / "vm")
+            started.append(vm)
+        broker = kafka_pid()
+        names = {"rw": "remote write 1.0", "lp": "line protocol"}
+        for proto in (names[p] for p in protocols):
+            for server in (s for s in (filopy, vm) if s is not None):
+                run = timed_run(
+                    server, proto, work, args.connections, broker if server is filopy else None
+                )
+                runs.append(run)
+                print(f"{proto:<18}{server.name:<17}{run.rate:>12,.0f} samples/s", flush=True)
+                time.sleep(2.0)
+        sent = work.series * (work.scrapes + 1)
+        check_counts(filopy, vm, {names[p]: sent for p in protocols})
+    except BaseException:
+        print(f"failed; the servers' logs are kept under {tmp}", file=sys.stderr)
+        raise
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
+    finally:
+        for s in started:
+            s.stop()
+    text = report(runs, work, args, args.note)
+    print(text)
+    if args.out != "-":
+        Path(args.out).write_text(text)
+
+
+if __name__ == "__main__":
+    main()
