@@ -309,9 +309,10 @@ def test_delta_temporality_is_refused_in_partial_success(rest: Rest, kafka_boots
     rest.http.delete(f"/api/v1/datasets/{name}")
 
 
-# The OTLP/JSON example of the spec (open-telemetry/opentelemetry-proto v1.9.0,
-# examples/metrics.json): the SDK sends protobuf only, so OTLP/JSON is checked against the
-# spec's own request. Its counter and histogram are delta and it has an exponential histogram.
+# The OTLP/JSON example of the spec (open-telemetry/opentelemetry-proto examples/metrics.json at
+# ac2c4b5, 64-bit integers as strings; reflowed): the SDK sends protobuf only, so OTLP/JSON is
+# checked against the spec's own request. Its counter and histogram are delta and it has an
+# exponential histogram.
 SPEC_JSON_EXAMPLE = """
 {"resourceMetrics": [{
   "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "my.service"}}]},
