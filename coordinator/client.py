@@ -15,7 +15,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any, Self
 
 from filopy import ray_env
@@ -32,19 +32,31 @@ from coordinator.messages import (
     DatasetRemoved,
     DatasetUnknown,
     DatasetVerified,
+    MovesStarted,
+    NodeUnknown,
     ShardRequestRejected,
     ShardsStarted,
     ShardsStopped,
     SubscriberMessage,
 )
 from coordinator.names import new_sink_name, new_subscription_id, node_actor_name
+from coordinator.rebalance import Plan
 from filopy.config import Settings, load_settings
 from filopy.dataset import Dataset, DatasetRef
-from filopy.errors import DatasetUnknownError, FiloPyError, Invalid
+from filopy.errors import DatasetUnknownError, FiloPyError, Invalid, NotFound
 from filopy.mapper import ShardMapper
 from filopy.shard_status import CurrentShardSnapshot, ShardEvent
 
 ShardUpdate = CurrentShardSnapshot | ShardEvent
+
+
+class NodeUnknownError(NotFound):
+    """No member has that node id (or a unique id prefix)."""
+
+    def __init__(self, name: str, members: Sequence[str], ambiguous: bool = False) -> None:
+        what = "matches several members" if ambiguous else "is not a member"
+        super().__init__(f"node {name!r} {what}; members are {sorted(members)}")
+        self.name, self.members = name, list(members)
 
 
 class ShardRequestError(Invalid):
@@ -189,6 +201,54 @@ class FiloPyClient:
 
     def stop_shards(self, dataset: str | DatasetRef, shards: list[int]) -> ShardsStopped:
         return self._checked(self._call("stop_shards", _ref(dataset), list(shards)), dataset)
+
+    def node(self, name: str) -> str:
+        """The member a node id or unique prefix of one names; `NodeUnknownError` if none."""
+        members = self.members()
+        if name in members:
+            return name
+        found = [m for m in members if m.startswith(name)] if name else []
+        if len(found) == 1:
+            return found[0]
+        raise NodeUnknownError(name, members, ambiguous=len(found) > 1)
+
+    def plan(
+        self,
+        dataset: str | DatasetRef,
+        *,
+        add_nodes: int = 0,
+        remove_nodes: Sequence[str] = (),
+        drain_nodes: Sequence[str] = (),
+        throttled: bool = False,
+    ) -> Plan:
+        """What rebalancing would do now, or after nodes join, leave or are drained: applies
+        nothing (`throttled`: only the moves the next round may start)."""
+        reply = self._call(
+            "plan",
+            _ref(dataset),
+            add_nodes,
+            tuple(self.node(n) for n in remove_nodes),
+            tuple(self.node(n) for n in drain_nodes),
+            throttled,
+        )
+        if isinstance(reply, DatasetUnknown):
+            raise DatasetUnknownError(_ref(dataset).name)
+        return reply
+
+    def rebalance(self, dataset: str | DatasetRef) -> MovesStarted:
+        """Run one rebalance round of the dataset now: start the moves the throttle allows."""
+        return self._checked(self._call("rebalance", _ref(dataset)), dataset)
+
+    def drain_node(self, node: str, *, cancel: bool = False) -> MovesStarted:
+        """Move every shard off `node` through handoffs, a few at a time (or stop doing so)."""
+        reply = self._call("drain_node", self.node(node), cancel)
+        if isinstance(reply, NodeUnknown):
+            raise NodeUnknownError(node, list(reply.members))
+        return reply
+
+    def moves(self) -> dict[str, Any]:
+        """Handoffs in flight and draining nodes."""
+        return dict(self._call("moves"))
 
     @staticmethod
     def _checked(reply: Any, dataset: str | DatasetRef) -> Any:

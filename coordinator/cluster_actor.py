@@ -46,6 +46,7 @@ from coordinator.names import (
     sink_of,
 )
 from coordinator.node_coordinator import NodeCoordinator, NodeInfo
+from coordinator.rebalance import Plan
 from filopy.config import Settings
 from filopy.dataset import Dataset, DatasetInvalid, DatasetRef
 from filopy.shard_status import ShardEvent, ShardMapState
@@ -182,6 +183,50 @@ class NodeClusterActor:
     async def stop_shards(self, ref: DatasetRef, shards: list[int]) -> Reply:
         await self._ready()
         return self._deliver(self._mgr.stop_shards(ref, shards))
+
+    async def plan(
+        self,
+        ref: DatasetRef,
+        add_nodes: int = 0,
+        remove_nodes: tuple[str, ...] = (),
+        drain_nodes: tuple[str, ...] = (),
+        throttled: bool = False,
+    ) -> Plan | DatasetUnknown:
+        """What a rebalance would do (`throttled`: this round only), without applying it."""
+        await self._ready()
+        budget = self._mgr.free_move_slots(ref) if throttled else None
+        return self._mgr.plan(
+            ref,
+            add_nodes=add_nodes,
+            remove_nodes=remove_nodes,
+            drain_nodes=drain_nodes,
+            budget=budget,
+        )
+
+    async def rebalance(self, ref: DatasetRef) -> Reply:
+        """One rebalance round of `ref` now, whether or not periodic rebalancing is on."""
+        await self._ready()
+        if self._mgr.dataset(ref) is None:
+            return DatasetUnknown(ref)
+        return self._deliver(self._mgr.rebalance([ref]))
+
+    async def drain_node(self, node: str, cancel: bool = False) -> Reply:
+        """Empty `node` through handoffs (or stop doing so)."""
+        await self._ready()
+        return self._deliver(self._mgr.drain_node(node, cancel=cancel))
+
+    async def moves(self) -> dict[str, Any]:
+        """Handoffs in flight (dataset, shard, from, to, since) and draining nodes."""
+        await self._ready()
+        in_flight = []
+        for (ref, shard), began in sorted(self._mgr.handoffs().items()):
+            state = self._mgr.snapshot(ref)
+            if isinstance(state, DatasetUnknown):
+                continue
+            status = state.state.statuses[shard]
+            target = getattr(status, "target", None)
+            in_flight.append((ref.name, shard, state.state.owners[shard], target, began))
+        return {"in_flight": in_flight, "draining": sorted(self._mgr.draining_nodes)}
 
     async def subscribe(self, subscriber: str, handle: ActorHandle, ref: DatasetRef) -> Reply:
         """`handle.deliver(Delivery)` gets a snapshot now, then every event, stamped for order."""
@@ -457,12 +502,12 @@ class NodeClusterActor:
         self._deliver(result)
 
     def _rebalance(self) -> None:
-        """One rebalance round, if enabled: start the moves the throttle allows."""
-        if self._settings.rebalance.enabled:
-            result = self._mgr.rebalance()
-            if result.messages:
-                log.info("rebalance: %s", result.reply)
-            self._deliver(result)
+        """One round: empty draining nodes, and balance if rebalancing is enabled, starting
+        the moves the throttle allows."""
+        result = self._mgr.rebalance(balance=self._settings.rebalance.enabled)
+        if result.messages:
+            log.info("rebalance: %s", result.reply)
+        self._deliver(result)
 
     @staticmethod
     async def _every(interval: float, step: Callable[[], Awaitable[None] | None]) -> None:

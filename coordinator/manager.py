@@ -38,6 +38,7 @@ from coordinator.messages import (
     MovesForced,
     MovesStarted,
     NodeShardMap,
+    NodeUnknown,
     RejectReason,
     Reply,
     Result,
@@ -51,7 +52,7 @@ from coordinator.messages import (
     SubscriptionsChanged,
     Unsubscribed,
 )
-from coordinator.rebalance import Plan, plan_moves, version_key
+from coordinator.rebalance import Plan, evacuation_moves, plan_moves, version_key
 from coordinator.strategy import DefaultShardAssignmentStrategy, ShardAssignmentStrategy
 from coordinator.subscriptions import ShardSubscriptions
 from filopy.dataset import Dataset, DatasetRef
@@ -134,6 +135,7 @@ class ShardManager:
         self._drain_timeout = float(drain_timeout)
         self._max_moves = max(0, int(max_concurrent_moves))
         self._versions: dict[str, str] = {}  # member -> the version its node advertises
+        self._draining_nodes: set[str] = set()  # members an operator is emptying
         # Handoffs in flight: (dataset, shard) -> when it began (clock seconds).
         self._handoffs: dict[tuple[DatasetRef, int], float] = {}
 
@@ -217,6 +219,7 @@ class ShardManager:
             return Result(reply=MemberRemoved(node, ()))
         self._members.pop(node, None)
         self._versions.pop(node, None)
+        self._draining_nodes.discard(node)
         freed = self._remove_node(node)
         return self._finish(MemberRemoved(node, freed))
 
@@ -578,12 +581,14 @@ class ShardManager:
         *,
         add_nodes: int = 0,
         remove_nodes: Sequence[str] = (),
+        drain_nodes: Sequence[str] = (),
         budget: int | None = None,
     ) -> Plan | DatasetUnknown:
         """What a rebalance would do now, or after `add_nodes` new nodes joined (of the newest
         version) and `remove_nodes` left, without applying anything: the same planner the
         periodic rebalance runs. Shards a leaving node frees are first placed as a leave places
-        them (the strategy), then balanced. `budget` None: no throttle."""
+        them (the strategy), then balanced; `drain_nodes` are emptied first (as `drain_node`
+        does). `budget` None: no throttle."""
         mapper = self._mappers.get(ref)
         if mapper is None:
             return DatasetUnknown(ref)
@@ -601,36 +606,83 @@ class ShardManager:
             shards = self._strategy.shard_assignments(node, dataset, mapper)
             for shard in shards:
                 mapper.update_from_event(ShardAssignmentStarted(ref, shard, node))
+        limit = 1 << 30 if budget is None else budget
+        # A shard in a handoff counts where it is going.
+        owners = [
+            st.target if isinstance(st, Handoff) else o
+            for o, st in zip(mapper.owners, mapper.statuses, strict=True)
+        ]
         movable = [isinstance(st, Active) for st in mapper.statuses]
-        return plan_moves(mapper.owners, movable, nodes, 1 << 30 if budget is None else budget)
+        leaving = set(drain_nodes) | (self._draining_nodes & set(nodes))
+        evacuate = evacuation_moves(owners, movable, leaving, nodes, limit)
+        for m in evacuate:
+            owners[m.shard], movable[m.shard] = m.target, False
+        staying = {n: v for n, v in nodes.items() if n not in leaving}
+        plan = plan_moves(owners, movable, staying, limit - len(evacuate))
+        before = {n: float(mapper.num_shards_for_node(n)) for n in nodes}
+        after = dict.fromkeys(nodes, 0.0)
+        for owner in plan.owners:
+            if owner in after:
+                after[owner] += 1
+        return Plan(evacuate + plan.moves, plan.owners, before, after, plan.held_back)
 
-    def rebalance(self, refs: Sequence[DatasetRef] | None = None) -> Result:
-        """Start the handoffs that narrow each dataset's spread over the members, within the
-        throttle: at most `max_concurrent_moves` in flight per dataset and cluster-wide."""
+    def rebalance(
+        self, refs: Sequence[DatasetRef] | None = None, *, balance: bool = True
+    ) -> Result:
+        """Start the handoffs that empty draining nodes (`drain_node`) and, with `balance`,
+        that narrow each dataset's spread over the other members, within the throttle: at
+        most `max_concurrent_moves` in flight per dataset and cluster-wide."""
         started: list[tuple[DatasetRef, int, str, str]] = []
         held: list[tuple[DatasetRef, str]] = []
         nodes = self.versions()
+        staying = {n: v for n, v in nodes.items() if n not in self._draining_nodes}
         for ref in refs if refs is not None else list(self._datasets):
             mapper = self._mappers.get(ref)
             if mapper is None:
                 continue
             in_flight = sum(1 for r, _ in self._handoffs if r == ref)
-            budget = min(self._max_moves - in_flight, self._max_moves - len(self._handoffs))
+            budget = max(0, min(self._max_moves - in_flight, self._max_moves - len(self._handoffs)))
+            owners = list(mapper.owners)
             movable = [
                 isinstance(st, Active) and o in nodes
-                for o, st in zip(mapper.owners, mapper.statuses, strict=True)
+                for o, st in zip(owners, mapper.statuses, strict=True)
             ]
-            plan = plan_moves(mapper.owners, movable, nodes, max(0, budget))
-            held.append((ref, plan.held_back))
-            if plan.moves:
+            moves = list(evacuation_moves(owners, movable, self._draining_nodes, nodes, budget))
+            for m in moves:
+                owners[m.shard], movable[m.shard] = m.target, False
+            if balance:
+                plan = plan_moves(owners, movable, staying, budget - len(moves))
+                moves += plan.moves
+                held.append((ref, plan.held_back))
+            if moves:
                 self._begin(ref)
-            for move in plan.moves:
-                self._apply(
-                    ref,
-                    ShardHandoffStarted(ref, move.shard, move.source, move.target, "rebalance"),
-                )
-                started.append((ref, move.shard, move.source, move.target))
+            for m in moves:
+                why = "drain" if m.source in self._draining_nodes else "rebalance"
+                self._apply(ref, ShardHandoffStarted(ref, m.shard, m.source, m.target, why))
+                started.append((ref, m.shard, m.source, m.target))
         return self._finish(MovesStarted(tuple(started), tuple(held)))
+
+    def free_move_slots(self, ref: DatasetRef) -> int:
+        """How many handoffs of `ref` the throttle allows to start now."""
+        in_flight = sum(1 for r, _ in self._handoffs if r == ref)
+        return max(0, min(self._max_moves - in_flight, self._max_moves - len(self._handoffs)))
+
+    @property
+    def draining_nodes(self) -> frozenset[str]:
+        """Members an operator is emptying (`drain_node`)."""
+        return frozenset(self._draining_nodes)
+
+    def drain_node(self, node: str, *, cancel: bool = False) -> Result:
+        """An operator empties `node` for maintenance: its shards move off through handoffs
+        (a few at a time, as the throttle allows, each round of `rebalance`) and it gets no
+        new shards until it leaves or the drain is cancelled."""
+        if node not in self._members:
+            return Result(reply=NodeUnknown(node, tuple(self._members)))
+        if cancel:
+            self._draining_nodes.discard(node)
+            return Result(reply=MovesStarted(()))
+        self._draining_nodes.add(node)
+        return self.rebalance(balance=False)
 
     def expire_handoffs(self) -> Result:
         """Force the handoffs whose old owner did not report drained within the drain timeout:
@@ -768,7 +820,8 @@ class ShardManager:
         mapper = self._mappers[ref]
         dataset = self._datasets[ref]
         assignments: dict[str, list[int]] = {}
-        for node in self._assignment_order(self.versions()):
+        candidates = {n: v for n, v in self.versions().items() if n not in self._draining_nodes}
+        for node in self._assignment_order(candidates):
             if mapper.num_assignable_shards == 0:
                 break
             if node == exclude:

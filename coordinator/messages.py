@@ -26,6 +26,7 @@ __all__ = [
     "MovesForced",
     "MovesStarted",
     "NodeShardMap",
+    "NodeUnknown",
     "RejectReason",
     "Reply",
     "Result",
@@ -163,6 +164,14 @@ class MovesStarted:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeUnknown:
+    """Reply to a request naming a node that is not a member."""
+
+    node: str
+    members: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class MovesForced:
     """Reply to ``expire_handoffs``: handoffs whose drain did not finish in time, forced."""
 
@@ -188,6 +197,7 @@ Reply = (
     | ShardsRecovered
     | MovesStarted
     | MovesForced
+    | NodeUnknown
 )
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
 
-__all__ = ["Move", "Plan", "plan_moves", "version_key"]
+__all__ = ["Move", "Plan", "evacuation_moves", "plan_moves", "version_key"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,3 +144,33 @@ def _best_move(
             if best is not None:
                 return best[1], source, target
     return None
+
+
+def evacuation_moves(
+    owners: Sequence[str | None],
+    movable: Sequence[bool],
+    leaving: frozenset[str] | set[str],
+    nodes: Mapping[str, str],
+    budget: int,
+) -> tuple[Move, ...]:
+    """Moves that empty the `leaving` nodes (an operator's drain): each movable shard of theirs
+    goes to the least loaded of `nodes` (name -> version) that is not older than its owner,
+    lowest shard first, at most `budget` of them. Loads are shard counts."""
+    per_node = {n: 0 for n in nodes if n not in leaving}
+    for owner in owners:
+        if owner in per_node:
+            per_node[owner] += 1
+    moves: list[Move] = []
+    for shard, owner in enumerate(owners):
+        if len(moves) >= budget:
+            break
+        if owner not in leaving or not movable[shard]:
+            continue
+        floor = version_key(nodes.get(owner, ""))
+        candidates = [n for n in per_node if version_key(nodes[n]) >= floor]
+        if not candidates:
+            continue
+        target = min(candidates, key=lambda n: (per_node[n], n))
+        per_node[target] += 1
+        moves.append(Move(shard, owner, target))
+    return tuple(moves)

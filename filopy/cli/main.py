@@ -449,5 +449,109 @@ def shards_start(
     console.print(f"started shards {list(reply.shards)} of {dataset} on {reply.node}")
 
 
+def _short(node: str) -> str:
+    return node if len(node) <= 14 else node[:12] + ".."
+
+
+def _print_moves(moves: list[tuple[int, str, str]], before: dict, after: dict) -> None:
+    from rich.table import Table
+
+    if moves:
+        table = Table("shard", "from", "to", title=f"{len(moves)} moves (each drains first)")
+        for shard, source, target in moves:
+            table.add_row(str(shard), _short(source), _short(target))
+        console.print(table)
+    else:
+        console.print("no moves")
+    if before or after:
+        table = Table("node", "shards now", "shards after")
+        for node in sorted(set(before) | set(after)):
+            table.add_row(_short(node), f"{before.get(node, 0):g}", f"{after.get(node, 0):g}")
+        console.print(table)
+
+
+@app.command()
+@_clean_errors
+def plan(
+    dataset: Annotated[str, typer.Argument(help="Dataset name.")],
+    add_nodes: Annotated[int, typer.Option(min=0, help="What if this many nodes joined.")] = 0,
+    remove_node: Annotated[
+        list[str] | None, typer.Option(help="What if this node left (id or prefix); repeatable.")
+    ] = None,
+    drain_node: Annotated[
+        list[str] | None, typer.Option(help="What if this node were drained; repeatable.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    address: RayAddress = "auto",
+) -> None:
+    """Show what rebalancing would do, now or after nodes join, leave or are drained; applies
+    nothing. See docs/operations.md."""
+    result = _client(address).plan(
+        dataset,
+        add_nodes=add_nodes,
+        remove_nodes=remove_node or [],
+        drain_nodes=drain_node or [],
+    )
+    moves = [(m.shard, m.source, m.target) for m in result.moves]
+    if as_json:
+        body = {
+            "moves": [{"shard": s, "source": a, "target": b} for s, a, b in moves],
+            "shards_before": result.load_before,
+            "shards_after": result.load_after,
+            "unowned_after": sum(1 for o in result.owners if o is None),
+            "held_back": result.held_back,
+        }
+        console.print_json(json.dumps(body))
+        return
+    _print_moves(moves, dict(result.load_before), dict(result.load_after))
+    unowned = sum(1 for o in result.owners if o is None)
+    if unowned:
+        console.print(f"{unowned} shards would have no owner (over every node's capacity)")
+
+
+@app.command()
+@_clean_errors
+def rebalance(
+    dataset: Annotated[str, typer.Argument(help="Dataset name.")],
+    apply: Annotated[bool, typer.Option("--apply", help="Start the moves now.")] = False,
+    address: RayAddress = "auto",
+) -> None:
+    """Show the next rebalance round's moves (as the throttle allows), or with --apply start
+    them now. Each move drains the old owner first; watch them with `filopy watch`."""
+    client = _client(address)
+    if not apply:
+        result = client.plan(dataset, throttled=True)
+        _print_moves(
+            [(m.shard, m.source, m.target) for m in result.moves],
+            dict(result.load_before),
+            dict(result.load_after),
+        )
+        console.print(f"({result.held_back}; --apply starts these moves)")
+        return
+    done = client.rebalance(dataset)
+    _print_moves([(s, a, b) for _, s, a, b in done.moves], {}, {})
+    for _, why in done.held_back:
+        console.print(f"({why})")
+
+
+@app.command()
+@_clean_errors
+def drain(
+    node: Annotated[str, typer.Argument(help="Node id, or a unique prefix of one.")],
+    cancel: Annotated[bool, typer.Option("--cancel", help="Stop draining the node.")] = False,
+    address: RayAddress = "auto",
+) -> None:
+    """Move every shard off a node for maintenance, a few at a time, each through a handoff
+    (no replay, queries answered throughout); it gets no new shards until it leaves."""
+    client = _client(address)
+    full = client.node(node)
+    done = client.drain_node(full, cancel=cancel)
+    if cancel:
+        console.print(f"stopped draining {full} (moves in flight finish)")
+        return
+    _print_moves([(s, a, b) for _, s, a, b in done.moves], {}, {})
+    console.print(f"draining {full}: the other shards follow as moves finish")
+
+
 if __name__ == "__main__":
     app()

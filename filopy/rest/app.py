@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any, TypeVar
 
 import anyio
-from fastapi import Body, FastAPI, Path, Response
+from fastapi import Body, FastAPI, Path, Query, Response
 from fastapi.openapi.utils import get_openapi
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from sse_starlette import EventSourceResponse, ServerSentEvent
@@ -39,7 +39,10 @@ from filopy.rest.models import (
     DatasetRemovedData,
     ErrorBody,
     HealthData,
+    MoveData,
+    MovesStartedData,
     NodeShardStatus,
+    PlanData,
     ShardsStartedData,
     ShardsStoppedData,
     ShardStatusData,
@@ -47,6 +50,7 @@ from filopy.rest.models import (
     StopShardsRequest,
     Success,
     event_data,
+    plan_data,
     shard_statuses,
     snapshot_data,
 )
@@ -232,6 +236,78 @@ def create_app(client: FiloPyClient, settings: Settings) -> FastAPI:
         or until membership changes."""
         done = await call(client.stop_shards, ds, request.shardList)
         return Success(data=ShardsStoppedData(shardList=list(done.shards)))
+
+    # ----- rebalancing (docs/operations.md) ---------------------------------------------------
+
+    @app.get(
+        "/api/v1/cluster/{ds}/plan",
+        tags=["rebalancing"],
+        response_model=Success[PlanData],
+        responses=_errors(400, 404, 503),
+    )
+    async def plan(
+        ds: DatasetName,
+        add_nodes: Annotated[int, Query(ge=0, le=1024, description="Nodes joining.")] = 0,
+        remove_node: Annotated[
+            list[str], Query(description="A node leaving (id or unique prefix); repeatable.")
+        ] = [],  # noqa: B006 - FastAPI copies defaults
+        drain_node: Annotated[
+            list[str], Query(description="A node to empty (id or unique prefix); repeatable.")
+        ] = [],  # noqa: B006
+        throttled: Annotated[
+            bool, Query(description="Only the moves the next round may start.")
+        ] = False,
+    ) -> Any:
+        """What rebalancing would do now, or after nodes join, leave or are drained: the moves,
+        and shards per node before and after. Applies nothing."""
+        result = await call(
+            lambda: client.plan(
+                ds,
+                add_nodes=add_nodes,
+                remove_nodes=remove_node,
+                drain_nodes=drain_node,
+                throttled=throttled,
+            )
+        )
+        return Success(data=plan_data(result))
+
+    @app.post(
+        "/api/v1/cluster/{ds}/rebalance",
+        tags=["rebalancing"],
+        response_model=Success[MovesStartedData],
+        responses=_errors(404, 503),
+    )
+    async def rebalance(ds: DatasetName) -> Any:
+        """Run one rebalance round now: start the moves the throttle allows (each a handoff:
+        the old owner drains, the new one takes over once live)."""
+        done = await call(client.rebalance, ds)
+        held = "; ".join(why for _, why in done.held_back)
+        moves = [MoveData(shard=s, source=a, target=b) for _, s, a, b in done.moves]
+        return Success(data=MovesStartedData(moves=moves, held_back=held))
+
+    @app.post(
+        "/api/v1/nodes/{node}/drain",
+        tags=["rebalancing"],
+        response_model=Success[MovesStartedData],
+        responses=_errors(404, 503),
+    )
+    async def drain_node(node: str) -> Any:
+        """Empty a node for maintenance: its shards move off through handoffs, a few at a time
+        (the throttle); it gets no new shards until it leaves or the drain is cancelled."""
+        done = await call(client.drain_node, node)
+        moves = [MoveData(shard=s, source=a, target=b) for _, s, a, b in done.moves]
+        return Success(data=MovesStartedData(moves=moves))
+
+    @app.delete(
+        "/api/v1/nodes/{node}/drain",
+        tags=["rebalancing"],
+        response_model=Success[MovesStartedData],
+        responses=_errors(404, 503),
+    )
+    async def cancel_drain(node: str) -> Any:
+        """Stop emptying a node (moves in flight finish)."""
+        await call(lambda: client.drain_node(node, cancel=True))
+        return Success(data=MovesStartedData(moves=[]))
 
     @app.get(
         "/api/v1/cluster/{ds}/events",

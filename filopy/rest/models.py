@@ -10,6 +10,7 @@ from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from coordinator.rebalance import Plan
 from filopy.mapper import ShardMapper
 from filopy.shard_status import (
     CurrentShardSnapshot,
@@ -79,6 +80,39 @@ class NodeShardStatus(BaseModel):
 class AddressStatusData(BaseModel):
     address: str = Field(description="A node id; empty for the shards no node owns.")
     shards: list[NodeShardStatus]
+
+
+class MoveData(BaseModel):
+    shard: int
+    source: str = Field(description="The node the shard leaves (drains first).")
+    target: str = Field(description="The node that takes it over once live.")
+
+
+class PlanData(BaseModel):
+    """A rebalance plan: nothing here has been applied."""
+
+    moves: list[MoveData]
+    shards_before: dict[str, float] = Field(description="Shards (or load) per node now.")
+    shards_after: dict[str, float] = Field(description="Shards (or load) per node after.")
+    unowned_after: int = Field(description="Shards no node would own (over every capacity).")
+    held_back: str = Field(
+        description='Why no more moves: "balanced", "throttled", "versions differ (...)".'
+    )
+
+
+class MovesStartedData(BaseModel):
+    moves: list[MoveData]
+    held_back: str = ""
+
+
+def plan_data(plan: Plan) -> PlanData:
+    return PlanData(
+        moves=[MoveData(shard=m.shard, source=m.source, target=m.target) for m in plan.moves],
+        shards_before=dict(plan.load_before),
+        shards_after=dict(plan.load_after),
+        unowned_after=sum(1 for o in plan.owners if o is None),
+        held_back=plan.held_back,
+    )
 
 
 class DatasetHealth(BaseModel):

@@ -123,3 +123,26 @@ def test_metrics_include_http_ingestion(rest) -> None:
         )
         >= 1
     )
+
+
+def test_rebalance_plan_and_drain_over_rest(rest, name: str) -> None:
+    assert rest.http.post("/api/v1/datasets", json={"name": name, "num_shards": 8}).status_code
+    rest.wait_for("all shards active", lambda: all_active(rest, name))
+    plan = rest.http.get(f"/api/v1/cluster/{name}/plan", params={"add_nodes": 2})
+    assert plan.status_code == 200, plan.text
+    data = plan.json()["data"]
+    assert sorted(data["shards_after"].values()) == [2, 2, 2, 2]
+    before = data["shards_before"]
+    assert sum(before.values()) == 8 and data["held_back"] == "balanced"
+    assert len(data["moves"]) == sum(max(0, n - 2) for n in before.values())
+    # The next round, as planned, is what a rebalance then starts.
+    next_round = rest.http.get(f"/api/v1/cluster/{name}/plan", params={"throttled": True})
+    now = rest.http.post(f"/api/v1/cluster/{name}/rebalance")
+    assert now.status_code == 200, now.text
+    assert now.json()["data"]["moves"] == next_round.json()["data"]["moves"]
+    assert rest.http.get("/api/v1/cluster/nope/plan").status_code == 404
+    bad = rest.http.get(f"/api/v1/cluster/{name}/plan", params={"add_nodes": -1})
+    assert bad.status_code == 400, bad.text
+    unknown = rest.http.post("/api/v1/nodes/no-such-node/drain")
+    assert unknown.status_code == 404 and "is not a member" in unknown.json()["error"]
+    rest.http.delete(f"/api/v1/datasets/{name}")

@@ -4,6 +4,10 @@ or doubled, epochs increasing), and a query loop running throughout never fails.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -16,7 +20,13 @@ import ray
 from coordinator.client import FiloPyClient
 from coordinator.cluster_actor import start_cluster_actor
 from coordinator.names import node_actor_name
-from filopy import Dataset, ShardAssignmentStarted, ShardEvent
+from filopy import (
+    Dataset,
+    IngestionStarted,
+    ShardAssignmentStarted,
+    ShardEvent,
+    ShardHandoffStarted,
+)
 from filopy.dataset import SourceSettings
 from ingest.gateway import Gateway
 from tests.ingest.test_cluster_ingest import T0, batches, expected, wait_exact
@@ -168,3 +178,91 @@ def _coordinators(c: FiloPyCluster) -> list:
         ray.get_actor(node_actor_name(n), namespace=c.settings.ray.namespace)
         for n in c.client.members()
     ]
+
+
+@pytest.fixture
+def manual_cluster(ray_cluster: LocalRayCluster, tmp_path: Path) -> Iterator[FiloPyCluster]:
+    """Rebalancing off (moves only on request), one move at a time."""
+    settings = cluster_settings(tmp_path)
+    settings = settings.model_copy(
+        update={
+            "rebalance": settings.rebalance.model_copy(
+                update={"interval_s": 0.5, "max_concurrent_moves": 1}
+            )
+        }
+    )
+    actor = start_cluster_actor(settings)
+    ray.get(actor.ready.remote(), timeout=60)
+    yield FiloPyCluster(ray_cluster, settings, FiloPyClient(actor, settings), actor)
+
+
+def _cli(c: FiloPyCluster, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "FILOPY_RAY__NAMESPACE": c.settings.ray.namespace}
+    cmd = [sys.executable, "-m", "filopy.cli", *args, "--address", c.ray.address]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.usefixtures("manual_cluster")
+def test_plan_agrees_with_rebalance_apply_and_drain_empties_a_node_one_move_at_a_time(
+    manual_cluster: FiloPyCluster,
+) -> None:
+    c = manual_cluster
+    first = [c.add_node() for _ in range(2)]
+    c.wait_for("2 members", lambda: len(c.client.members()) == 2)
+    name = f"plan{uuid.uuid4().hex[:6]}"
+    assert c.client.setup_dataset(Dataset(name=name, num_shards=8, min_num_nodes=2))
+    c.wait_for("all shards active", lambda: c.client.shard_map(name).is_healthy(), 60)
+    subscription = c.client.subscribe(name)
+
+    what_if = _cli(c, "plan", name, "--add-nodes", "2", "--json")
+    assert what_if.returncode == 0, what_if.stderr
+    planned = json.loads(what_if.stdout)
+    assert sorted(planned["shards_after"].values()) == [2, 2, 2, 2]
+    assert len(planned["moves"]) == 4
+
+    joined = [c.add_node() for _ in range(2)]
+    c.wait_for("4 members", lambda: len(c.client.members()) == 4)
+    assert c.client.shard_map(name).shards_for_node(joined[0].node_id) == []  # off: no moves
+    full = c.client.plan(name)
+    assert len(full.moves) == 4 and full.held_back == "balanced"
+    shown = _cli(c, "rebalance", name)  # without --apply: the next round, throttled to 1
+    assert shown.returncode == 0, shown.stderr
+    assert "1 moves" in shown.stdout and "throttled" in shown.stdout
+    # Apply rounds until balanced; the map ends where the full plan said.
+    deadline = time.monotonic() + 120
+    while c.client.shard_map(name).owners != full.owners:
+        assert time.monotonic() < deadline, c.client.shard_map(name).render()
+        applied = _cli(c, "rebalance", name, "--apply")
+        assert applied.returncode == 0, applied.stderr
+        time.sleep(0.3)
+    c.wait_for("healthy after the moves", lambda: c.client.shard_map(name).is_healthy(), 60)
+
+    # Drain one of the first nodes by a prefix of its id: it empties, one move at a time.
+    victim = first[0].node_id
+    drained = _cli(c, "drain", victim[:10])
+    assert drained.returncode == 0, drained.stderr
+    assert f"draining {victim}" in drained.stdout
+    c.wait_for(
+        "the drained node empty and the map healthy",
+        lambda: (m := c.client.shard_map(name)).num_shards_for_node(victim) == 0 and m.is_healthy(),
+        120,
+    )
+    assert c.client.moves()["draining"] == [victim]
+    unknown = _cli(c, "drain", "no-such-node")
+    assert unknown.returncode == 1 and "is not a member" in unknown.stderr
+    assert "Traceback" not in unknown.stderr
+
+    # Never more than one handoff in flight (max_concurrent_moves = 1), from the events.
+    in_flight = peak = 0
+    while True:
+        try:
+            update = subscription.next(0.5)
+        except TimeoutError:
+            break
+        if isinstance(update, ShardHandoffStarted):
+            in_flight += 1
+            peak = max(peak, in_flight)
+        elif isinstance(update, IngestionStarted) and in_flight:
+            in_flight -= 1
+    assert peak == 1
+    subscription.unsubscribe()

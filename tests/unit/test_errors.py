@@ -17,7 +17,7 @@ import pytest
 import ray.cloudpickle
 import ray.exceptions
 
-from coordinator.client import ShardRequestError
+from coordinator.client import NodeUnknownError, ShardRequestError
 from coordinator.membership import IllegalTransition, NodeState
 from coordinator.messages import RejectReason, ShardRequestRejected
 from filopy.dataset import Dataset, DatasetInvalid, DatasetRef
@@ -67,6 +67,7 @@ SAMPLES: dict[type[BaseException], list[tuple[Any, ...]]] = {
     QueryError: [(kind, f"{kind}: something") for kind in QUERY_ERROR_CATEGORIES],
     ShardsUnavailable: [("m", {2: "Down", 5: "Stopped"})],
     ShardsNotHere: [("m", "n1", [1, 3])],
+    NodeUnknownError: [("ab12", ["ab12cd", "ef34"]), ("a", ["ab", "ac"], True)],
     ShardRequestError: [
         (ShardRequestRejected(DatasetRef(name="m"), RejectReason.UNKNOWN_NODE, "no node x"),)
     ],

@@ -7,7 +7,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coordinator import ShardManager
-from coordinator.messages import DatasetUnknown, EventIgnored, MovesForced, MovesStarted
+from coordinator.messages import (
+    DatasetUnknown,
+    EventIgnored,
+    MovesForced,
+    MovesStarted,
+    NodeUnknown,
+)
 from coordinator.rebalance import Plan
 from filopy import (
     Active,
@@ -360,3 +366,33 @@ def test_any_sequence_keeps_one_owner_per_shard_and_the_throttle(
     # shards waiting for capacity: at most ceil(shards / min_num_nodes) per node).
     for s in range(shards):
         assert isinstance(final.status(s), Active) == (final.owner(s) is not None)
+
+
+def test_draining_a_node_empties_it_through_handoffs_within_the_throttle() -> None:
+    mgr = active_cluster(["a", "b", "c"], shards=16, max_concurrent_moves=2)
+    assert sum(counts(mgr).values()) == 16 and counts(mgr)["a"] >= 2
+    first = mgr.drain_node("a").reply
+    assert isinstance(first, MovesStarted) and len(first.moves) == 2
+    assert {src for _, _, src, _ in first.moves} == {"a"}
+    assert all(tgt in {"b", "c"} for _, _, _, tgt in first.moves)
+    what_if = mgr.plan(R)
+    assert isinstance(what_if, Plan) and what_if.load_after["a"] == 0  # the plan agrees
+    while mgr.handoffs() or mapper(mgr).num_shards_for_node("a"):
+        finish_moves(mgr)
+        mgr.rebalance(balance=False)
+    assert counts(mgr) == {"b": 8, "c": 8}
+    # A drained node gets no new shards, and the balancer leaves it out.
+    mgr.add_dataset(dataset(name="other", num_shards=4, min_num_nodes=3))
+    other = mgr.mapper(ref("other"))
+    assert other is not None and other.shards_for_node("a") == []
+    assert isinstance(mgr.drain_node("zz").reply, NodeUnknown)
+    mgr.drain_node("a", cancel=True)
+    assert mgr.draining_nodes == frozenset()
+
+
+def test_a_what_if_drain_plans_every_shard_of_the_node_away() -> None:
+    mgr = active_cluster(["a", "b"], shards=8)
+    plan = mgr.plan(R, drain_nodes=["a"])
+    assert isinstance(plan, Plan)
+    assert plan.load_after == {"a": 0.0, "b": 8.0}
+    assert all(m.source == "a" and m.target == "b" for m in plan.moves) and len(plan.moves) == 4
