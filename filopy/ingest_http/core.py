@@ -157,18 +157,18 @@ def decompress(body: bytes, encoding: str, limit: int) -> bytes:
             raise Refused(
                 400, "bad_data", f"the body is not snappy-compressed (block format): {e}"
             ) from None
-    if encoding == "gzip":
-        d = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+    if encoding in ("gzip", "deflate"):  # deflate: a zlib stream, as OTel SDKs send it
+        d = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS)
         try:
             out = d.decompress(body, limit + 1)
         except zlib.error as e:
-            raise Refused(400, "bad_data", f"the body is not gzip-compressed: {e}") from None
+            raise Refused(400, "bad_data", f"the body is not {encoding}-compressed: {e}") from None
         if len(out) > limit:
             raise Refused(
                 413, "too_large", f"the body decompresses to over the limit of {limit} bytes"
             )
         if not d.eof:
-            raise Refused(400, "bad_data", "the gzip body is truncated")
+            raise Refused(400, "bad_data", f"the {encoding} body is truncated")
         return out
     raise AssertionError(encoding)
 

@@ -676,7 +676,7 @@ class OtlpMetrics(IngestProtocol):
     """One request's protocol: its answers are in the encoding the request came in."""
 
     name: ClassVar[str] = "otlp"
-    encodings: ClassVar[frozenset[str]] = frozenset({"identity", "gzip"})
+    encodings: ClassVar[frozenset[str]] = frozenset({"identity", "gzip", "deflate"})
     default_encoding: ClassVar[str] = "identity"
 
     def __init__(self, content_type: str) -> None:

@@ -286,10 +286,11 @@ def test_sdk_gauges_counters_histograms_read_back_by_promql(
 
 def test_delta_temporality_is_refused_in_partial_success(rest: Rest, kafka_bootstrap: str) -> None:
     """An exporter preferring delta: its counter and histogram points are refused (200 with
-    `partial_success`, which senders do not retry); its gauge is written."""
+    `partial_success`, which senders do not retry); its gauge is written. This exporter
+    compresses with deflate (a zlib stream), the SDK's other compression."""
     name = new_dataset(rest, kafka_bootstrap)
     resource = Resource({"service.name": "batch-job"})
-    sender = Sender(f"{rest.url}/ingest/{name}/v1/metrics", resource, DELTA)
+    sender = Sender(f"{rest.url}/ingest/{name}/v1/metrics", resource, DELTA, Compression.Deflate)
     sender.meter.create_counter("jobs.done").add(3, {"queue": "q1"})
     sender.meter.create_histogram("job.duration", unit="s").record(1.5)
     sender.meter.create_gauge("workers").set(4)
