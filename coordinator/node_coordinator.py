@@ -452,7 +452,11 @@ class NodeCoordinator:
 
     async def _drain_shards(self, ref: DatasetRef, shards: set[int]) -> None:
         """Drain each shard for its handoff, all at once, and report each drained; a shard
-        this node never got running has nothing to flush: drained at once."""
+        this node never got running has nothing to flush: drained at once. A shard drained
+        already is reported again: a newer map still showing its handoff (e.g. from a restarted
+        singleton) may not have heard of it."""
+        for shard in sorted(s for s in shards if (ref, s) in self._drained):
+            self._report(ShardDrained(ref, shard, self.node_id))
         todo = sorted(s for s in shards if (ref, s) not in self._drained)
 
         async def drain_one(shard: int) -> None:
