@@ -213,7 +213,9 @@ scrape_configs:
             wait_for("FiloPy past the end", lambda: past_end(held(rest, name, ups)))
             assert agent.stop() == 0, agent.log_tail()
         want = until(exported(vm.url, '{job=~"vmagent|filopy"}'), end_ms)
-    assert len(want) > 300 and sum(map(len, want.values())) > 8 * 300, len(want)
+    n_samples = sum(map(len, want.values()))
+    assert len(want) > 300 and n_samples > 8 * 300, len(want)  # a real, varied workload
+    print(f"vmagent -> FiloPy and VictoriaMetrics: {len(want)} series, {n_samples} samples")
 
     got: Samples = {}
     deadline = time.monotonic() + 60
