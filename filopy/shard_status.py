@@ -236,7 +236,12 @@ class ShardDrained(ShardEvent):
 
 @dataclass(frozen=True, slots=True)
 class IngestionStarted(ShardEvent):
-    """``node`` is ingesting the shard live: status Active, owner set."""
+    """``node`` is ingesting the shard live: status Active, owner set. The ingester adds the
+    ownership epoch it claimed and the offsets it read again at start (for the ownership
+    history); they are notes, not part of the event's identity."""
+
+    epoch: int | None = field(default=None, compare=False)
+    replayed_offsets: int | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -455,7 +455,7 @@ class KafkaShardIngester(ReportingIngester):
     def _healthy_event(self) -> ShardEvent:
         ref, shard = self.dataset.ref, self.shard
         if self._live_now:
-            return IngestionStarted(ref, shard, self.node)
+            return self._started_event()
         return RecoveryInProgress(ref, shard, self.node, self._recovery_pct)
 
     @property
@@ -463,12 +463,21 @@ class KafkaShardIngester(ReportingIngester):
         """Why the shard is Degraded now (None: it is not)."""
         return self._problem()
 
+    def _started_event(self) -> IngestionStarted:
+        return IngestionStarted(
+            self.dataset.ref,
+            self.shard,
+            self.node,
+            epoch=self._epoch,
+            replayed_offsets=self.replayed_offsets,
+        )
+
     def _live(self) -> None:
         self.recovery_s = time.monotonic() - self._started
         self._live_now = True
         problem = self._problem()
         if problem is None:
-            self._emit(IngestionStarted(self.dataset.ref, self.shard, self.node))
+            self._emit(self._started_event())
         self._health_key = None
         self._report_health()
 

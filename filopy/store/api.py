@@ -295,8 +295,26 @@ class _Closable(ABC):
         self.close()
 
 
+@dataclass(frozen=True, slots=True)
+class OwnershipChange:
+    """One change of a shard's owner, kept in the MetaStore's ownership history.
+
+    `reason` says why (`created`, `joined`, `left (...)`, `failed (...)`, `error`, `operator`,
+    `rebalance`, `drain`, `forced (...)`, `cancelled (...)`); `epoch` and `replayed_offsets` are
+    the new owner's, once it went live (None: it never did, or the shard was left unowned)."""
+
+    dataset: str
+    shard: int
+    at_ms: int
+    from_node: str | None
+    to_node: str | None
+    reason: str
+    epoch: int | None = None
+    replayed_offsets: int | None = None
+
+
 class MetaStore(_Closable):
-    """Dataset definitions, ownership epochs and fenced checkpoints."""
+    """Dataset definitions, ownership epochs, fenced checkpoints and the ownership history."""
 
     def create_dataset(self, dataset: Dataset) -> bool:
         """Register a dataset: True if created, False if an identical one exists.
@@ -355,6 +373,31 @@ class MetaStore(_Closable):
         _check_shard(shard)
         return dict(sorted(self._read_checkpoints(_check_ref(ref), shard).items()))
 
+    def record_ownership(self, changes: Sequence[OwnershipChange], retention_ms: int) -> None:
+        """Append ownership changes to the history, each kept for `retention_ms` after it
+        happened (SQLite: older ones are deleted as new ones come; Cassandra: a TTL).
+        Idempotent per change."""
+        if retention_ms < 1:
+            raise ValueError(f"retention_ms must be positive, got {retention_ms}")
+        if changes:
+            self._record_ownership(list(changes), retention_ms)
+
+    def ownership_history(
+        self, ref: DatasetRef, shard: int | None = None, limit: int = 100
+    ) -> list[OwnershipChange]:
+        """A dataset's ownership changes, newest first (of one shard, if given)."""
+        if shard is not None:
+            _check_shard(shard)
+        if not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"limit must be a positive int, got {limit!r}")
+        return self._ownership_history(_check_ref(ref), shard, limit)
+
+    @abstractmethod
+    def _record_ownership(self, changes: list[OwnershipChange], retention_ms: int) -> None: ...
+    @abstractmethod
+    def _ownership_history(
+        self, name: str, shard: int | None, limit: int
+    ) -> list[OwnershipChange]: ...
     @abstractmethod
     def _create_dataset(self, dataset: Dataset) -> bool: ...
     @abstractmethod

@@ -19,6 +19,7 @@ partition together in UNLOGGED batches, which Cassandra applies as one mutation.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -55,6 +56,7 @@ from filopy.store.api import (
     DatasetConflict,
     HoldsShared,
     MetaStore,
+    OwnershipChange,
     PartKeyRecord,
     ShardEpoch,
     SharedHandle,
@@ -69,6 +71,9 @@ _CAS_ATTEMPTS = 16  # a claim or commit retried after losing a race to a concurr
 _BATCH_BYTES = 32 * 1024  # below Cassandra's batch_size_fail_threshold (50 KiB by default)
 _BATCH_ROWS = 100
 _LWT, _DATA = "filopy-lwt", "filopy-data"
+# Cassandra refuses TTLs expiring past 2038-01-19 (CASSANDRA-14092): history is kept 10 years
+# at most there.
+_MAX_TTL_S = 10 * 365 * 86_400
 
 TABLES = (
     """CREATE TABLE IF NOT EXISTS {ks}.datasets (
@@ -99,6 +104,17 @@ TABLES = (
         data blob,
         PRIMARY KEY ((dataset, shard, part_key), start_time))
         WITH CLUSTERING ORDER BY (start_time ASC)""",
+    """CREATE TABLE IF NOT EXISTS {ks}.ownership_history (
+        dataset text,
+        at_ms bigint,
+        shard int,
+        to_node text,
+        from_node text,
+        reason text,
+        epoch bigint,
+        replayed_offsets bigint,
+        PRIMARY KEY ((dataset), at_ms, shard, to_node))
+        WITH CLUSTERING ORDER BY (at_ms DESC, shard DESC, to_node ASC)""",
 )
 
 
@@ -311,6 +327,48 @@ class CassandraMetaStore(_UsesConnection, MetaStore):
             "SELECT flush_group, checkpoint FROM {ks}.shard_state WHERE dataset = ? AND shard = ?",
             serial_read=True,
         )
+        self._insert_history = p(
+            "INSERT INTO {ks}.ownership_history (dataset, at_ms, shard, to_node, from_node, "
+            "reason, epoch, replayed_offsets) VALUES (?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?"
+        )
+        self._select_history = p(
+            "SELECT dataset, shard, at_ms, from_node, to_node, reason, epoch, replayed_offsets "
+            "FROM {ks}.ownership_history WHERE dataset = ?"
+        )
+
+    def _record_ownership(self, changes: list[OwnershipChange], retention_ms: int) -> None:
+        now = int(time.time() * 1000)
+        for ch in changes:  # few at a time (a rebalance round): plain writes, in order
+            ttl = (ch.at_ms + retention_ms - now) // 1000  # kept for retention_ms after at_ms
+            if ttl < 1:
+                continue
+            ttl = min(ttl, _MAX_TTL_S)
+            self._conn.execute(
+                self._insert_history,
+                (
+                    ch.dataset,
+                    ch.at_ms,
+                    ch.shard,
+                    ch.to_node or "",
+                    ch.from_node or "",
+                    ch.reason,
+                    ch.epoch,
+                    ch.replayed_offsets,
+                    ttl,
+                ),
+            )
+
+    def _ownership_history(self, name: str, shard: int | None, limit: int) -> list[OwnershipChange]:
+        out: list[OwnershipChange] = []
+        # The partition is the dataset, newest first; one shard's rows are filtered out of it.
+        for row in self._conn.execute(self._select_history, (name,)):
+            d, sh, at, fr, to, why, ep, rep = row
+            if shard is not None and sh != shard:
+                continue
+            out.append(OwnershipChange(d, sh, at, fr or None, to or None, why, ep, rep))
+            if len(out) >= limit:
+                break
+        return out
 
     def _lwt(self, stmt: PreparedStatement, params: Sequence[Any]) -> dict[str, Any]:
         """Run a lightweight transaction; its row: `[applied]` and, if not, current values."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,6 +27,7 @@ from filopy.store.api import (
     DatasetConflict,
     HoldsShared,
     MetaStore,
+    OwnershipChange,
     PartKeyRecord,
     ShardEpoch,
     SharedHandle,
@@ -74,6 +76,17 @@ CREATE TABLE IF NOT EXISTS chunks (
     num_samples INTEGER NOT NULL,
     data BLOB NOT NULL,
     PRIMARY KEY (dataset, shard, part_key, start_time)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS ownership_history (
+    dataset TEXT NOT NULL,
+    at_ms INTEGER NOT NULL,
+    shard INTEGER NOT NULL,
+    to_node TEXT NOT NULL,              -- '' for none
+    from_node TEXT NOT NULL,            -- '' for none
+    reason TEXT NOT NULL,
+    epoch INTEGER,
+    replayed_offsets INTEGER,
+    PRIMARY KEY (dataset, at_ms, shard, to_node)
 ) WITHOUT ROWID;
 """
 
@@ -231,6 +244,49 @@ class SqliteMetaStore(_UsesDatabase, MetaStore):
                 (name, shard, epoch, owner),
             )
         return epoch
+
+    def _record_ownership(self, changes: list[OwnershipChange], retention_ms: int) -> None:
+        rows = [
+            (
+                ch.dataset,
+                ch.at_ms,
+                ch.shard,
+                ch.to_node or "",
+                ch.from_node or "",
+                ch.reason,
+                ch.epoch,
+                ch.replayed_offsets,
+            )
+            for ch in changes
+        ]
+        with self._db.write() as c:
+            c.executemany(
+                "INSERT OR REPLACE INTO ownership_history (dataset, at_ms, shard, to_node, "
+                "from_node, reason, epoch, replayed_offsets) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                rows,
+            )
+            horizon = int(time.time() * 1000) - retention_ms
+            for name in {ch.dataset for ch in changes}:
+                c.execute(
+                    "DELETE FROM ownership_history WHERE dataset = ? AND at_ms < ?",
+                    (name, horizon),
+                )
+
+    def _ownership_history(self, name: str, shard: int | None, limit: int) -> list[OwnershipChange]:
+        where, args = "dataset = ?", [name]
+        if shard is not None:
+            where, args = where + " AND shard = ?", [name, shard]
+        with self._db.read() as c:
+            rows = c.execute(
+                "SELECT dataset, shard, at_ms, from_node, to_node, reason, epoch, "
+                f"replayed_offsets FROM ownership_history WHERE {where} "
+                "ORDER BY at_ms DESC, shard DESC LIMIT ?",
+                (*args, limit),
+            ).fetchall()
+        return [
+            OwnershipChange(d, sh, at, fr or None, to or None, why, ep, rep)
+            for d, sh, at, fr, to, why, ep, rep in rows
+        ]
 
     def _current_epoch(self, name: str, shard: int) -> ShardEpoch:
         with self._db.read() as c:

@@ -19,6 +19,7 @@ from filopy.store import (
     DatasetConflict,
     LabelMatcher,
     MetaStore,
+    OwnershipChange,
     PartKeyRecord,
     ShardEpoch,
     StaleEpochError,
@@ -222,6 +223,39 @@ def test_a_claim_racing_commits_loses_no_acknowledged_checkpoint(
 
 
 # ------------------------------------------------------------------------------------ part keys
+
+
+def test_ownership_history_newest_first_per_dataset_and_shard(
+    meta: MetaStore, ref: DatasetRef
+) -> None:
+    other = DatasetRef(name=ref.name + "x")
+    changes = [
+        OwnershipChange(ref.name, 0, T0, None, "n1", "created"),
+        OwnershipChange(ref.name, 1, T0, None, "n2", "created", epoch=1, replayed_offsets=0),
+        OwnershipChange(ref.name, 0, T0 + 5, "n1", "n3", "rebalance", 2, 0),
+        OwnershipChange(ref.name, 1, T0 + 9, "n2", None, "failed (no answer to pings)"),
+        OwnershipChange(other.name, 0, T0 + 1, None, "n1", "created"),
+    ]
+    years = 20 * 365 * 86_400_000  # T0 is in 2023
+    meta.record_ownership(changes, retention_ms=years)
+    meta.record_ownership(changes[2:3], retention_ms=years)  # a retry: no duplicate
+    assert meta.ownership_history(ref) == [changes[3], changes[2], changes[1], changes[0]]
+    assert meta.ownership_history(ref, shard=0) == [changes[2], changes[0]]
+    assert meta.ownership_history(ref, limit=1) == [changes[3]]
+    assert meta.ownership_history(other) == [changes[4]]
+    assert meta.ownership_history(DatasetRef(name=ref.name + "none")) == []
+    with pytest.raises(ValueError):
+        meta.ownership_history(ref, limit=0)
+
+
+def test_ownership_history_retention_is_bounded(meta: MetaStore, ref: DatasetRef) -> None:
+    day = 86_400_000
+    now = int(time.time() * 1000)
+    kept = OwnershipChange(ref.name, 1, now - day, None, "n1", "created")
+    old = OwnershipChange(ref.name, 0, now - 3 * day, None, "n1", "created")
+    new = OwnershipChange(ref.name, 0, now, "n1", "n2", "rebalance")
+    meta.record_ownership([kept, old, new], retention_ms=2 * day)  # old is past 2 days
+    assert meta.ownership_history(ref) == [new, kept]
 
 
 def test_part_keys_upsert_last_write_wins(column: ColumnStore, ref: DatasetRef) -> None:
