@@ -330,6 +330,9 @@ def test_bad_input_is_4xx_with_influxdb_bodies_and_the_server_keeps_serving(
     assert "PromQL" in v1_refused(
         rest.http.post(f"/ingest/{name}/query", params={"q": "SELECT * FROM cpu"}), 400
     )
+    # Telegraf's [[outputs.influxdb]] sends this form before writing (plugins/outputs/influxdb).
+    created = rest.http.post(f"/ingest/{name}/query", data={"q": 'CREATE DATABASE "telegraf"'})
+    assert created.status_code == 200 and created.json() == {"results": [{"statement_id": 0}]}
     assert rest.http.head(f"/ingest/{name}/ping").status_code == 204
     assert rest.http.post(v2, content=b"").status_code == 204  # nothing to write: InfluxDB's 204
 
