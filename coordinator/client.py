@@ -46,6 +46,7 @@ from filopy.dataset import Dataset, DatasetRef
 from filopy.errors import DatasetUnknownError, FiloPyError, Invalid, NotFound
 from filopy.mapper import ShardMapper
 from filopy.shard_status import CurrentShardSnapshot, ShardEvent
+from filopy.store.api import OwnershipChange
 
 ShardUpdate = CurrentShardSnapshot | ShardEvent
 
@@ -245,6 +246,16 @@ class FiloPyClient:
         if isinstance(reply, NodeUnknown):
             raise NodeUnknownError(node, list(reply.members))
         return reply
+
+    def history(
+        self, dataset: str | DatasetRef, shard: int | None = None, limit: int = 100
+    ) -> list[OwnershipChange]:
+        """The dataset's ownership changes, newest first: who owned which shard when, why,
+        under which epoch and with how many offsets replayed."""
+        ref = _ref(dataset)
+        if self._call("shard_map", ref) is None:
+            raise DatasetUnknownError(ref.name)
+        return list(self._call("history", ref, shard, limit))
 
     def moves(self) -> dict[str, Any]:
         """Handoffs in flight and draining nodes."""

@@ -14,10 +14,12 @@ subscriber that lost a delivery (see `coordinator.inbox`).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import ray
@@ -50,7 +52,7 @@ from coordinator.rebalance import Plan
 from filopy.config import Settings
 from filopy.dataset import Dataset, DatasetInvalid, DatasetRef
 from filopy.shard_status import ShardEvent, ShardMapState
-from filopy.store import MetaStore, StoreUnavailable, open_stores
+from filopy.store import MetaStore, OwnershipChange, StoreUnavailable, open_stores
 from ingest.topics import ensure_topic
 
 log = logging.getLogger(__name__)
@@ -59,6 +61,8 @@ log = logging.getLogger(__name__)
 # the singleton is useless without its state, and the store usually comes back.
 RECOVERY_RETRY_MIN_S = 0.5
 RECOVERY_RETRY_MAX_S = 10.0
+HISTORY_QUEUE_MAX = 100_000  # ownership changes waiting for the store (~100 B each)
+HISTORY_BATCH = 1000
 
 
 class NodeClusterActor:
@@ -90,6 +94,10 @@ class NodeClusterActor:
         # nothing since then has missed nothing, and needs no resync.
         self._resynced: dict[str, tuple[Stream, int]] = {}
         self._last_event_seq: dict[tuple[str, DatasetRef, int], int] = {}
+        # Ownership changes waiting to be written to the MetaStore's history.
+        self._history_queue: deque[OwnershipChange] = deque()
+        self._history_ready = asyncio.Event()
+        self.history_dropped = 0
         self._tasks = [asyncio.get_running_loop().create_task(self._main())]
 
     # ----- public API (through coordinator.client) -------------------------------------------
@@ -288,6 +296,8 @@ class NodeClusterActor:
                     self._watch(handle.apply_map.remote(m))
             else:
                 batches.setdefault(m.subscriber, []).append(m)
+        if result.history:
+            self._record_history(result.history)
         for sub, msgs in batches.items():
             handle = self._subscribers.get(sub)
             if handle is not None:
@@ -299,6 +309,52 @@ class NodeClusterActor:
                     on_done=(lambda s=sub, a=at: self._took_resync(s, a)) if resync else None,
                 )
         return result.reply
+
+    def _record_history(self, changes: Sequence[OwnershipChange]) -> None:
+        """Queue ownership changes for the MetaStore (written in order by `_write_history`);
+        past HISTORY_QUEUE_MAX waiting (a long store outage) the oldest are dropped, counted."""
+        queue = self._history_queue
+        overflow = len(queue) + len(changes) - HISTORY_QUEUE_MAX
+        if overflow > 0:
+            self.history_dropped += overflow
+            log.warning("ownership history: store unavailable, dropped %d changes", overflow)
+        queue.extend(changes)
+        self._history_ready.set()
+
+    async def _write_history(self) -> None:
+        """Write queued ownership changes in batches; a store error is retried with backoff."""
+        retention_ms = int(self._settings.store.history_retention_days * 86_400_000)
+        delay = RECOVERY_RETRY_MIN_S
+        while True:
+            await self._history_ready.wait()
+            self._history_ready.clear()
+            while self._history_queue:
+                batch = list(itertools.islice(self._history_queue, HISTORY_BATCH))
+                try:
+                    await asyncio.to_thread(self._store().record_ownership, batch, retention_ms)
+                except Exception as e:
+                    log.warning(
+                        "ownership history: writing failed (%s); retrying in %.1f s", e, delay
+                    )
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, RECOVERY_RETRY_MAX_S)
+                    continue
+                for _ in batch:
+                    self._history_queue.popleft()
+                delay = RECOVERY_RETRY_MIN_S
+
+    async def history(
+        self, ref: DatasetRef, shard: int | None = None, limit: int = 100
+    ) -> list[OwnershipChange]:
+        """The dataset's ownership changes, newest first (those still queued included)."""
+        await self._ready()
+        queued = [
+            c
+            for c in reversed(self._history_queue)
+            if c.dataset == ref.name and (shard is None or c.shard == shard)
+        ]
+        stored = await asyncio.to_thread(self._store().ownership_history, ref, shard, limit)
+        return (queued + [c for c in stored if c not in queued])[:limit]
 
     def _took_resync(self, subscriber: str, at: tuple[Stream, int]) -> None:
         if subscriber in self._subscribers:
@@ -346,7 +402,9 @@ class NodeClusterActor:
         node = change.node
         if change.left:
             log.warning("node %s left (%s)", node, change.why)
-            self._deliver(self._mgr.remove_member(node))
+            # Silent past the timeout: failed; gone from Ray (stopped, or its process died): left.
+            kind = "failed" if change.after is NodeState.QUARANTINED else "left"
+            self._deliver(self._mgr.remove_member(node, reason=f"{kind} ({change.why})"))
             self._subscribers.pop(guardian_id(node), None)
             self._deliver(self._mgr.unsubscribe(guardian_id(node)))
         if change.after is NodeState.GONE:
@@ -492,6 +550,7 @@ class NodeClusterActor:
             self._every(c.resync_interval_s, self._resync_subscribers),
             self._every(min(1.0, self._settings.rebalance.drain_timeout_s), self._expire_moves),
             self._every(self._settings.rebalance.interval_s, self._rebalance),
+            self._write_history(),
         )
 
     def _expire_moves(self) -> None:

@@ -74,6 +74,7 @@ from filopy.shard_status import (
     ShardMapState,
     Stopped,
 )
+from filopy.store.api import OwnershipChange
 
 __all__ = ["DEFAULT_REASSIGNMENT_MIN_INTERVAL", "ErrorReassignmentStats", "ShardManager"]
 
@@ -138,6 +139,12 @@ class ShardManager:
         self._draining_nodes: set[str] = set()  # members an operator is emptying
         # Handoffs in flight: (dataset, shard) -> when it began (clock seconds).
         self._handoffs: dict[tuple[DatasetRef, int], float] = {}
+        self._move_reasons: dict[tuple[DatasetRef, int], str] = {}  # of handoffs in flight
+        # Ownership history: why the current call changes owners, the changes waiting for
+        # their new owner's epoch (reported when it goes live), and those ready to record.
+        self._why = ""
+        self._open_changes: dict[tuple[DatasetRef, int], OwnershipChange] = {}
+        self._history: list[OwnershipChange] = []
 
     # ----- read-only views ------------------------------------------------------------------
 
@@ -194,6 +201,7 @@ class ShardManager:
     def add_member(self, node: str, version: str = "") -> Result:
         """A node joined: remember it (newest last) and its version, and give it what the
         strategy recommends."""
+        self._because("joined")
         self._members.setdefault(node, None)
         self._versions[node] = version
         assignments = []
@@ -211,8 +219,10 @@ class ShardManager:
                 self._direct.append(NodeShardMap(node, ref, dataset, mapper.snapshot()))
         return self._finish(MemberAdded(node, tuple(assignments)))
 
-    def remove_member(self, node: str) -> Result:
-        """A node left: its shards go Down, then move to the others, newest node asked first."""
+    def remove_member(self, node: str, reason: str = "left") -> Result:
+        """A node left: its shards go Down, then move to the others, newest node asked first.
+        `reason` goes to the ownership history (e.g. "failed (no answer to pings)")."""
+        self._because(reason)
         if node not in self._members and not any(
             m.num_shards_for_node(node) for m in self._mappers.values()
         ):
@@ -248,6 +258,7 @@ class ShardManager:
 
     def remove_stale_coordinators(self, live_nodes: Iterable[str]) -> Result:
         """After a singleton fail-over: drop members and shard owners that are not alive."""
+        self._because("failed (not alive after a singleton restart)")
         live = set(live_nodes)
         stale = [m for m in self._members if m not in live]
         owners: set[str] = set()
@@ -264,6 +275,7 @@ class ShardManager:
 
     def add_dataset(self, dataset: Dataset) -> Result:
         """Register a dataset and spread its shards over the members, newest member first."""
+        self._because("created")
         ref = dataset.ref
         if ref in self._datasets:
             return Result(reply=DatasetExists(ref))
@@ -287,6 +299,7 @@ class ShardManager:
 
     def remove_dataset(self, ref: DatasetRef) -> Result:
         """Take every shard down, tell nodes the dataset is gone and drop its subscriptions."""
+        self._because("dataset removed")
         mapper = self._mappers.get(ref)
         if mapper is None:
             return Result(reply=DatasetUnknown(ref))
@@ -449,6 +462,7 @@ class ShardManager:
         moved because of an error within ``reassignment_min_interval`` (a shard that fails
         everywhere should not bounce around the cluster).
         """
+        self._because("reported by the owner")
         ignored = self._event(sender, event)
         if ignored is not None:
             return Result(reply=ignored)
@@ -459,6 +473,7 @@ class ShardManager:
     ) -> Result:
         """Apply many reports from one node, in order, and publish once: what a node sends
         when many shards change at a time (thousands recovering at once)."""
+        self._because("reported by the owner")
         applied = 0
         ignored: list[EventIgnored] = []
         for event in events:
@@ -529,6 +544,7 @@ class ShardManager:
         return None
 
     def _reassign_after_error(self, ref: DatasetRef, shard: int, failed_node: str) -> None:
+        self._because(f"error on {failed_node}")
         stats = self._error_stats[ref]
         now = self._clock()
         last = self._reassigned_at.get((ref, shard))
@@ -569,6 +585,7 @@ class ShardManager:
     def _hand_over(self, ref: DatasetRef, shard: int, source: str, target: str, why: str) -> None:
         """Give a handed-off shard to its target; if the target left meanwhile, to whoever the
         strategy picks (the old owner included: it starts from the checkpoints it wrote)."""
+        self._because(why)
         if target in self._members:
             self._apply(ref, ShardAssignmentStarted(ref, shard, target, why))
             return
@@ -632,6 +649,7 @@ class ShardManager:
         """Start the handoffs that empty draining nodes (`drain_node`) and, with `balance`,
         that narrow each dataset's spread over the other members, within the throttle: at
         most `max_concurrent_moves` in flight per dataset and cluster-wide."""
+        self._because("rebalance")
         started: list[tuple[DatasetRef, int, str, str]] = []
         held: list[tuple[DatasetRef, str]] = []
         nodes = self.versions()
@@ -718,6 +736,7 @@ class ShardManager:
 
     def start_shards(self, ref: DatasetRef, node: str, shards: Sequence[int]) -> Result:
         """Start unowned shards on ``node`` (FiloDB's StartShards, with its validations)."""
+        self._because("operator")
         mapper = self._mappers.get(ref)
         if mapper is None:
             return Result(reply=DatasetUnknown(ref))
@@ -761,6 +780,7 @@ class ShardManager:
     def stop_shards(self, ref: DatasetRef, shards: Sequence[int]) -> Result:
         """Take shards away from their nodes: Stopped and unowned, and they stay so (node joins
         and leaves do not pick them up) until an operator starts them, as in FiloDB."""
+        self._because("operator")
         mapper = self._mappers.get(ref)
         if mapper is None:
             return Result(reply=DatasetUnknown(ref))
@@ -852,10 +872,14 @@ class ShardManager:
         pending.events.append((event, mapper.version))
         new_status = mapper.status(shard)
         key = (ref, shard)
+        self._note_ownership(ref, shard, owner, mapper.owner(shard), event)
         if isinstance(new_status, Handoff):
             self._handoffs.setdefault(key, self._clock())
+            if isinstance(event, ShardHandoffStarted):
+                self._move_reasons[key] = event.reason or "rebalance"
         else:
             self._handoffs.pop(key, None)
+            self._move_reasons.pop(key, None)
         # Only a change to what some node must run needs the full map (O(N) to build and
         # ship): an owner change, a shard starting or stopping ingestion, or any step of a
         # handoff. Progress such as Assigned -> Recovery -> Active or Degraded does not.
@@ -866,6 +890,49 @@ class ShardManager:
             or isinstance(status, Handoff)
         ):
             pending.nodes_need_map = True
+
+    def _note_ownership(
+        self,
+        ref: DatasetRef,
+        shard: int,
+        before: str | None,
+        after: str | None,
+        event: ShardEvent,
+    ) -> None:
+        """Keep the ownership history: a change of owner, completed with the new owner's epoch
+        and replayed offsets when it reports live (or at once if nobody owns the shard)."""
+        key = (ref, shard)
+        started = event if isinstance(event, IngestionStarted) else None
+        if before == after:
+            opened = self._open_changes.get(key)
+            if opened is not None and started is not None and opened.to_node == after:
+                del self._open_changes[key]
+                self._history.append(_with_epoch(opened, started))
+            return
+        opened = self._open_changes.pop(key, None)
+        if opened is not None:
+            self._history.append(opened)  # superseded before its owner went live
+        if isinstance(event, ShardAssignmentStarted) and event.reason:
+            why = event.reason
+        elif isinstance(event, IngestionError):
+            why = f"error: {event.message}" if event.message else "error"
+        elif started is not None:
+            why = self._move_reasons.get(key, self._why)
+        else:
+            why = self._why
+        change = OwnershipChange(
+            ref.name, shard, int(self._clock() * 1000), before, after, why or "unknown"
+        )
+        if after is None:
+            self._history.append(change)
+        elif started is not None:
+            self._history.append(_with_epoch(change, started))
+        else:
+            self._open_changes[key] = change
+
+    def _because(self, why: str) -> None:
+        """Why the ownership changes of the current call happen (for the history)."""
+        self._why = why
 
     def _audience(self, ref: DatasetRef) -> tuple[str, ...]:
         return self._subs.audience(ref)
@@ -901,4 +968,19 @@ class ShardManager:
         messages += self._direct
         self._pending.clear()
         self._direct = []
-        return Result(tuple(messages), reply)
+        history, self._history = tuple(self._history), []
+        self._why = ""
+        return Result(tuple(messages), reply, history)
+
+
+def _with_epoch(change: OwnershipChange, started: IngestionStarted) -> OwnershipChange:
+    return OwnershipChange(
+        change.dataset,
+        change.shard,
+        change.at_ms,
+        change.from_node,
+        change.to_node,
+        change.reason,
+        started.epoch,
+        started.replayed_offsets,
+    )

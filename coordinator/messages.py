@@ -11,6 +11,7 @@ from enum import StrEnum
 
 from filopy.dataset import Dataset, DatasetRef
 from filopy.shard_status import CurrentShardSnapshot, ShardEvent, ShardMapState
+from filopy.store.api import OwnershipChange
 
 __all__ = [
     "DatasetExists",
@@ -265,10 +266,12 @@ Message = NodeShardMap | SubscriberMessage
 
 @dataclass(frozen=True, slots=True)
 class Result:
-    """What a manager call produced: messages to deliver, and a reply for the caller."""
+    """What a manager call produced: messages to deliver, a reply for the caller, and the
+    ownership changes to append to the MetaStore's history."""
 
     messages: tuple[Message, ...] = ()
     reply: Reply | None = None
+    history: tuple[OwnershipChange, ...] = ()
 
     def node_maps(self, node: str | None = None) -> list[NodeShardMap]:
         return [

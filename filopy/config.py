@@ -38,6 +38,7 @@ class StoreSettings(_Section):
     sqlite_path: Path
     sqlite_busy_timeout_s: float = Field(gt=0)
     max_chunk_span_ms: int = Field(gt=0)
+    history_retention_days: float = Field(gt=0)
 
 
 class CassandraSettings(_Section):

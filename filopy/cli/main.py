@@ -536,6 +536,45 @@ def rebalance(
 
 @app.command()
 @_clean_errors
+def history(
+    dataset: Annotated[str, typer.Argument(help="Dataset name.")],
+    shard: Annotated[int | None, typer.Option(min=0, help="Only this shard.")] = None,
+    limit: Annotated[int, typer.Option(min=1, help="At most this many, newest first.")] = 50,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    address: RayAddress = "auto",
+) -> None:
+    """Who owned which shard when, and why (joined, failed, rebalance, drain, operator, ...),
+    with the new owner's epoch and the offsets it replayed."""
+    import datetime as dt
+
+    from rich.table import Table
+
+    changes = _client(address).history(dataset, shard, limit)
+    if as_json:
+        console.print_json(json.dumps([_row(c) for c in changes]))
+        return
+    table = Table("time (UTC)", "shard", "from", "to", "reason", "epoch", "replayed")
+    for c in changes:
+        at = dt.datetime.fromtimestamp(c.at_ms / 1000, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+        table.add_row(
+            at,
+            str(c.shard),
+            _short(c.from_node) if c.from_node else "-",
+            _short(c.to_node) if c.to_node else "-",
+            c.reason,
+            "-" if c.epoch is None else str(c.epoch),
+            "-" if c.replayed_offsets is None else str(c.replayed_offsets),
+        )
+    console.print(table)
+
+
+def _row(change: Any) -> dict[str, Any]:
+    fields = ("shard", "at_ms", "from_node", "to_node", "reason", "epoch", "replayed_offsets")
+    return {f: getattr(change, f) for f in fields}
+
+
+@app.command()
+@_clean_errors
 def drain(
     node: Annotated[str, typer.Argument(help="Node id, or a unique prefix of one.")],
     cancel: Annotated[bool, typer.Option("--cancel", help="Stop draining the node.")] = False,

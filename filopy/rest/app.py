@@ -42,6 +42,7 @@ from filopy.rest.models import (
     MoveData,
     MovesStartedData,
     NodeShardStatus,
+    OwnershipChangeData,
     PlanData,
     ShardsStartedData,
     ShardsStoppedData,
@@ -50,6 +51,7 @@ from filopy.rest.models import (
     StopShardsRequest,
     Success,
     event_data,
+    ownership_data,
     plan_data,
     shard_statuses,
     snapshot_data,
@@ -270,6 +272,22 @@ def create_app(client: FiloPyClient, settings: Settings) -> FastAPI:
             )
         )
         return Success(data=plan_data(result))
+
+    @app.get(
+        "/api/v1/cluster/{ds}/history",
+        tags=["rebalancing"],
+        response_model=Success[list[OwnershipChangeData]],
+        responses=_errors(400, 404, 503),
+    )
+    async def history(
+        ds: DatasetName,
+        shard: Annotated[int | None, Query(ge=0, description="Only this shard.")] = None,
+        limit: Annotated[int, Query(ge=1, le=100_000, description="At most this many.")] = 100,
+    ) -> Any:
+        """Who owned which shard when, and why: every ownership change, newest first, with the
+        new owner's epoch and the offsets it replayed (kept `store.history_retention_days`)."""
+        changes = await call(lambda: client.history(ds, shard, limit))
+        return Success(data=[ownership_data(c) for c in changes])
 
     @app.post(
         "/api/v1/cluster/{ds}/rebalance",

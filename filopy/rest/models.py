@@ -19,6 +19,7 @@ from filopy.shard_status import (
     RecoveryInProgress,
     ShardEvent,
 )
+from filopy.store.api import OwnershipChange
 
 T = TypeVar("T")
 
@@ -97,6 +98,28 @@ class PlanData(BaseModel):
     unowned_after: int = Field(description="Shards no node would own (over every capacity).")
     held_back: str = Field(
         description='Why no more moves: "balanced", "throttled", "versions differ (...)".'
+    )
+
+
+class OwnershipChangeData(BaseModel):
+    shard: int
+    at_ms: int = Field(description="When the owner changed (ms since the epoch).")
+    source: str | None = Field(description="The previous owner; null: none.")
+    target: str | None = Field(description="The new owner; null: none (Down, Error, Stopped).")
+    reason: str = Field(description="created, joined, left (...), failed (...), error, ...")
+    epoch: int | None = Field(description="The new owner's ownership epoch, once it was live.")
+    replayed_offsets: int | None = Field(description="Offsets it read again at start.")
+
+
+def ownership_data(change: OwnershipChange) -> OwnershipChangeData:
+    return OwnershipChangeData(
+        shard=change.shard,
+        at_ms=change.at_ms,
+        source=change.from_node,
+        target=change.to_node,
+        reason=change.reason,
+        epoch=change.epoch,
+        replayed_offsets=change.replayed_offsets,
     )
 
 

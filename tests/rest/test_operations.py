@@ -143,6 +143,12 @@ def test_rebalance_plan_and_drain_over_rest(rest, name: str) -> None:
     assert rest.http.get("/api/v1/cluster/nope/plan").status_code == 404
     bad = rest.http.get(f"/api/v1/cluster/{name}/plan", params={"add_nodes": -1})
     assert bad.status_code == 400, bad.text
+    history = rest.http.get(f"/api/v1/cluster/{name}/history", params={"limit": 1000})
+    assert history.status_code == 200, history.text
+    created = [c for c in history.json()["data"] if c["reason"] == "created"]
+    assert sorted(c["shard"] for c in created) == list(range(8))
+    assert all(c["source"] is None and c["target"] and c["epoch"] for c in created)
+    assert rest.http.get("/api/v1/cluster/nope/history").status_code == 404
     unknown = rest.http.post("/api/v1/nodes/no-such-node/drain")
     assert unknown.status_code == 404 and "is not a member" in unknown.json()["error"]
     rest.http.delete(f"/api/v1/datasets/{name}")

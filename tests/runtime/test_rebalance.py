@@ -253,6 +253,25 @@ def test_plan_agrees_with_rebalance_apply_and_drain_empties_a_node_one_move_at_a
     assert unknown.returncode == 1 and "is not a member" in unknown.stderr
     assert "Traceback" not in unknown.stderr
 
+    # The history lists every change with its reason, the new owner's epoch and replay.
+    shown = _cli(c, "history", name, "--limit", "1000", "--json")
+    assert shown.returncode == 0, shown.stderr
+    rows = json.loads(shown.stdout)
+    by_reason: dict[str, list[dict]] = {}
+    for row in rows:
+        by_reason.setdefault(row["reason"], []).append(row)
+    assert sorted(r["shard"] for r in by_reason["created"]) == list(range(8))
+    rebalanced = by_reason["rebalance"]
+    assert len(rebalanced) == 4
+    assert {r["to_node"] for r in rebalanced} == {n.node_id for n in joined}
+    drained_rows = by_reason["drain"]
+    assert drained_rows and all(r["from_node"] == victim for r in drained_rows)
+    for r in rebalanced + drained_rows:
+        assert r["epoch"] is not None and r["epoch"] >= 2 and r["replayed_offsets"] == 0
+    assert [r["at_ms"] for r in rows] == sorted((r["at_ms"] for r in rows), reverse=True)
+    table = _cli(c, "history", name, "--shard", str(rebalanced[0]["shard"]))
+    assert table.returncode == 0 and "rebalance" in table.stdout, table.stderr
+
     # Never more than one handoff in flight (max_concurrent_moves = 1), from the events.
     in_flight = peak = 0
     while True:

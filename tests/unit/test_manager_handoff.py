@@ -396,3 +396,46 @@ def test_a_what_if_drain_plans_every_shard_of_the_node_away() -> None:
     assert isinstance(plan, Plan)
     assert plan.load_after == {"a": 0.0, "b": 8.0}
     assert all(m.source == "a" and m.target == "b" for m in plan.moves) and len(plan.moves) == 4
+
+
+def test_every_ownership_change_goes_to_the_history_with_its_reason_and_epoch() -> None:
+    clock = FakeClock()
+    mgr = ShardManager(clock=clock)
+    mgr.add_member("a", "1.0")
+    created = mgr.add_dataset(dataset(num_shards=2, min_num_nodes=1))
+    assert [(h.shard, h.from_node, h.to_node, h.reason) for h in created.history] == []
+    live = mgr.update_from_external_shard_event("a", IngestionStarted(R, 0, "a", epoch=1))
+    [first] = live.history  # completed once the new owner reported its epoch
+    assert (first.shard, first.from_node, first.to_node, first.reason, first.epoch) == (
+        0,
+        None,
+        "a",
+        "created",
+        1,
+    )
+    mgr.update_from_external_shard_event("a", IngestionStarted(R, 1, "a", epoch=1))
+    mgr.add_member("b", "1.0")
+    clock.now += 10
+    started = mgr.rebalance()
+    assert started.history == ()  # a handoff changes no owner yet
+    shard = started.reply.moves[0][1]  # type: ignore[union-attr]
+    mgr.update_from_external_shard_event("a", ShardDrained(R, shard, "a"))
+    took = mgr.update_from_external_shard_event(
+        "b", IngestionStarted(R, shard, "b", epoch=2, replayed_offsets=0)
+    )
+    [move] = took.history
+    assert (move.from_node, move.to_node, move.reason, move.epoch, move.replayed_offsets) == (
+        "a",
+        "b",
+        "rebalance",
+        2,
+        0,
+    )
+    assert move.at_ms == int(clock.now * 1000)
+    gone = mgr.remove_member("b", reason="failed (no answer to pings for 4.5 s)")
+    reasons = {(h.from_node, h.to_node, h.reason) for h in gone.history}
+    assert ("b", None, "failed (no answer to pings for 4.5 s)") in reasons
+    errored = mgr.update_from_external_shard_event("a", IngestionError(R, 0, "a", "disk full"))
+    assert ("a", None, "error: disk full") in {
+        (h.from_node, h.to_node, h.reason) for h in errored.history
+    }

@@ -144,6 +144,8 @@ def test_a_handoff_drains_the_shard_keeps_serving_it_then_lets_it_go(tmp_path: P
         assert await target.apply_map(_map(mapper, "n2"))
         assert await node.running_shards() == {"m": [0]}
         assert await target.running_shards() == {"m": [1]}
-        assert events == []  # no IngestionStopped: it stopped when it drained
+        # No IngestionStopped: it stopped when it drained. (Maps still showing the handoff got
+        # the drained report again, which the singleton ignores once it has it.)
+        assert set(events) <= {ShardDrained(DS.ref, 1, "n1")}
 
     asyncio.run(scenario())
