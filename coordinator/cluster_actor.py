@@ -553,6 +553,28 @@ class NodeClusterActor:
             self._write_history(),
         )
 
+    async def _shard_loads(self) -> dict[DatasetRef, dict[int, float]]:
+        """Samples/s per shard, from every member that answers in time (others count as
+        unmeasured)."""
+        members = [(n, self._handles[n]) for n in self._membership.members if n in self._handles]
+        answers = await asyncio.gather(
+            *(
+                asyncio.wait_for(
+                    asyncio.wrap_future(h.shard_loads.remote().future()),
+                    self._settings.cluster.ping_timeout_s,
+                )
+                for _, h in members
+            ),
+            return_exceptions=True,
+        )
+        loads: dict[DatasetRef, dict[int, float]] = {}
+        for answer in answers:
+            if isinstance(answer, BaseException):
+                continue
+            for name, per_shard in answer.items():
+                loads.setdefault(DatasetRef(name=name), {}).update(per_shard)
+        return loads
+
     def _expire_moves(self) -> None:
         """Force the handoffs whose drain did not finish in time."""
         result = self._mgr.expire_handoffs()
@@ -560,10 +582,11 @@ class NodeClusterActor:
             log.warning("forced moves whose drain timed out: %s", result.reply)
         self._deliver(result)
 
-    def _rebalance(self) -> None:
-        """One round: empty draining nodes, and balance if rebalancing is enabled, starting
-        the moves the throttle allows."""
-        result = self._mgr.rebalance(balance=self._settings.rebalance.enabled)
+    async def _rebalance(self) -> None:
+        """One round: empty draining nodes, and balance if rebalancing is enabled (by the load
+        the nodes measure, samples/s per shard), starting the moves the throttle allows."""
+        loads = await self._shard_loads() if self._settings.rebalance.enabled else None
+        result = self._mgr.rebalance(balance=self._settings.rebalance.enabled, loads=loads)
         if result.messages:
             log.info("rebalance: %s", result.reply)
         self._deliver(result)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -644,11 +644,17 @@ class ShardManager:
         return Plan(evacuate + plan.moves, plan.owners, before, after, plan.held_back)
 
     def rebalance(
-        self, refs: Sequence[DatasetRef] | None = None, *, balance: bool = True
+        self,
+        refs: Sequence[DatasetRef] | None = None,
+        *,
+        balance: bool = True,
+        loads: Mapping[DatasetRef, Mapping[int, float]] | None = None,
     ) -> Result:
         """Start the handoffs that empty draining nodes (`drain_node`) and, with `balance`,
         that narrow each dataset's spread over the other members, within the throttle: at
-        most `max_concurrent_moves` in flight per dataset and cluster-wide."""
+        most `max_concurrent_moves` in flight per dataset and cluster-wide. `loads` (samples/s
+        per shard) makes the balance one of load rather than of shard counts, for the datasets
+        it has any load for."""
         self._because("rebalance")
         started: list[tuple[DatasetRef, int, str, str]] = []
         held: list[tuple[DatasetRef, str]] = []
@@ -669,7 +675,10 @@ class ShardManager:
             for m in moves:
                 owners[m.shard], movable[m.shard] = m.target, False
             if balance:
-                plan = plan_moves(owners, movable, staying, budget - len(moves))
+                weights = _weights(mapper.num_shards, (loads or {}).get(ref))
+                # Measured loads are noisy: nodes within 10% of the mean node load are even.
+                noise = 0.1 * sum(weights) / max(1, len(staying)) if weights else 0.0
+                plan = plan_moves(owners, movable, staying, budget - len(moves), weights, noise)
                 moves += plan.moves
                 held.append((ref, plan.held_back))
             if moves:
@@ -984,3 +993,17 @@ def _with_epoch(change: OwnershipChange, started: IngestionStarted) -> Ownership
         started.epoch,
         started.replayed_offsets,
     )
+
+
+def _weights(num_shards: int, load: Mapping[int, float] | None) -> list[float] | None:
+    """Per-shard weights for the planner from measured samples/s, or None (count shards) when
+    nothing was measured. A shard with no measurement weighs the mean of the measured ones,
+    so an unmeasured shard (just moved, or starting) is neither free nor heavy."""
+    if not load:
+        return None
+    measured = [max(0.0, float(v)) for v in load.values()]
+    total = sum(measured)
+    if total <= 0:
+        return None
+    mean = total / len(measured)
+    return [max(0.0, float(load[s])) if s in load else mean for s in range(num_shards)]

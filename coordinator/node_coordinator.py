@@ -242,6 +242,8 @@ class NodeCoordinator:
         # Ingesters drained for a handoff: stopped (all flushed and checkpointed), kept in
         # `_ingesters` so this node answers queries for the shard until the move completes.
         self._drained: set[tuple[DatasetRef, int]] = set()
+        # Per running shard: (when, samples ingested) at the last `shard_loads` call.
+        self._load_marks: dict[tuple[DatasetRef, int], tuple[float, int]] = {}
         self._stores: tuple[MetaStore, ColumnStore] | None = None
         self._stores_lock = asyncio.Lock()
         self._converge_lock = asyncio.Lock()
@@ -380,6 +382,24 @@ class NodeCoordinator:
             for (r, shard), ing in list(self._ingesters.items())
             if r == ref and isinstance(ing, KafkaShardIngester)
         }
+
+    async def shard_loads(self) -> dict[str, dict[int, float]]:
+        """Samples/s ingested per running shard since the previous call (per dataset name):
+        what load-aware rebalancing balances. A shard first seen counts from now."""
+        now = time.monotonic()
+        out: dict[str, dict[int, float]] = {}
+        seen: dict[tuple[DatasetRef, int], tuple[float, int]] = {}
+        for key, ing in list(self._ingesters.items()):
+            if key in self._drained or not isinstance(ing, KafkaShardIngester):
+                continue
+            ingested = ing.memstore.stats.ingested
+            before = self._load_marks.get(key)
+            seen[key] = (now, ingested)
+            if before is not None and now > before[0]:
+                rate = max(0, ingested - before[1]) / (now - before[0])
+                out.setdefault(key[0].name, {})[key[1]] = rate
+        self._load_marks = seen
+        return out
 
     # ----- convergence -----------------------------------------------------------------------
 

@@ -73,8 +73,11 @@ def plan_moves(
     nodes: Mapping[str, str],
     budget: int,
     load: Sequence[float] | None = None,
+    min_gap: float = 0.0,
 ) -> Plan:
-    """Moves that narrow the load gap between `nodes` (name -> version), at most `budget`.
+    """Moves that narrow the load gap between `nodes` (name -> version), at most `budget`;
+    two nodes whose loads differ by `min_gap` or less count as balanced (measured loads are
+    noisy: without it a rebalance would chase the noise).
 
     `owners[s]` is the node of shard s (None: unowned); only shards with `movable[s]` (ingesting,
     no move in flight, not held by an operator) are moved, and only between `nodes`; shards of
@@ -104,7 +107,7 @@ def plan_moves(
         return plan([], f"versions differ ({shown}): no rebalancing during a rolling update")
     moves: list[Move] = []
     while True:
-        move = _best_move(per_node, held, weights, nodes)
+        move = _best_move(per_node, held, weights, nodes, min_gap)
         if move is None:
             return plan(moves, "balanced")
         if len(moves) >= budget:
@@ -122,6 +125,7 @@ def _best_move(
     held: Mapping[str, list[int]],
     weights: Sequence[float],
     nodes: Mapping[str, str],
+    min_gap: float = 0.0,
 ) -> tuple[int, str, str] | None:
     """The move from the most loaded node (that has a movable shard which helps) to the least
     loaded one that may take it; ties broken by name and shard number, so plans are stable."""
@@ -129,7 +133,7 @@ def _best_move(
     for source in reversed(by_load):
         for target in by_load:
             gap = per_node[source] - per_node[target]
-            if gap <= 0:
+            if gap <= max(0.0, min_gap):
                 break
             if version_key(nodes[target]) < version_key(nodes[source]):
                 continue

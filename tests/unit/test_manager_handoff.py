@@ -439,3 +439,22 @@ def test_every_ownership_change_goes_to_the_history_with_its_reason_and_epoch() 
     assert ("a", None, "error: disk full") in {
         (h.from_node, h.to_node, h.reason) for h in errored.history
     }
+
+
+def test_load_aware_rounds_move_cold_shards_off_a_node_with_a_hot_one() -> None:
+    mgr = active_cluster(["a", "b"], shards=8)
+    m = mapper(mgr)
+    a_shards, b_shards = m.shards_for_node("a"), m.shards_for_node("b")
+    # a has one hot shard and three cold ones; b four cold ones: counts are even (4/4), load
+    # is not (1030 vs 40), so cold shards move from a to b.
+    load = {s: 10.0 for s in range(8)} | {a_shards[0]: 1000.0}
+    started = mgr.rebalance(loads={R: load}).reply
+    assert isinstance(started, MovesStarted)
+    moved = [s for _, s, _, _ in started.moves]
+    assert moved and set(moved) <= set(a_shards[1:])  # never the hot shard itself
+    assert all(src == "a" and tgt == "b" for _, _, src, tgt in started.moves)
+    assert b_shards  # b keeps its own
+    # Noise is not worth a move: 10% of the mean node load.
+    calm = active_cluster(["a", "b"], shards=8)
+    near = {s: 10.0 + (0.5 if s in mapper(calm).shards_for_node("a") else 0.0) for s in range(8)}
+    assert calm.rebalance(loads={R: near}).reply == MovesStarted((), ((R, "balanced"),))
