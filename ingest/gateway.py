@@ -1,10 +1,13 @@
 """Producer-side gateway: samples in, FiloPy binary messages out, each on its shard's partition.
 
-Routing work is per series and cached (series repeat across scrapes); per-sample work is NumPy:
-one gather for each sample's shard, one stable argsort to group by shard, one `np.unique` per
-message to build its series table. Messages are kept under a size cap by splitting a shard's
-samples into pieces sized from the compression ratio seen so far. The producer is idempotent
-with acks=all, so a retried send never duplicates or reorders samples within a partition.
+Routing work is per series and cached (series repeat across scrapes): a series' shard, encoded
+labels and size live in a slot of NumPy arrays, found by its labels (or, for a `KeyedBatch`,
+by the cheap key its decoder gives, e.g. remote write's label bytes). Per-sample work is NumPy:
+one gather for each sample's shard, one stable argsort to group by shard, and each message's
+series table built for all shards at once. Messages are kept under a size cap by splitting a
+shard's samples into pieces sized from the compression ratio seen so far. The producer is
+idempotent with acks=all, so a retried send never duplicates or reorders samples within a
+partition.
 
 Not thread-safe: use one Gateway per producing thread.
 """
@@ -12,11 +15,15 @@ Not thread-safe: use one Gateway per producing thread.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import math
+import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+import weakref
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -89,12 +96,93 @@ class _Series(NamedTuple):
 
 
 @dataclass(slots=True)
+class KeyedBatch(SampleBatch):
+    """A batch whose decoder gives each series a cheap hashable key: equal keys mean equal
+    labels, for the life of the process (e.g. an int from `new_series_key` per cached label
+    dict, as remote write's decoder does). The gateway finds cached series by key, without
+    building and hashing a tuple of the labels. A batch derived with other series must not
+    keep the keys."""
+
+    keys: list[Hashable] = field(default_factory=list)
+
+
+new_series_key: Callable[[], int] = itertools.count(1).__next__  # atomic under the GIL
+"""A `KeyedBatch` key never given before in this process, so decoders' keys never collide."""
+
+
+@dataclass(slots=True)
 class _Table:
     """The series of one batch, transposed for NumPy gathers."""
 
     blobs: list[bytes]
     n_labels: npt.NDArray[np.int64]
     cost: npt.NDArray[np.int64]
+
+
+class _Slots:
+    """Cached series as columns: slot i is one series' shard, encoded labels, label count,
+    size in a series table and refusal code (`_Series`' fields), for NumPy gathers."""
+
+    def __init__(self, capacity: int = 1024) -> None:
+        self.n = 0
+        self.shard = np.empty(capacity, np.int32)
+        self.n_labels = np.empty(capacity, np.int64)
+        self.cost = np.empty(capacity, np.int64)
+        self.code = np.empty(capacity, np.int8)
+        self.blobs: list[bytes] = []
+        self.whys: list[str] = []
+
+    def add(self, info: _Series) -> int:
+        """A new slot (call with the cache's lock held)."""
+        i = self.n
+        if i == len(self.shard):  # double the columns: amortised O(1) per series
+            for name in ("shard", "n_labels", "cost", "code"):
+                old = getattr(self, name)
+                grown = np.empty(2 * len(old), old.dtype)
+                grown[:i] = old
+                setattr(self, name, grown)
+        self.shard[i], self.n_labels[i], self.cost[i] = info.shard, info.n_labels, info.cost
+        self.code[i] = info.code
+        self.blobs.append(info.blob)
+        self.whys.append(info.why)
+        self.n = i + 1
+        return i
+
+
+class _SeriesCache:
+    """Series -> slot, by labels and by `KeyedBatch` key. Readers take no lock: slots are
+    only added (under `lock`), and columns grow by copying, so a slot once found stays valid."""
+
+    def __init__(self) -> None:
+        self.by_labels: dict[tuple[tuple[str, str], ...], int] = {}
+        self.by_key: dict[Hashable, int] = {}
+        self.slots = _Slots()
+        self.lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self.by_labels) + len(self.by_key)
+
+
+class _SharedCache:
+    """The series cache of one dataset definition, shared by every Gateway of it in the
+    process (HTTP ingestion keeps a pool of them: each would learn every series again).
+    Emptied by swapping in a new `_SeriesCache`; a batch keeps the one it started with."""
+
+    def __init__(self) -> None:
+        self.current = _SeriesCache()
+
+
+_shared_caches: weakref.WeakValueDictionary[Dataset, _SharedCache] = weakref.WeakValueDictionary()
+_shared_caches_lock = threading.Lock()
+
+
+def _shared_cache(dataset: Dataset) -> _SharedCache:
+    key = dataset.model_dump_json()  # the whole definition (some are not hashable)
+    with _shared_caches_lock:
+        cache = _shared_caches.get(key)
+        if cache is None:
+            cache = _shared_caches[key] = _SharedCache()
+        return cache
 
 
 @dataclass(slots=True)
@@ -154,7 +242,7 @@ class Gateway:
         self._ts_range = ts_range
         self.strict = strict
         self.rejected: dict[str, str] = {}  # reason -> the first refusal's message
-        self._cache: dict[tuple[tuple[str, str], ...], _Series] = {}
+        self._shared = _shared_cache(dataset)  # series info depends on the definition only
         self._cache_size = series_cache_size
         # Encoded size / raw-size bound, learnt from sent messages; sizes the pieces of a shard.
         self._ratio = 1.0
@@ -235,32 +323,35 @@ class Gateway:
         self._check_usable()
         if len(batch) == 0:
             return 0
-        get = self._cache.get  # inline cache hit: this runs once per series per call
-        infos = [get(tuple(labels.items())) or self._series(labels) for labels in batch.series]
-        shards, blobs, n_labels, cost, codes, whys = zip(*infos, strict=True)
-        if self.strict and any(codes):
-            i = next(i for i, c in enumerate(codes) if c)
-            raise InvalidSeries(_refusal(batch.series[i], whys[i]))
-        table = _Table(list(blobs), np.array(n_labels, np.int64), np.array(cost, np.int64))
-        shard = np.array(shards, np.int32)[batch.series_idx]
+        cache = self._shared.current
+        if len(cache) + len(batch.series) > self._cache_size:
+            cache = self._shared.current = _SeriesCache()
+        slots = self._slots_of(batch, cache)
+        cached = cache.slots
+        codes = cached.code[slots]
+        if codes.any():
+            self._note_refusals(batch, slots, codes, cached)
+            if self.strict:
+                i = int(np.flatnonzero(codes)[0])
+                raise InvalidSeries(_refusal(batch.series[i], cached.whys[slots[i]]))
+        series_shard = cached.shard[slots]
+        shard = series_shard[batch.series_idx]
         lo, hi = self._ts_range
         routable = shard >= 0
         in_range = (batch.timestamps >= lo) & (batch.timestamps <= hi)
-        keep = routable & in_range
         if not routable.all():
-            sample_codes = np.array(codes, np.int8)[batch.series_idx]
-            per_reason = np.bincount(sample_codes, minlength=len(SERIES_REASONS) + 1)
+            per_reason = np.bincount(codes[batch.series_idx], minlength=len(SERIES_REASONS) + 1)
             for reason, n in zip(SERIES_REASONS, per_reason[1:].tolist(), strict=True):
                 self._skip(reason.value, n)
-        self._skip(BadRecord.TIMESTAMP_RANGE.value, int((routable & ~in_range).sum()))
-        rows = np.flatnonzero(keep)
-        order = rows[np.argsort(shard[rows], kind="stable")]  # input order kept within a shard
-        sorted_shards = shard[order]
-        cuts = np.flatnonzero(sorted_shards[1:] != sorted_shards[:-1]) + 1
+        if routable.all() and in_range.all():
+            order = np.argsort(shard, kind="stable")  # input order kept within a shard
+        else:
+            self._skip(BadRecord.TIMESTAMP_RANGE.value, int((routable & ~in_range).sum()))
+            rows = np.flatnonzero(routable & in_range)
+            order = rows[np.argsort(shard[rows], kind="stable")]
         accepted = 0
-        for piece in np.split(order, cuts):
-            if len(piece):
-                accepted += self._send_shard(int(shard[piece[0]]), batch, piece, table)
+        if len(order):
+            accepted = self._send_grouped(batch, cached, slots, series_shard, shard, order)
         self._producer.poll(0)
         self._maybe_report()
         return accepted
@@ -318,46 +409,167 @@ class Gateway:
         if n:
             self._c.skipped[reason] = self._c.skipped.get(reason, 0) + n
 
-    def _series(self, labels: Mapping[str, str]) -> _Series:
-        key = tuple(labels.items())
-        info = self._cache.get(key)
-        if info is None:
-            ds = self.dataset
-            if not all(isinstance(x, str) for kv in key for x in kv):
-                raise InvalidSeries(_refusal(labels, "label names and values must be str"))
-            problem = series_problem(labels, ds.metric_column, ds.limits)
-            if problem is not None:  # the ingesters would count it as a bad record
-                reason, why = problem
-                info = _Series(-1, b"", len(labels), 0, SERIES_REASONS.index(reason) + 1, why)
-                if reason.value not in self.rejected:
-                    self.rejected[reason.value] = _refusal(labels, why)
-                    _log.warning(
-                        "%s: not sending samples of series breaking the dataset's contract "
-                        "(%s); first: %s",
-                        ds.name,
-                        reason.value,
-                        self.rejected[reason.value],
-                    )
-            else:
-                blob = encode_labels(labels)
-                shard = shard_for_series(ds, labels)
-                info = _Series(shard, blob, len(labels), len(blob) + _SERIES_OVERHEAD)
-            if len(self._cache) >= self._cache_size:
-                self._cache.clear()
-            self._cache[key] = info
-        return info
+    def _slots_of(self, batch: SampleBatch, cache: _SeriesCache) -> npt.NDArray[np.intp]:
+        """Each series' slot, cached or added (InvalidSeries for labels that are not str)."""
+        series = batch.series
+        keys = batch.keys if isinstance(batch, KeyedBatch) else None
+        if keys is not None and len(keys) == len(series):
+            slots = list(map(cache.by_key.get, keys))
+            if None in slots:
+                for i, s in enumerate(slots):
+                    if s is None:
+                        slots[i] = cache.by_key[keys[i]] = self._slot(series[i], cache)
+        else:
+            get = cache.by_labels.get  # inline cache hit: this runs once per series per call
+            slots = [get(tuple(labels.items())) for labels in series]
+            if None in slots:
+                for i, s in enumerate(slots):
+                    if s is None:
+                        slots[i] = self._slot(series[i], cache)
+        return np.array(slots, np.intp)
 
-    def _send_shard(
-        self, shard: int, batch: SampleBatch, rows: npt.NDArray[np.intp], table: _Table
+    def _slot(self, labels: Mapping[str, str], cache: _SeriesCache) -> int:
+        key = tuple(labels.items())
+        slot = cache.by_labels.get(key)
+        if slot is None:
+            info = self._series(labels)
+            with cache.lock:  # another gateway may have added it meanwhile
+                slot = cache.by_labels.get(key)
+                if slot is None:
+                    slot = cache.by_labels[key] = cache.slots.add(info)
+        return slot
+
+    def _note_refusals(
+        self,
+        batch: SampleBatch,
+        slots: npt.NDArray[np.intp],
+        codes: npt.NDArray[np.int8],
+        cached: _Slots,
+    ) -> None:
+        """Keep and log the first refused series of each reason (of this gateway)."""
+        refused = np.flatnonzero(codes)
+        found, first = np.unique(codes[refused], return_index=True)
+        for code, i in sorted(
+            zip(found.tolist(), refused[first].tolist(), strict=True), key=lambda x: x[1]
+        ):
+            reason = SERIES_REASONS[code - 1].value
+            if reason not in self.rejected:
+                self.rejected[reason] = _refusal(batch.series[i], cached.whys[int(slots[i])])
+                _log.warning(
+                    "%s: not sending samples of series breaking the dataset's contract "
+                    "(%s); first: %s",
+                    self.dataset.name,
+                    reason,
+                    self.rejected[reason],
+                )
+
+    def _series(self, labels: Mapping[str, str]) -> _Series:
+        """What sending a new series takes: its shard and encoding, or why it is refused."""
+        ds = self.dataset
+        if not all(isinstance(x, str) for kv in labels.items() for x in kv):
+            raise InvalidSeries(_refusal(labels, "label names and values must be str"))
+        problem = series_problem(labels, ds.metric_column, ds.limits)
+        if problem is not None:  # the ingesters would count it as a bad record
+            reason, why = problem
+            return _Series(-1, b"", len(labels), 0, SERIES_REASONS.index(reason) + 1, why)
+        blob = encode_labels(labels)
+        shard = shard_for_series(ds, labels)
+        return _Series(shard, blob, len(labels), len(blob) + _SERIES_OVERHEAD)
+
+    def _send_grouped(
+        self,
+        batch: SampleBatch,
+        cached: _Slots,
+        slots: npt.NDArray[np.intp],
+        series_shard: npt.NDArray[np.int32],
+        shard: npt.NDArray[np.int32],
+        order: npt.NDArray[np.intp],
     ) -> int:
-        """Send one shard's samples as few messages as the size and sample caps allow."""
-        used = np.unique(batch.series_idx[rows])
-        raw_bound = HEADER.size + int(table.cost[used].sum()) + _SAMPLE_BYTES_BOUND * len(rows)
+        """Send the rows `order` (grouped by shard, input order within one). The series table
+        of every shard's message is built here at once; a shard whose samples need several
+        messages gets per-piece tables (`_send_shard`)."""
+        sorted_shards = shard[order]
+        cuts = np.flatnonzero(sorted_shards[1:] != sorted_shards[:-1]) + 1
+        bounds = [0, *cuts.tolist(), len(order)]
+        # The series used, sorted by (shard, series index), and each row's index among its
+        # shard's series: what np.unique(..., return_inverse) per message would give.
+        used, inverse = np.unique(batch.series_idx[order], return_inverse=True)
+        by_shard = np.argsort(series_shard[used], kind="stable")
+        used_sorted = used[by_shard]
+        rank = np.empty(len(used), np.intp)
+        rank[by_shard] = np.arange(len(used))
+        group_shards = sorted_shards[np.array(bounds[:-1])]
+        series_start = np.searchsorted(series_shard[used_sorted], group_shards)
+        series_end = np.searchsorted(series_shard[used_sorted], group_shards, side="right")
+        local_all = rank[inverse.reshape(-1)]
+        used_cost = cached.cost[slots[used_sorted]]
+        cost_cum = np.concatenate(([0], np.cumsum(used_cost)))
+        table = None
         target = 0.85 * self.max_message_bytes  # headroom for a worse ratio than learnt
-        pieces = max(
-            math.ceil(len(rows) / self.max_message_samples),
-            math.ceil(raw_bound * self._ratio / target),
-        )
+        accepted = 0
+        for g, (a, b) in enumerate(itertools.pairwise(bounds)):
+            sa, sb = int(series_start[g]), int(series_end[g])
+            n_rows = b - a
+            raw_bound = (
+                HEADER.size + int(cost_cum[sb] - cost_cum[sa]) + _SAMPLE_BYTES_BOUND * n_rows
+            )
+            pieces = max(
+                math.ceil(n_rows / self.max_message_samples),
+                math.ceil(raw_bound * self._ratio / target),
+            )
+            shard_id = int(group_shards[g])
+            rows = order[a:b]
+            if pieces > 1:
+                if table is None:
+                    table = _Table(
+                        [cached.blobs[s] for s in slots.tolist()],
+                        cached.n_labels[slots],
+                        cached.cost[slots],
+                    )
+                accepted += self._send_split(shard_id, batch, rows, table, pieces)
+                continue
+            slot_ids = slots[used_sorted[sa:sb]]
+            blobs = (
+                itemgetter(*slot_ids.tolist())(cached.blobs)
+                if sb - sa > 1
+                else ([cached.blobs[int(slot_ids[0])]])
+            )
+            message = encode_binary_parts(
+                blobs,
+                cached.n_labels[slot_ids],
+                local_all[a:b] - sa,
+                batch.timestamps[rows],
+                batch.values[rows],
+                self.compression_level,
+            )
+            self._ratio = 0.8 * self._ratio + 0.2 * min(len(message) / raw_bound, 1.0)
+            if len(message) > self.max_message_bytes:
+                if table is None:
+                    table = _Table(
+                        [cached.blobs[s] for s in slots.tolist()],
+                        cached.n_labels[slots],
+                        cached.cost[slots],
+                    )
+                if n_rows == 1:
+                    self._skip(TOO_LARGE, 1)
+                    continue
+                half = n_rows // 2
+                accepted += self._send_piece(shard_id, batch, rows[:half], table)
+                accepted += self._send_piece(shard_id, batch, rows[half:], table)
+                continue
+            self._produce(shard_id, message, n_rows)
+            accepted += n_rows
+        return accepted
+
+    def _send_split(
+        self,
+        shard: int,
+        batch: SampleBatch,
+        rows: npt.NDArray[np.intp],
+        table: _Table,
+        pieces: int,
+    ) -> int:
+        """Send one shard's samples as `pieces` messages (the size and sample caps)."""
         return sum(self._send_piece(shard, batch, p, table) for p in np.array_split(rows, pieces))
 
     def _send_piece(
