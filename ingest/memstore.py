@@ -10,11 +10,13 @@ One `ShardMemstore` per shard the node ingests. It holds
 * per flush group the Kafka offset up to which its samples are in memory (the "watermark").
 
 Ordering policy: a series' samples must have strictly increasing timestamps (the chunk codec
-rejects anything else). A sample whose timestamp is not greater than every earlier sample of its
-series (in Kafka offset order, then batch order) is dropped and counted as `out_of_order`, or as
-`skipped_flushed` when it is at or before the series' end time found in the ColumnStore at
-recovery. The accepted samples of a series are thus a deterministic function of the message
-stream, which recovery relies on (docs/memstore.md).
+rejects anything else). Within one message a series' samples are taken in timestamp order
+(whatever order the producer listed them in; a repeated timestamp keeps its first sample). A
+sample whose timestamp is not greater than every sample of its series from earlier messages (in
+Kafka offset order) is dropped and counted as `out_of_order`, or as `skipped_flushed` when it is at
+or before the series' end time found in the ColumnStore at recovery. The accepted samples of a
+series are thus a deterministic function of the message stream, which recovery relies on
+(docs/memstore.md).
 
 Chunk boundaries are deterministic, never derived from wall-clock timing beyond "where a flush
 sealed": a flush seals each series' open buffer (one *segment*) and cuts it at time-bucket
@@ -307,9 +309,17 @@ class ShardMemstore:
         new_seg = np.empty(len(sid), bool)
         new_seg[0] = True
         np.not_equal(sid[1:], sid[:-1], out=new_seg[1:])
-        ok = ts > self._last_ts[sid]
         if len(ts) > 1 and not np.all(new_seg[1:] | (ts[1:] > ts[:-1])):
-            ok &= _above_prefix_max(ts, new_seg)
+            # A series' samples out of time order within this message (e.g. a relay that
+            # splits a request across workers): take them in time order; a repeated timestamp
+            # keeps its first sample (lexsort is stable).
+            order = np.lexsort((ts, sid))
+            sid, ts, vals = sid[order], ts[order], vals[order]
+            repeat = np.zeros(len(ts), bool)
+            repeat[1:] = ~new_seg[1:] & (ts[1:] == ts[:-1])
+            ok = (ts > self._last_ts[sid]) & ~repeat
+        else:
+            ok = ts > self._last_ts[sid]
         if not ok.all():
             dropped = ~ok
             flushed = int(np.count_nonzero(dropped & (ts <= self._store_end[sid])))
@@ -578,22 +588,6 @@ def chunk_cuts(ts: npt.NDArray[np.int64], span_ms: int, max_samples: int) -> npt
         ]
         starts = np.sort(np.concatenate([starts, *extra]))
     return np.append(starts, n)
-
-
-def _above_prefix_max(ts: npt.NDArray[np.int64], new_seg: npt.NDArray[np.bool_]) -> np.ndarray:
-    """Per sample: is it greater than every earlier sample of its segment (segments contiguous)?
-
-    Segmented running max without a Python loop: dense-rank the timestamps, offset each segment's
-    ranks above the previous segment's, and run one `maximum.accumulate`."""
-    _, rank = np.unique(ts, return_inverse=True)
-    width = int(rank.max()) + 2
-    seg = np.cumsum(new_seg) - 1
-    key = seg * width + rank.astype(I64) + 1
-    prev = np.empty_like(key)
-    prev[0] = 0
-    prev[1:] = np.maximum.accumulate(key)[:-1]
-    prev[new_seg] = seg[new_seg] * width  # nothing earlier in the segment
-    return key > prev
 
 
 def _grown(a: np.ndarray, cap: int, fill: int) -> np.ndarray:

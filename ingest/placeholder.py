@@ -42,8 +42,9 @@ class EpochClaimingIngester(ReportingIngester):
         except StoreError as e:
             self._emit(IngestionError(ref, self._shard, self._node, f"claiming epoch: {e}"))
             return
-        started = IngestionStarted(ref, self._shard, self._node, epoch=self._epoch, replayed_offsets=0)
-        self._emit(started)
+        self._emit(
+            IngestionStarted(ref, self._shard, self._node, epoch=self._epoch, replayed_offsets=0)
+        )
 
     async def stop(self) -> None:
         return None

@@ -123,18 +123,28 @@ def _batch(rows: list[tuple[int, int, float]]) -> SampleBatch:
 
 
 def expected_samples(stream: list[SampleBatch]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """The ordering policy, one sample at a time: keep what beats every earlier timestamp."""
+    """The ordering policy, one sample at a time: per message, each series' samples in time
+    order (a repeated timestamp keeps its first sample); keep what beats every timestamp of
+    earlier messages."""
     last: dict[str, int] = {}
     out: dict[str, tuple[list[int], list[float]]] = {}
     for b in stream:
         keys = [encode_part_key(lab) for lab in b.series]
-        for i in range(len(b)):
-            key, t = keys[b.series_idx[i]], int(b.timestamps[i])
-            if t > last.get(key, INT64_MIN):
-                last[key] = t
+        rows = sorted(
+            (keys[b.series_idx[i]], int(b.timestamps[i]), i, float(b.values[i]))
+            for i in range(len(b))
+        )
+        before = dict(last)
+        seen: set[tuple[str, int]] = set()
+        for key, t, _, v in rows:
+            if (key, t) in seen:
+                continue
+            seen.add((key, t))
+            if t > before.get(key, INT64_MIN):
+                last[key] = max(last.get(key, INT64_MIN), t)
                 ts, vs = out.setdefault(key, ([], []))
                 ts.append(t)
-                vs.append(float(b.values[i]))
+                vs.append(v)
     return {k: (np.array(t, np.int64), np.array(v, np.float64)) for k, (t, v) in out.items()}
 
 

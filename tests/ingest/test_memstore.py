@@ -116,32 +116,46 @@ def test_empty_batch_advances_watermarks() -> None:
 # --------------------------------------------------------------------------- out of order
 
 
-def test_out_of_order_and_duplicate_timestamps_are_dropped() -> None:
+def test_within_a_message_time_order_wins_across_messages_late_samples_are_dropped() -> None:
     m = _mem()
     a, b = _labels(1), _labels(2)
+    # In one message: a's samples in any order are taken sorted; its repeated ts 10 keeps the
+    # first sample (1.0).
     st = m.ingest(
-        batch([(a, 10, 1.0), (a, 10, 9.0), (a, 5, 9.0), (a, 20, 2.0), (b, 7, 3.0), (a, 15, 9.0)]),
+        batch([(a, 10, 1.0), (a, 10, 9.0), (a, 5, 8.0), (a, 20, 2.0), (b, 7, 3.0), (a, 15, 7.0)]),
         0,
     )
-    assert (st.ingested, st.out_of_order) == (3, 3)
+    assert (st.ingested, st.out_of_order) == (5, 1)
+    # Later messages: only samples after each series' last one.
     st = m.ingest(batch([(a, 20, 9.0), (a, 21, 4.0), (b, 7, 9.0), (b, 6, 9.0)]), 1)
     assert (st.ingested, st.out_of_order) == (1, 3)
-    assert m.samples(_sid(m, a))[1].tolist() == [1.0, 2.0, 4.0]
+    assert m.samples(_sid(m, a))[0].tolist() == [5, 10, 15, 20, 21]
+    assert m.samples(_sid(m, a))[1].tolist() == [8.0, 1.0, 7.0, 2.0, 4.0]
     assert m.samples(_sid(m, b))[1].tolist() == [3.0]
-    assert m.stats.out_of_order == 6
+    assert m.stats.out_of_order == 4
 
 
 def _reference(messages: list[list[tuple[int, int]]]) -> dict[int, list[tuple[int, float]]]:
-    """Sequential model of the ordering policy: keep a sample iff its ts beats all earlier."""
+    """Sequential model of the ordering policy: per message, each series' samples in time
+    order (a repeated ts keeps its first sample); a sample is kept iff its ts beats every
+    sample of its series from earlier messages."""
     last: dict[int, int] = {}
     out: dict[int, list[tuple[int, float]]] = {}
     value = 0.0
     for msg in messages:
+        numbered = []
         for s, t in msg:
             value += 1
+            numbered.append((s, t, value))
+        seen: set[tuple[int, int]] = set()
+        for s, t, v in sorted(numbered, key=lambda x: (x[0], x[1], x[2])):
+            if (s, t) in seen:
+                continue
+            seen.add((s, t))
             if t > last.get(s, -(1 << 62)):
-                last[s] = t
-                out.setdefault(s, []).append((t, value))
+                out.setdefault(s, []).append((t, v))
+        for s, t, _ in numbered:
+            last[s] = max(last.get(s, -(1 << 62)), t)
     return out
 
 
