@@ -6,7 +6,10 @@ send 2.0) scrapes itself and a Python target whose counter carries exemplars, an
 `filopy serve`'s endpoint on a real two-node cluster ingesting from the real Kafka. It must see
 the X-Prometheus-Remote-Write-*-Written headers it expects (it treats a 2xx without them as a
 1.0-only receiver); the series and per-series sample counts FiloPy holds equal what Prometheus'
-own query API reports for the range, and Prometheus reports no failed sample or exemplar.
+own query API reports for the range, and Prometheus reports no failed sample or exemplar. Run
+again with native histograms scraped and sent: every request holding one is answered 400 after
+its float samples are written, the headers tell Prometheus so (it counts the histograms failed,
+no sample), and FiloPy still holds exactly Prometheus' float samples.
 
 Bad 2.0 input, built by hand (no client sends it), against a `filopy gateway` app: symbol refs
 outside the table, odd label refs, a symbol table not starting with "", a 1.0 body under the 2.0
@@ -17,6 +20,7 @@ are refused (400) after the float samples beside them are written, and the heade
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import threading
@@ -47,7 +51,7 @@ from ingest.binary_format import decode_binary
 from ingest.topics import ensure_topic
 from tests.rest.conftest import Rest, ServerThread, start_rest
 from tests.rest.test_remote_write import free_port, held_counts, new_dataset
-from tests.rest.test_remote_write_kafka_outage import _counter, _settings
+from tests.rest.test_remote_write_kafka_outage import _settings
 from tests.runtime.conftest import cluster_settings
 
 pytestmark = [pytest.mark.kafka]
@@ -370,13 +374,29 @@ def exemplar_target() -> Iterator[int]:
         thread.join(5)
 
 
+def ingest_requests(rest: Rest) -> Counter[tuple[str, str]]:
+    """The REST app's ingestion requests so far, by (protocol, code)."""
+    out: Counter[tuple[str, str]] = Counter()
+    for line in rest.http.get("/metrics").text.splitlines():
+        if line.startswith("filopy_http_ingest_requests_total{"):
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
+            out[labels["protocol"], labels["code"]] += int(float(line.rsplit(" ", 1)[1]))
+    return out
+
+
 @pytest.mark.ray
 @pytest.mark.timeout(3900)
+@pytest.mark.parametrize("native_histograms", [False, True], ids=["floats", "native_histograms"])
 def test_prometheus3_remote_write_2_series_and_samples_match(
-    rest: Rest, kafka_bootstrap: str, tmp_path: Path
+    rest: Rest, kafka_bootstrap: str, tmp_path: Path, native_histograms: bool
 ) -> None:
+    """`floats`: Prometheus scrapes classic metrics only; every request is answered 204.
+    `native_histograms`: it also scrapes its own native histograms (scrape_native_histograms),
+    which FiloPy refuses: those requests are 400 after their float samples are written, and the
+    written-headers tell Prometheus exactly that (it counts the histograms failed, no sample)."""
     binary = prometheus3()
     name = new_dataset(rest, kafka_bootstrap)
+    before = ingest_requests(rest)
     port = free_port()
     with exemplar_target() as target:
         config = tmp_path / "prometheus.yml"
@@ -385,6 +405,7 @@ def test_prometheus3_remote_write_2_series_and_samples_match(
 global:
   scrape_interval: 1s
   evaluation_interval: 1s
+  scrape_native_histograms: {str(native_histograms).lower()}
 scrape_configs:
   - job_name: prometheus
     static_configs:
@@ -396,6 +417,7 @@ remote_write:
   - url: {rest.url}/ingest/{name}/api/v1/write
     protobuf_message: io.prometheus.write.v2.Request
     send_exemplars: true
+    send_native_histograms: {str(native_histograms).lower()}
     queue_config:
       batch_send_deadline: 1s
       min_backoff: 100ms
@@ -425,8 +447,7 @@ remote_write:
                 return resp.json()["data"]["result"]
 
             def scalar(q: str) -> float:
-                result = query(q)
-                return sum(float(r["value"][1]) for r in result)
+                return sum(float(r["value"][1]) for r in query(q))
 
             def scrapes() -> int:
                 try:
@@ -444,11 +465,17 @@ remote_write:
                 return bool(sent) and float(sent[0]["value"][1]) > end + 1
 
             rest.wait_for("samples after the range sent", sent_past_end, timeout_s=90)
-            want = {
-                json.dumps(series["metric"], sort_keys=True): len(series["values"])
-                for series in query('{job=~"prometheus|worker"}[1h]', at=end)
+            series = query('{job=~"prometheus|worker"}[1h]', at=end)
+            want = {  # float series; native histogram series have "histograms" instead
+                json.dumps(s["metric"], sort_keys=True): len(s["values"])
+                for s in series
+                if "values" in s
             }
-            exemplars_sent = scalar("prometheus_remote_storage_exemplars_total")
+            histogram_series = sum(1 for s in series if "histograms" in s)
+            sent = {
+                kind: scalar(f"prometheus_remote_storage_{kind}_total")
+                for kind in ("samples", "exemplars", "histograms")
+            }
             failed = {
                 kind: scalar(f"prometheus_remote_storage_{kind}_failed_total")
                 for kind in ("samples", "exemplars", "histograms", "metadata")
@@ -462,26 +489,30 @@ remote_write:
                 proc.wait()
             log.close()
     log_text = log_path.read_text()
+    requests = ingest_requests(rest) - before
     assert len(want) > 100 and sum(want.values()) > 8 * 100  # a real, varied workload
     assert any('"job": "worker"' in k and "filopy_test_jobs_total" in k for k in want)
-    assert "non-recoverable error" not in log_text, log_text[-3000:]
-    assert failed == dict.fromkeys(failed, 0.0), failed
-    assert exemplars_sent > 0  # the worker's exemplars went out, and were accepted
-
-    metrics = rest.http.get("/metrics").text
-    v2_ok = _counter(
-        metrics, "filopy_http_ingest_requests_total", protocol="prometheus_remote_write_v2"
-    )
-    assert v2_ok > 0 and v2_ok == _counter(
-        metrics,
-        "filopy_http_ingest_requests_total",
-        protocol="prometheus_remote_write_v2",
-        code="204",
-    )
-    assert (
-        _counter(metrics, "filopy_http_ingest_requests_total", protocol="prometheus_remote_write")
-        == 0
-    )
+    assert sent["exemplars"] > 0  # the worker's exemplars went out
+    assert "investigation needed" not in log_text  # a 2xx whose headers undercount
+    assert not [k for k in requests if k[0] == "prometheus_remote_write"]  # never fell back
+    if not native_histograms:
+        assert histogram_series == 0
+        assert "non-recoverable error" not in log_text, log_text[-3000:]
+        assert failed == dict.fromkeys(failed, 0.0), failed
+        assert set(requests) == {("prometheus_remote_write_v2", "204")}
+        assert requests[("prometheus_remote_write_v2", "204")] > 0
+    else:
+        # Requests holding native histograms got 400; the headers said their float samples
+        # and exemplars were written, so Prometheus counts only the histograms as failed.
+        assert histogram_series > 0 and sent["histograms"] > 0
+        assert requests[("prometheus_remote_write_v2", "400")] > 0  # (most hold histograms)
+        assert set(requests) <= {
+            ("prometheus_remote_write_v2", "204"),
+            ("prometheus_remote_write_v2", "400"),
+        }
+        assert "native histogram samples (FiloPy stores float samples only)" in log_text
+        assert failed["histograms"] > 0
+        assert failed["samples"] == failed["exemplars"] == 0, failed
 
     deadline = time.monotonic() + 60
     got = held_counts(rest, name, end_ms)
