@@ -55,6 +55,7 @@ EXPECTED = {
         r"created: prom",
         r"----- prom: 8 shards -----",
         r"sent 100,000 samples",
+        r'cpu_usage.*host="a".*│\s+0\.5',  # the line sent by curl, read back
         r'\{_ns_="\w+"\}\s+│\s+\d',  # a result row of the PromQL query
         r"[1-9]\d* series; [\d,]+ samples scanned on 8 shards of 3 nodes",
         r"----- prom -----",  # `filopy watch`'s snapshot
