@@ -3,13 +3,18 @@
 Plain lines take a split-based fast path written as one loop, since per-line Python overhead is
 the whole cost; lines with escapes or quoted strings (and any line the fast path doubts) go to
 the maintained C parser `line_protocol_parser`, which has the last word. The dataset's contract
-on series is checked afterwards, as for every format (`ingest.bad_records`).
+on series is checked as for every format (`ingest.bad_records`).
+
+Series repeat from one message to the next (each a scrape), so what the fast path learns about a
+series key text (its measurement and tags) and about each of its fields (the labels, the contract
+check, a `KeyedBatch` key for the gateway) is kept across messages, bounded by `CACHE_SIZE`:
+a known series costs the line's split and a few dict lookups.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
 import numpy as np
 from line_protocol_parser import LineFormatError, parse_line
@@ -18,14 +23,16 @@ from filopy.dataset import METRIC_COLUMN, LabelLimits
 from ingest.bad_records import (
     DEFAULT_LIMITS,
     DEFAULT_TS_RANGE,
+    SERIES_REASONS,
     BadRecord,
     Decoded,
     clip,
     count_bad,
     drop_bad,
-    series_codes,
+    series_problem,
 )
 from ingest.batch import Labels, SampleBatch
+from ingest.gateway import KeyedBatch, new_series_key
 
 _TS_UNITS_PER_MS: dict[str, tuple[int, int]] = {
     # precision -> (divide by, multiply by) to get milliseconds
@@ -49,46 +56,113 @@ class _Fallback(Exception):
     """The fast path met something it does not handle; the full parser decides the line."""
 
 
-_Entry = tuple[str, dict[str, str], dict[str, int]]  # measurement, tags, field -> series index
+# measurement, tags, field -> series index, and the series key text it was made from (None if
+# the parser made it): what identifies its labels across messages
+_Entry = tuple[str, dict[str, str], dict[str, int], str | None]
+_Canonical = tuple[str, tuple[tuple[str, str], ...]]  # measurement, sorted tags
+# A series key's labels for one field, its contract code (0 or SERIES_REASONS index + 1), and
+# its `KeyedBatch` key. Label dicts are shared by every batch that has the series: read only.
+_Series = tuple[Labels, int, int]
+
+CACHE_SIZE = 500_000  # series key texts, and (text, field)s per metric column and limits
+# series key text -> (measurement, tags, canonical), as the fast path parses it
+_keys: dict[str, tuple[str, dict[str, str], _Canonical]] = {}
+# (metric column, limits) -> (series key text, field) -> the series
+_series: dict[tuple[str, LabelLimits], dict[tuple[str, str], _Series]] = {}
+
+
+def _known_series(metric_column: str, limits: LabelLimits) -> dict[tuple[str, str], _Series]:
+    known = _series.get((metric_column, limits))
+    if known is None:
+        known = _series.setdefault((metric_column, limits), {})
+    return known
+
+
+def _code(labels: Labels, metric_column: str, limits: LabelLimits) -> int:
+    """The dataset's contract on one series, as `series_codes` gives it."""
+    problem = series_problem(labels, metric_column, limits)
+    return 0 if problem is None else SERIES_REASONS.index(problem[0]) + 1
 
 
 class _InfluxBuilder:
     """Accumulates samples of one message, with each (series, field) interned once."""
 
-    __slots__ = ("bad", "cache", "first_bad", "idx", "metric_column", "series", "ts", "vals")
+    __slots__ = (
+        "bad",
+        "cache",
+        "codes",
+        "first_bad",
+        "idx",
+        "keys",
+        "known",
+        "limits",
+        "metric_column",
+        "series",
+        "ts",
+        "vals",
+    )
 
-    def __init__(self, metric_column: str) -> None:
+    def __init__(self, metric_column: str, limits: LabelLimits = DEFAULT_LIMITS) -> None:
         self.metric_column = metric_column
+        self.limits = limits
+        self.known = _known_series(metric_column, limits)
         # raw series key text, and (measurement, sorted tags), -> the series' entry
         self.cache: dict[object, _Entry] = {}
         self.series: list[Labels] = []
+        self.codes: list[int] = []  # per series, aligned with `series`
+        self.keys: list[Hashable | None] = []  # per series: its key, None if not cached
         self.idx: list[int] = []
         self.ts: list[int] = []
         self.vals: list[float] = []
         self.bad: dict[str, int] = {}
         self.first_bad: str | None = None
 
+    def truncate(self, n_series: int) -> None:
+        """Forget the series from index `n_series` on (a line the fast path gave up)."""
+        del self.series[n_series:], self.codes[n_series:], self.keys[n_series:]
+
     def bad_line(self, reason: BadRecord, line: str, n: int = 1, why: str = "") -> None:
         count_bad(self.bad, reason, n)
         if self.first_bad is None:
             self.first_bad = clip(f"{reason.value}: {why + ': ' if why else ''}{line}")
 
-    def entry(self, measurement: str, tags: dict[str, str]) -> _Entry:
-        """The series entry shared by every line of this measurement and tag set."""
-        canonical = (measurement, tuple(sorted(tags.items())))
+    def entry(
+        self,
+        measurement: str,
+        tags: dict[str, str],
+        canonical: _Canonical | None = None,
+        text: str | None = None,
+    ) -> _Entry:
+        """The series entry shared by every line of this measurement and tag set (`text`: the
+        series key text the fast path parsed them from)."""
+        if canonical is None:
+            canonical = (measurement, tuple(sorted(tags.items())))
         entry = self.cache.get(canonical)
         if entry is None:
-            entry = self.cache[canonical] = (measurement, tags, {})
+            entry = self.cache[canonical] = (measurement, tags, {}, text)
         return entry
 
     def new_series(self, entry: _Entry, field: str) -> int:
-        measurement, tags, field_idx = entry
-        labels = dict(tags)
-        labels[self.metric_column] = (
-            measurement if field == VALUE_FIELD else f"{measurement}_{field}"
-        )
+        measurement, tags, field_idx, text = entry
+        known = self.known.get((text, field)) if text is not None else None
+        if known is None:
+            labels = dict(tags)
+            labels[self.metric_column] = (
+                measurement if field == VALUE_FIELD else f"{measurement}_{field}"
+            )
+            code = _code(labels, self.metric_column, self.limits)
+            key: Hashable | None = None
+            if text is not None:
+                if len(self.known) >= CACHE_SIZE:
+                    self.known.clear()
+                key = new_series_key()
+                self.known[(text, field)] = (labels, code, key)
+        else:
+            labels, code, key = known
         i = field_idx[field] = len(self.series)
         self.series.append(labels)
+        self.codes.append(code)
+        self.keys.append(key)
         return i
 
     def add(self, entry: _Entry, fields: list[tuple[str, float | None]], t: int, line: str) -> None:
@@ -110,19 +184,26 @@ _FAST_KEY_CHARS = 65535 // 4  # the parser refuses keys over 65535 bytes: it dec
 
 
 def _fast_entry(b: _InfluxBuilder, key: str) -> _Entry:
-    """Parse `measurement,k=v,...` without escapes, validated like the parser."""
-    if len(key) > _FAST_KEY_CHARS:
-        raise _Fallback
-    measurement, *tag_items = key.split(",")
-    if not measurement or "=" in measurement or measurement[0] == "#":
-        raise _Fallback
-    tags: dict[str, str] = {}
-    for item in tag_items:
-        k, _, v = item.partition("=")
-        if not k or not v or "=" in v or k in tags:
+    """Parse `measurement,k=v,...` without escapes, validated like the parser (once per key
+    text: kept across messages)."""
+    parsed = _keys.get(key)
+    if parsed is None:
+        if len(key) > _FAST_KEY_CHARS:
             raise _Fallback
-        tags[k] = v
-    return b.entry(measurement, tags)
+        measurement, *tag_items = key.split(",")
+        if not measurement or "=" in measurement or measurement[0] == "#":
+            raise _Fallback
+        tags: dict[str, str] = {}
+        for item in tag_items:
+            k, _, v = item.partition("=")
+            if not k or not v or "=" in v or k in tags:
+                raise _Fallback
+            tags[k] = v
+        if len(_keys) >= CACHE_SIZE:
+            _keys.clear()
+        parsed = _keys[key] = (measurement, tags, (measurement, tuple(sorted(tags.items()))))
+    measurement, tags, canonical = parsed
+    return b.entry(measurement, tags, canonical, key)
 
 
 def _decode_lines(
@@ -217,7 +298,7 @@ def _decode_lines(
             if len(series) > series_mark:  # new series of this line: all in `field_idx`
                 for f in [f for f, i in field_idx.items() if i >= series_mark]:
                     del field_idx[f]
-                del series[series_mark:]
+                b.truncate(series_mark)
             if not line or line.isspace():
                 continue
             try:
@@ -285,7 +366,7 @@ def decode_influx(
         lo, hi = -(-lo_ms // mul), hi_ms // mul
         default_ts = default_ts_ms // mul
     lo, hi = max(lo, _INT64_MIN), min(hi, _INT64_MAX)  # the parser's limits
-    b = _InfluxBuilder(metric_column)
+    b = _InfluxBuilder(metric_column, limits)
     lines: Sequence[str | bytes]
     if isinstance(data, str):
         lines = data.split("\n")
@@ -297,15 +378,14 @@ def decode_influx(
     _decode_lines(b, lines, default_ts, lo, hi, fast_path)
     ts = np.array(b.ts, dtype=np.int64)
     ts = ts // div if mul == 1 else ts * mul
-    batch = SampleBatch(
-        b.series,
-        np.array(b.idx, dtype=np.int32),
-        ts,
-        np.array(b.vals, dtype=np.float64),
-        b.bad,
-    )
-    codes = series_codes(b.series, metric_column, limits)
+    idx = np.array(b.idx, dtype=np.int32)
+    vals = np.array(b.vals, dtype=np.float64)
+    codes = np.array(b.codes, np.int8)
     if not codes.any():
-        return Decoded(batch, b.first_bad)
+        if None in b.keys:
+            return Decoded(SampleBatch(b.series, idx, ts, vals, b.bad), b.first_bad)
+        keys: list[Hashable] = b.keys  # type: ignore[assignment]
+        return Decoded(KeyedBatch(b.series, idx, ts, vals, b.bad, keys=keys), b.first_bad)
+    batch = SampleBatch(b.series, idx, ts, vals, b.bad)
     decoded = drop_bad(batch, codes, None, metric_column, limits)
     return Decoded(decoded.batch, b.first_bad or decoded.first_bad)

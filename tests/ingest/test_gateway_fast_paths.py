@@ -6,10 +6,12 @@
   the same batch, and it takes the requests Prometheus sends.
 - A `KeyedBatch` (series found by their decoder's keys) puts the same messages on the same
   partitions of the real Kafka as the same samples in a plain `SampleBatch`.
+- The line protocol decoder's memory across messages changes nothing it decodes.
 """
 
 from __future__ import annotations
 
+import json
 import struct
 
 import numpy as np
@@ -18,12 +20,14 @@ from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from filopy.dataset import Dataset
+from filopy.dataset import Dataset, LabelLimits
 from filopy.ingest_http import remote_write_v1
 from filopy.ingest_http.prompb.remote_pb2 import WriteRequest
+from ingest import line_protocol
 from ingest.bad_records import Decoded
 from ingest.batch import SampleBatch
 from ingest.gateway import Gateway, KeyedBatch
+from ingest.line_protocol import decode_influx
 from tests.ingest.test_gateway import _consume_all, dataset  # noqa: F401 - the fixture
 
 T0 = 1_700_000_000_000
@@ -178,3 +182,68 @@ def test_a_keyed_batch_sends_what_a_plain_batch_sends(dataset: Dataset) -> None:
     for messages in per_partition.values():  # a's messages, then b's: the same bytes
         half = len(messages) // 2
         assert messages[:half] == messages[half:]
+
+
+def _decoded_exactly(a: Decoded, b: Decoded) -> None:
+    """`_same`, and each series' labels in the same order (the binary format keeps it)."""
+    _same(a, b)
+    assert [list(s.items()) for s in a.batch.series] == [list(s.items()) for s in b.batch.series]
+
+
+_tag_sets = ["host=a,dc=x", "dc=x,host=a", "host=b", "", "host=a,dc=x,k=v"]
+_fields = ["value=1.5", "v=2i,value=3", "x=t,y=4", 'q="s",value=5', "value=1e400", "v=1,v=2"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["cpu", "mem", "m\\ x", "#c"]),
+            st.sampled_from(_tag_sets),
+            st.sampled_from(_fields),
+            st.sampled_from(["", " 1700000000000", " -1", " 99999999999999999999"]),
+        ),
+        min_size=1,
+        max_size=8,
+    ),
+    st.sampled_from(
+        [("_metric_", LabelLimits()), ("__name__", LabelLimits(max_labels_per_series=2))]
+    ),
+)
+def test_line_protocol_caches_change_nothing(
+    lines: list[tuple[str, str, str, str]], column_limits: tuple[str, LabelLimits]
+) -> None:
+    """What the line protocol decoder keeps across messages (series key texts, per-field
+    labels, contract checks, keys) gives exactly what a decoder without memory gives."""
+    column, limits = column_limits
+    text = "\n".join(f"{m}{',' + t if t else ''} {f}{ts}" for m, t, f, ts in lines)
+
+    def decode() -> Decoded:
+        return decode_influx(text, T0, column, "ms", limits=limits)
+
+    warm = [decode(), decode()]  # the second finds everything cached
+    line_protocol._keys.clear()
+    line_protocol._series.clear()
+    cold = decode()
+    for got in warm:
+        _decoded_exactly(got, cold)
+    if isinstance(warm[1].batch, KeyedBatch):
+        assert warm[1].batch.keys == warm[0].batch.keys
+    assert _same_as_the_parser(text, column, limits)
+
+
+def _same_as_the_parser(text: str, column: str, limits: LabelLimits) -> bool:
+    fast = decode_influx(text, T0, column, "ms", limits=limits)
+    slow = decode_influx(text, T0, column, "ms", fast_path=False, limits=limits)
+    rows = [
+        sorted(
+            zip(
+                [json.dumps(d.batch.series[i], sort_keys=True) for i in d.batch.series_idx],
+                d.batch.timestamps.tolist(),
+                d.batch.values.tolist(),
+                strict=True,
+            )
+        )
+        for d in (fast, slow)
+    ]
+    return rows[0] == rows[1] and fast.batch.bad_records == slow.batch.bad_records
