@@ -37,24 +37,25 @@ import httpx
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 from fastapi import FastAPI
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client import Counter as PromCounter
 
 from filopy import Dataset
-from filopy.dataset import SourceSettings
-from filopy.ingest_http import Ingestion, create_gateway_app, ingest_router
-from filopy.ingest_http.core import DEFAULT_SETTINGS
+from filopy.dataset import LabelLimits, SourceSettings
+from filopy.ingest_http import Ingestion, create_gateway_app, ingest_router, remote_write_v2
+from filopy.ingest_http.core import DEFAULT_SETTINGS, Refused
 from filopy.ingest_http.prompb.remote_pb2 import WriteRequest
 from filopy.ingest_http.prompb.write_v2_pb2 import Request
 from filopy.store import open_stores
 from ingest.binary_format import decode_binary
+from ingest.gateway import KeyedBatch
 from ingest.topics import ensure_topic
 from tests.rest.conftest import Rest, ServerThread, start_rest
 from tests.rest.test_remote_write import free_port, held_counts, new_dataset
 from tests.rest.test_remote_write_kafka_outage import _settings
 from tests.runtime.conftest import cluster_settings
-
-pytestmark = [pytest.mark.kafka]
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "rw-compliance.sh"
@@ -63,6 +64,7 @@ HEADERS = {"Content-Encoding": "snappy", "Content-Type": V2}
 WRITTEN = "X-Prometheus-Remote-Write-{}-Written"
 SHARDS = 2
 T0 = 1_700_000_000_000
+LIMITS = LabelLimits()
 
 
 # ----- helpers ----------------------------------------------------------------------------------
@@ -323,6 +325,173 @@ def test_unreachable_kafka_is_503_without_written_headers() -> None:
         missing = http.post("/ingest/nosuch/api/v1/write", content=body, headers=HEADERS)
         assert error(missing, 404) == "unknown dataset 'nosuch'"
         assert written(missing) == (0, 0, 0)
+
+
+# ----- the vectorized decoder equals the full parse ------------------------------------------
+
+
+def _field(number: int, wire: int, payload: bytes) -> bytes:
+    """One protobuf field: its tag, a length for wire type 2, and the payload."""
+    head = _uvarint(number << 3 | wire)
+    return head + (_uvarint(len(payload)) if wire == 2 else b"") + payload
+
+
+def _uvarint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append(n & 0x7F | (0x80 if n > 0x7F else 0))
+        n >>= 7
+        if not n:
+            return bytes(out)
+
+
+_names = st.sampled_from(["__name__", "job", "instance", "le", "a b", "ü", ""])
+_values = st.sampled_from(["up", "x", "node", "", "0.5", "😀", "a\nb"])
+_series = st.fixed_dictionaries(
+    {
+        "labels": st.dictionaries(_names, _values, max_size=5),
+        "samples": st.lists(
+            st.tuples(
+                st.sampled_from([0, 1, T0, -5, 2**62]),
+                st.sampled_from([0.0, 1.5, -2.0, float("inf"), float("nan")]),
+                st.sampled_from([0, 0, T0 - 1]),  # start_timestamp (0: unset)
+            ),
+            max_size=3,
+        ),
+        "metadata": st.sampled_from([None, (0, "", ""), (1, "help", "unit"), (3, "", "s")]),
+        "created": st.sampled_from([None, T0 - 7]),  # field 6 of Prometheus 3.0-3.6 senders
+        "histograms": st.sampled_from([0, 0, 0, 1]),
+        "exemplars": st.sampled_from([0, 0, 0, 1]),
+    }
+)
+
+
+def _raw_request(series: list[dict[str, Any]], symbols: list[str] | None = None) -> bytes:
+    """A 2.0 body as a sender encodes it: fields in number order, refs packed, metadata written
+    even when empty (gogoproto's non-nullable fields), zero values left out."""
+    table = [""] if symbols is None else symbols
+    body = b""
+    parts = []
+    for s in series:
+        for k, v in sorted(s["labels"].items()):
+            table.extend(x for x in (k, v) if x not in table)
+        refs = [table.index(x) for k, v in sorted(s["labels"].items()) for x in (k, v)]
+        ts = Request().timeseries.add()
+        ts.labels_refs.extend(refs)
+        for t, v, start in s["samples"]:
+            ts.samples.add(timestamp=t, value=v, start_timestamp=start)
+        for _ in range(s["histograms"]):
+            ts.histograms.add(timestamp=T0, count_int=1)
+        for _ in range(s["exemplars"]):
+            ts.exemplars.add(timestamp=T0, value=1.0)
+        meta = b""
+        if s["metadata"] is not None:
+            kind, help_, unit = s["metadata"]
+            table.extend(x for x in (help_, unit) if x not in table)
+            ts.metadata.type = kind
+            ts.metadata.help_ref = table.index(help_)
+            ts.metadata.unit_ref = table.index(unit)
+            meta = ts.metadata.SerializeToString()
+        ts.ClearField("metadata")
+        encoded = ts.SerializeToString() + _field(5, 2, meta)
+        if s["created"] is not None:
+            encoded += _field(6, 0, _uvarint(s["created"]))
+        parts.append(encoded)
+    body = b"".join(_field(4, 2, x.encode()) for x in table)
+    return body + b"".join(_field(5, 2, p) for p in parts)
+
+
+def _outcome(raw: bytes, column: str, how: str) -> Any:
+    """What a decoder makes of a body: the batch and counts, or its refusal."""
+    try:
+        if how == "full":
+            d = remote_write_v2.to_batch(remote_write_v2.parse(raw), column, LIMITS)
+        elif how == "fast":
+            fast = remote_write_v2.decode_fast(raw, column)
+            if fast is None:
+                return None
+            d = fast
+        else:
+            d = remote_write_v2.decode(raw, column, LIMITS)
+    except Refused as e:
+        return ("refused", e.status, e.message)
+    b = d.decoded.batch
+    return (
+        b.series,
+        b.series_idx.tolist(),
+        b.timestamps.tolist(),
+        [repr(v) for v in b.values.tolist()],  # NaN equal to NaN
+        b.bad_records,
+        d.decoded.first_bad,
+        d.exemplars,
+        d.exemplars_refused,
+    )
+
+
+@given(st.lists(_series, max_size=6), st.sampled_from([None, ["x"], []]))
+@settings(max_examples=400, deadline=None)
+def test_the_vectorized_decoder_gives_what_the_full_parse_gives(
+    series: list[dict[str, Any]], symbols: list[str] | None
+) -> None:
+    raw = _raw_request(series, symbols)
+    for column in ("_metric_", "__name__"):
+        full = _outcome(raw, column, "full")
+        fast = _outcome(raw, column, "fast")
+        assert fast is None or fast == full
+        assert _outcome(raw, column, "either") == full
+        first = remote_write_v2.decode_fast(raw, column)
+        again = remote_write_v2.decode_fast(raw, column)
+        if first is not None and again is not None and first.decoded.batch.series:
+            # Keys: stable across requests; equal keys for equal labels only.
+            batch, batch2 = first.decoded.batch, again.decoded.batch
+            assert isinstance(batch, KeyedBatch) and isinstance(batch2, KeyedBatch)
+            assert batch.keys == batch2.keys
+            pairs = list(zip(batch.keys, batch.series, strict=True))
+            by_key = dict(pairs)
+            assert all(by_key[k] == labels for k, labels in pairs)
+    # What Prometheus sends (float samples, a valid symbol table) takes the fast path.
+    if (
+        series
+        and symbols is None
+        and all(s["samples"] and not s["histograms"] and not s["exemplars"] for s in series)
+    ):
+        assert _outcome(raw, "_metric_", "fast") is not None
+
+
+def test_the_vectorized_decoder_reads_long_label_lists_and_many_samples() -> None:
+    """Refs past 127 (2-byte varints), a refs field over 127 bytes, 70 samples on a series."""
+    wide = {f"label_{i:03d}": f"value_{i}" for i in range(90)} | {"__name__": "wide"}
+    many = [(T0 + i, float(i), 0) for i in range(70)]
+    base = {"metadata": None, "created": None, "histograms": 0, "exemplars": 0}
+    shapes = [
+        [base | {"labels": wide, "samples": [(T0, 1.0, 0)]}],
+        [base | {"labels": {"__name__": "many"}, "samples": many[:64]}],
+        [base | {"labels": {"__name__": "many"}, "samples": many}],  # over the rounds: full parse
+    ]
+    for series in shapes:
+        raw = _raw_request(series)
+        assert _outcome(raw, "_metric_", "either") == _outcome(raw, "_metric_", "full")
+    assert _outcome(_raw_request(shapes[0]), "_metric_", "fast") is not None
+    assert _outcome(_raw_request(shapes[1]), "_metric_", "fast") is not None
+    assert _outcome(_raw_request(shapes[2]), "_metric_", "fast") is None
+
+
+@given(st.binary(max_size=200), st.integers(0, 400))
+@settings(max_examples=300, deadline=None)
+def test_the_vectorized_decoder_never_fails_on_corrupt_bodies(tail: bytes, cut: int) -> None:
+    """Cut or corrupted bodies: the fast path gives up (the full parse answers) or agrees."""
+    one = {
+        "labels": {"__name__": "up", "job": "a"},
+        "samples": [(T0, 1.0, 0)],
+        "metadata": (1, "h", ""),
+        "created": None,
+        "histograms": 0,
+        "exemplars": 0,
+    }
+    raw = _raw_request([one, one, one])
+    for body in (raw[:cut] + tail, tail + raw[cut:], raw[:cut]):
+        fast = _outcome(body, "_metric_", "fast")
+        assert fast is None or fast == _outcome(body, "_metric_", "full")
 
 
 # ----- a real 2.0 sender: Prometheus 3 -----------------------------------------------------------
