@@ -188,6 +188,8 @@ _REFS_TAG, _SAMPLES_TAG, _METADATA_TAG, _CREATED_TAG = 0x0A, 0x12, 0x2A, 0x30
 _VALUE_TAG, _TIMESTAMP_TAG, _START_TAG = 0x09, 0x10, 0x18  # Sample fields 1, 2, 3
 _TYPE_TAG, _HELP_TAG, _UNIT_TAG = 0x08, 0x18, 0x20  # Metadata fields 1, 3, 4
 LABEL_CACHE_SIZE = 1_000_000  # series whose label dicts are kept, per metric column
+_SIX = np.arange(6)
+_SHIFT6 = 7 * np.arange(6, dtype=np.uint64)
 
 
 def _split_message() -> type:
@@ -221,6 +223,11 @@ def _varints(
 ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]] | None:
     """The varints starting at `at` (at most `width` bytes each) and their sizes; None if one is
     longer (or a 10-byte varint overflows 64 bits)."""
+    if width == 10:  # timestamps: milliseconds from 1971 to 2109 take 6 bytes
+        b = buf.take(at[:, None] + _SIX, mode="clip")
+        if (b[:, 5] < 0x80).all() and (b[:, :5] >= 0x80).all():
+            value = ((b & 0x7F).astype(np.uint64) << _SHIFT6).sum(axis=1, dtype=np.uint64)
+            return value, np.full(len(at), 6, np.int64)
     b = buf.take(at[:, None] + np.arange(width), mode="clip")
     ends = b < 0x80
     if not ends.any(axis=1).all():
@@ -291,7 +298,7 @@ def decode_fast(raw: bytes, metric_column: str) -> DecodedV2 | None:
     except DecodeError:
         return None
     symbols = list(split.symbols)
-    parts = split.timeseries
+    parts = list(split.timeseries)  # (each access to upb's container makes new bytes)
     n = len(parts)
     if not n or not symbols or symbols[0]:
         return None
