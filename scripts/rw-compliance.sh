@@ -41,8 +41,9 @@ check_go() {
 # The module's source, read-only in Go's module cache.
 module_dir() {
   local dir
-  dir=$(go mod download -json "$1@$2" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
-  [ -n "$dir" ] && [ -d "$dir" ] || die "go mod download $1@$2 failed"
+  dir=$(go mod download -json "$1@$2" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p') ||
+    die "go mod download $1@$2 failed (is the Go module proxy reachable?)"
+  [ -n "$dir" ] && [ -d "$dir" ] || die "go mod download $1@$2 gave no source directory"
   echo "$dir"
 }
 
