@@ -4,7 +4,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: help demo venv system-deps services-up services-down services-status lint format test unit bench clean
+.PHONY: help demo venv system-deps go-tools services-up services-down services-status lint format test unit bench clean
 
 help:
 	@echo "make demo            the main job: a local cluster ingesting, losing a node, recovering"
@@ -48,8 +48,14 @@ format: venv
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-test: lint system-deps services-up
+test: lint system-deps go-tools services-up
 	$(BIN)/pytest --durations=15
+
+# Outside clients built from the Go module proxy, pinned and cached under .services/cache/: the
+# remote-write receiver compliance suite and Prometheus 3 (a remote write 2.0 sender).
+go-tools:
+	scripts/rw-compliance.sh suite >/dev/null
+	scripts/rw-compliance.sh prometheus >/dev/null
 
 # Every test that needs no service (no Kafka, Cassandra or Ray), by marker; about a minute.
 unit: venv
