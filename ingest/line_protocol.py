@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Hashable, Sequence
+from operator import itemgetter
 
 import numpy as np
 from line_protocol_parser import LineFormatError, parse_line
@@ -56,26 +57,25 @@ class _Fallback(Exception):
     """The fast path met something it does not handle; the full parser decides the line."""
 
 
-# measurement, tags, field -> series index, and the series key text it was made from (None if
-# the parser made it): what identifies its labels across messages
-_Entry = tuple[str, dict[str, str], dict[str, int], str | None]
-_Canonical = tuple[str, tuple[tuple[str, str], ...]]  # measurement, sorted tags
-# A series key's labels for one field, its contract code (0 or SERIES_REASONS index + 1), and
-# its `KeyedBatch` key. Label dicts are shared by every batch that has the series: read only.
+# A series' labels for one field, its contract code (0 or SERIES_REASONS index + 1) and its
+# `KeyedBatch` key. Label dicts are shared by every batch that has the series: read only.
 _Series = tuple[Labels, int, int]
+# In one message: measurement, tags, field -> series index, and what is known across messages of
+# the series' fields (None for an entry the parser made)
+_Entry = tuple[str, dict[str, str], dict[str, int], dict[str, _Series] | None]
+# A series key text as the fast path parsed it: measurement, tags, canonical form (lines whose
+# tags come in another order are the same series) and its fields seen so far
+_Template = tuple[str, dict[str, str], str, dict[str, _Series]]
 
-CACHE_SIZE = 500_000  # series key texts, and (text, field)s per metric column and limits
-# series key text -> (measurement, tags, canonical), as the fast path parses it
-_keys: dict[str, tuple[str, dict[str, str], _Canonical]] = {}
-# (metric column, limits) -> (series key text, field) -> the series
-_series: dict[tuple[str, LabelLimits], dict[tuple[str, str], _Series]] = {}
+CACHE_SIZE = 500_000  # series key texts kept per metric column and limits
+# (metric column, limits) -> series key text -> its template
+_templates: dict[tuple[str, LabelLimits], dict[str, _Template]] = {}
 
 
-def _known_series(metric_column: str, limits: LabelLimits) -> dict[tuple[str, str], _Series]:
-    known = _series.get((metric_column, limits))
-    if known is None:
-        known = _series.setdefault((metric_column, limits), {})
-    return known
+def _canonical(measurement: str, tags: dict[str, str]) -> str:
+    """Measurement and sorted tags as one string, its hash cached by the string: lines are
+    split at "\n", so no name or value holds one, and a series key text never does either."""
+    return "\n" + "\n".join([measurement, *(f"{k}\n{v}" for k, v in sorted(tags.items()))])
 
 
 def _code(labels: Labels, metric_column: str, limits: LabelLimits) -> int:
@@ -94,10 +94,10 @@ class _InfluxBuilder:
         "first_bad",
         "idx",
         "keys",
-        "known",
         "limits",
         "metric_column",
         "series",
+        "templates",
         "ts",
         "vals",
     )
@@ -105,9 +105,12 @@ class _InfluxBuilder:
     def __init__(self, metric_column: str, limits: LabelLimits = DEFAULT_LIMITS) -> None:
         self.metric_column = metric_column
         self.limits = limits
-        self.known = _known_series(metric_column, limits)
-        # raw series key text, and (measurement, sorted tags), -> the series' entry
-        self.cache: dict[object, _Entry] = {}
+        templates = _templates.get((metric_column, limits))
+        if templates is None:
+            templates = _templates.setdefault((metric_column, limits), {})
+        self.templates = templates
+        # raw series key text, and the canonical form (`_canonical`), -> the series' entry
+        self.cache: dict[str, _Entry] = {}
         self.series: list[Labels] = []
         self.codes: list[int] = []  # per series, aligned with `series`
         self.keys: list[Hashable | None] = []  # per series: its key, None if not cached
@@ -130,40 +133,43 @@ class _InfluxBuilder:
         self,
         measurement: str,
         tags: dict[str, str],
-        canonical: _Canonical | None = None,
-        text: str | None = None,
+        canonical: str | None = None,
+        fields: dict[str, _Series] | None = None,
     ) -> _Entry:
-        """The series entry shared by every line of this measurement and tag set (`text`: the
-        series key text the fast path parsed them from)."""
+        """The series entry shared by every line of this measurement and tag set (`fields`:
+        what the fast path knows of their fields across messages)."""
         if canonical is None:
-            canonical = (measurement, tuple(sorted(tags.items())))
+            canonical = _canonical(measurement, tags)
         entry = self.cache.get(canonical)
         if entry is None:
-            entry = self.cache[canonical] = (measurement, tags, {}, text)
+            entry = self.cache[canonical] = (measurement, tags, {}, fields)
         return entry
 
     def new_series(self, entry: _Entry, field: str) -> int:
-        measurement, tags, field_idx, text = entry
-        known = self.known.get((text, field)) if text is not None else None
-        if known is None:
-            labels = dict(tags)
-            labels[self.metric_column] = (
-                measurement if field == VALUE_FIELD else f"{measurement}_{field}"
-            )
-            code = _code(labels, self.metric_column, self.limits)
-            key: Hashable | None = None
-            if text is not None:
-                if len(self.known) >= CACHE_SIZE:
-                    self.known.clear()
-                key = new_series_key()
-                self.known[(text, field)] = (labels, code, key)
-        else:
-            labels, code, key = known
-        i = field_idx[field] = len(self.series)
+        fields = entry[3]
+        known = fields.get(field) if fields is not None else None
+        labels, code, key = known if known is not None else self.make_series(entry, field)
+        i = entry[2][field] = len(self.series)
         self.series.append(labels)
         self.codes.append(code)
         self.keys.append(key)
         return i
+
+    def make_series(
+        self, entry: _Entry | _Template, field: str
+    ) -> tuple[Labels, int, Hashable | None]:
+        """A new series' labels, contract code and key (kept in the entry's known fields)."""
+        measurement, tags, _, fields = entry
+        labels = dict(tags)
+        labels[self.metric_column] = (
+            measurement if field == VALUE_FIELD else f"{measurement}_{field}"
+        )
+        code = _code(labels, self.metric_column, self.limits)
+        if not isinstance(fields, dict):
+            return labels, code, None
+        key = new_series_key()
+        fields[field] = (labels, code, key)
+        return labels, code, key
 
     def add(self, entry: _Entry, fields: list[tuple[str, float | None]], t: int, line: str) -> None:
         """Add one parsed line's fields: a sample each, or a bad record if not numeric."""
@@ -183,11 +189,11 @@ class _InfluxBuilder:
 _FAST_KEY_CHARS = 65535 // 4  # the parser refuses keys over 65535 bytes: it decides long ones
 
 
-def _fast_entry(b: _InfluxBuilder, key: str) -> _Entry:
+def _template(templates: dict[str, _Template], key: str) -> _Template:
     """Parse `measurement,k=v,...` without escapes, validated like the parser (once per key
-    text: kept across messages)."""
-    parsed = _keys.get(key)
-    if parsed is None:
+    text: kept across messages); `_Fallback` if the parser must decide."""
+    template = templates.get(key)
+    if template is None:
         if len(key) > _FAST_KEY_CHARS:
             raise _Fallback
         measurement, *tag_items = key.split(",")
@@ -199,11 +205,97 @@ def _fast_entry(b: _InfluxBuilder, key: str) -> _Entry:
             if not k or not v or "=" in v or k in tags:
                 raise _Fallback
             tags[k] = v
-        if len(_keys) >= CACHE_SIZE:
-            _keys.clear()
-        parsed = _keys[key] = (measurement, tags, (measurement, tuple(sorted(tags.items()))))
-    measurement, tags, canonical = parsed
-    return b.entry(measurement, tags, canonical, key)
+        if len(templates) >= CACHE_SIZE:
+            templates.clear()
+        template = templates[key] = (measurement, tags, _canonical(measurement, tags), {})
+    return template
+
+
+def _fast_entry(b: _InfluxBuilder, key: str) -> _Entry:
+    return b.entry(*_template(b.templates, key))
+
+
+_NOT_FLOAT_CHARS = str.maketrans("", "", _FLOAT_CHARS)
+_canonical_of, _fields_of = itemgetter(2), itemgetter(3)  # of a template
+_field_of = itemgetter(1)  # of a (canonical, field)
+_labels_of, _code_of, _key_of = itemgetter(0), itemgetter(1), itemgetter(2)  # of a series
+
+
+def _decode_bulk(b: _InfluxBuilder, lines: list[str], lo: int, hi: int) -> bool:
+    """Decode a message of uniform plain lines (`key field=float timestamp`: one field, a
+    non-negative timestamp in range, no escapes or quotes) with whole-message string and NumPy
+    operations, as the fast path would; False (and `b` untouched) for any other message, or if
+    anything about one line is in doubt: the line loop then decides."""
+    if lines and not lines[-1]:
+        lines = lines[:-1]  # a trailing newline
+    n = len(lines)
+    if not n or list(map(str.count, lines, [" "] * n)).count(2) != n:
+        return False
+    tokens = " ".join(lines).split(" ")
+    keys, fields, stamps = tokens[0::3], tokens[1::3], tokens[2::3]
+    # Timestamps: digits only (int() would also take "+1", "1_0", " 1"), within int64 and range.
+    joined = "".join(stamps)
+    if not (joined.isascii() and joined.isdigit()) or "" in stamps:
+        return False
+    if max(map(len, stamps)) > 19:
+        return False
+    ts = list(map(int, stamps))
+    try:
+        t = np.array(ts, np.int64)
+    except OverflowError:
+        return False
+    if int(t.min()) < lo or int(t.max()) > hi:
+        return False
+    # Fields: exactly one `name=value` each, the value made of float characters only.
+    if list(map(str.count, fields, ["="] * n)).count(1) != n or "," in "".join(fields):
+        return False
+    pieces = "=".join(fields).split("=")
+    names, values = pieces[0::2], pieces[1::2]
+    if "" in names or "" in values or "".join(values).translate(_NOT_FLOAT_CHARS):
+        return False
+    try:
+        vals = list(map(float, values))
+    except ValueError:
+        return False
+    x = np.abs(np.array(vals, np.float64))
+    normal = (x >= _FLOAT_MIN) & (x <= _FLOAT_MAX)
+    if not normal.all():  # zeros pass unless they are underflows ("1e-400"): as the loop says
+        zeros = np.flatnonzero(x == 0).tolist()
+        if len(zeros) != int((~normal).sum()) or any(_nonzero_mantissa(values[i]) for i in zeros):
+            return False
+    templates: list[_Template | None] = list(map(b.templates.get, keys))
+    if None in templates:
+        try:
+            templates = [
+                tp or _template(b.templates, k) for tp, k in zip(templates, keys, strict=True)
+            ]
+        except _Fallback:
+            return False
+    # Series in order of first appearance, as the loop numbers them: (canonical, field).
+    canon = list(map(_canonical_of, templates))
+    same_field = names.count(names[0]) == n
+    series_keys: list[object] = canon if same_field else list(zip(canon, names, strict=True))
+    order = list(dict.fromkeys(series_keys))
+    number = dict(zip(order, range(len(order)), strict=True))
+    first = dict(zip(canon[::-1], templates[::-1], strict=True))  # the loop's entry: the first
+    if same_field:
+        by_series, field_names = list(map(first.__getitem__, order)), [names[0]] * len(order)
+    else:
+        by_series = list(map(first.__getitem__, map(_labels_of, order)))  # item 0: canonical
+        field_names = list(map(_field_of, order))
+    known = list(map(dict.get, map(_fields_of, by_series), field_names))
+    if None in known:
+        known = [
+            s or b.make_series(tp, f)  # type: ignore[arg-type]
+            for s, tp, f in zip(known, by_series, field_names, strict=True)
+        ]
+    b.series.extend(map(_labels_of, known))
+    b.codes.extend(map(_code_of, known))
+    b.keys.extend(map(_key_of, known))
+    b.idx = list(map(number.__getitem__, series_keys))
+    b.ts = ts
+    b.vals = vals
+    return True
 
 
 def _decode_lines(
@@ -213,8 +305,11 @@ def _decode_lines(
     lo: int,
     hi: int,
     fast_path: bool,
+    special: bool = True,
 ) -> None:
     """Decode lines in order; plain lines inline, the rest through `_full_line`.
+    `special=False` says no line holds a backslash, a quote or a tab (checked on the whole
+    text at once).
 
     The fast path handles lines without escapes, quotes or tabs by splitting on separators,
     validating like the parser; anything unusual raises `_Fallback`, undoes the line's samples
@@ -222,13 +317,14 @@ def _decode_lines(
     overhead is the whole cost here.
     """
     cache, series, idx, ts, vals = b.cache, b.series, b.idx, b.ts, b.vals
+    codes, keys, templates = b.codes, b.keys, b.templates
     line_of: list[int] = []  # per series: the last line that gave it a sample (duplicates)
     for n_line, line in enumerate(lines):
         mark, series_mark, non_numeric = len(idx), len(series), 0
         try:
             if isinstance(line, bytes):
                 line = line.decode("utf-8")
-            if not fast_path or "\\" in line or '"' in line or "\t" in line:
+            if not fast_path or (special and ("\\" in line or '"' in line or "\t" in line)):
                 raise _Fallback
             parts = line.split(" ")
             if len(parts) == 3:
@@ -248,8 +344,15 @@ def _decode_lines(
                 raise _Fallback
             entry = cache.get(key)
             if entry is None:
-                entry = cache[key] = _fast_entry(b, key)
-            field_idx = entry[2]
+                template = templates.get(key)
+                if template is None:
+                    entry = cache[key] = _fast_entry(b, key)
+                else:  # `b.entry(*template)`, inline: a known series key is the usual line
+                    entry = cache.get(template[2])
+                    if entry is None:
+                        entry = cache[template[2]] = (template[0], template[1], {}, template[3])
+                    cache[key] = entry
+            field_idx, known = entry[2], entry[3]
             for item in fields.split(","):
                 f, _, v = item.partition("=")
                 if not f:
@@ -281,7 +384,14 @@ def _decode_lines(
                         raise _Fallback
                 i = field_idx.get(f)
                 if i is None:
-                    i = b.new_series(entry, f)
+                    seen = known.get(f) if known is not None else None
+                    if seen is None:
+                        i = b.new_series(entry, f)
+                    else:  # `b.new_series`, inline: a known field of a known series key
+                        i = field_idx[f] = len(series)
+                        series.append(seen[0])
+                        codes.append(seen[1])
+                        keys.append(seen[2])
                     line_of.append(n_line)
                 elif line_of[i] == n_line:
                     raise _Fallback  # a duplicate field: the parser keeps the first
@@ -368,14 +478,15 @@ def decode_influx(
     lo, hi = max(lo, _INT64_MIN), min(hi, _INT64_MAX)  # the parser's limits
     b = _InfluxBuilder(metric_column, limits)
     lines: Sequence[str | bytes]
-    if isinstance(data, str):
-        lines = data.split("\n")
-    else:
-        try:
-            lines = bytes(data).decode("utf-8").split("\n")
-        except UnicodeDecodeError:
-            lines = bytes(data).split(b"\n")  # the parser reports the bad lines
-    _decode_lines(b, lines, default_ts, lo, hi, fast_path)
+    special = True
+    try:
+        text = data if isinstance(data, str) else bytes(data).decode("utf-8")
+        special = "\\" in text or '"' in text or "\t" in text
+        lines = text.split("\n")
+    except UnicodeDecodeError:
+        lines = bytes(data).split(b"\n")  # the parser reports the bad lines
+    if not (fast_path and not special and _decode_bulk(b, lines, lo, hi)):  # type: ignore[arg-type]
+        _decode_lines(b, lines, default_ts, lo, hi, fast_path, special)
     ts = np.array(b.ts, dtype=np.int64)
     ts = ts // div if mul == 1 else ts * mul
     idx = np.array(b.idx, dtype=np.int32)

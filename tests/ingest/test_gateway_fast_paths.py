@@ -222,8 +222,7 @@ def test_line_protocol_caches_change_nothing(
         return decode_influx(text, T0, column, "ms", limits=limits)
 
     warm = [decode(), decode()]  # the second finds everything cached
-    line_protocol._keys.clear()
-    line_protocol._series.clear()
+    line_protocol._templates.clear()
     cold = decode()
     for got in warm:
         _decoded_exactly(got, cold)
@@ -247,3 +246,63 @@ def _same_as_the_parser(text: str, column: str, limits: LabelLimits) -> bool:
         for d in (fast, slow)
     ]
     return rows[0] == rows[1] and fast.batch.bad_records == slow.batch.bad_records
+
+
+def _mostly(usual: list[str], odd: list[str]) -> st.SearchStrategy[str]:
+    """Usual values most of the time, so whole messages often qualify; odd ones sometimes."""
+    return st.sampled_from(usual * (10 * len(odd)) + odd)
+
+
+_measurements = _mostly(["cpu", "mem", "disk_io"], ["#x", "a=b", "é"])
+_tag_orders = _mostly(["host=a,dc=x", "dc=x,host=a", "host=b", ""], ["h=1,h=2", "k=", "a=b=c"])
+_bulk_values = _mostly(
+    ["1.5", "0", "-12", ".5", "3e5", "0.0"],
+    ["-0.0", "1e-400", "1e400", "2.2e-308", "1-2", "7i", "t", "0e-999", "00"],
+)
+_bulk_stamps = _mostly(
+    ["1700000000000", "1700000000001", "0"],
+    ["9223372036854775807", "9223372036854775808", "-5", "+5", "1_0", "99999999999999999999"],
+)
+_field_names = _mostly(["value", "v"], ["x y", "", "a,b"])
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            _measurements,
+            _tag_orders,
+            _field_names,
+            _bulk_values,
+            _bulk_stamps,
+        ),
+        min_size=1,
+        max_size=8,
+    ),
+    _mostly(["ms"], ["ns", "s"]),
+    st.booleans(),
+)
+def test_line_protocol_whole_message_path_equals_the_line_loop(
+    lines: list[tuple[str, str, str, str, str]], precision: str, trailing_newline: bool
+) -> None:
+    """Uniform plain messages (one field per line) are decoded with whole-message operations;
+    every message, odd ones included, decodes exactly as the line loop decodes it."""
+    text = "\n".join(f"{m}{',' + t if t else ''} {f}={v} {ts}" for m, t, f, v, ts in lines) + (
+        "\n" if trailing_newline else ""
+    )
+    bulk = decode_influx(text, T0, "_metric_", precision)
+    original = line_protocol._decode_bulk
+    line_protocol._decode_bulk = lambda *_: False  # type: ignore[assignment]
+    try:
+        loop = decode_influx(text, T0, "_metric_", precision)
+    finally:
+        line_protocol._decode_bulk = original
+    _decoded_exactly(bulk, loop)
+    assert type(bulk.batch) is type(loop.batch)
+
+
+def test_plain_messages_take_the_whole_message_path() -> None:
+    text = "\n".join(f"cpu,host=h{i % 7},dc=x value={i * 0.5} {T0 + i}" for i in range(50))
+    b = line_protocol._InfluxBuilder("_metric_")
+    assert line_protocol._decode_bulk(b, text.split("\n"), 0, 2**62)
+    assert len(b.series) == 7 and b.idx == [i % 7 for i in range(50)]
