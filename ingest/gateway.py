@@ -414,6 +414,8 @@ class Gateway:
         series = batch.series
         keys = batch.keys if isinstance(batch, KeyedBatch) else None
         if keys is not None and len(keys) == len(series):
+            with contextlib.suppress(TypeError):  # None: a key not cached yet
+                return np.fromiter(map(cache.by_key.get, keys), np.intp, len(keys))
             slots = list(map(cache.by_key.get, keys))
             if None in slots:
                 for i, s in enumerate(slots):
