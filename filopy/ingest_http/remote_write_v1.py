@@ -140,11 +140,7 @@ def _varints(
 ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]] | None:
     """The varints starting at `at` (at most `width` bytes each) and their sizes; None if one
     is longer (or a 10-byte varint overflows 64 bits)."""
-    if width == 3:  # lengths: one byte is the rule
-        first = buf.take(at, mode="clip")
-        if not (first & 0x80).any():
-            return first.astype(np.uint64), np.ones(len(at), np.int64)
-    else:  # timestamps: milliseconds from 1971 to 2109 take 6 bytes
+    if width == 10:  # timestamps: milliseconds from 1971 to 2109 take 6 bytes
         b = buf.take(at[:, None] + _SIX, mode="clip")
         if (b[:, 5] < 0x80).all() and (b[:, :5] >= 0x80).all():
             value = ((b & 0x7F).astype(np.uint64) << _SHIFTS[6]).sum(axis=1, dtype=np.uint64)
@@ -189,26 +185,31 @@ def decode_fast(raw: bytes, metric_column: str) -> Decoded | None:
     n = len(starts)
     # Reads clip at the end: a read past it only ever feeds a bound check that then fails.
     buf = np.frombuffer(raw, np.uint8)
-    # Labels: hop over every series' label fields at once, a field per round.
-    pos = starts.copy()
-    act = np.arange(n)
+    # Labels: hop over every series' label fields at once, a field per round (p: where the
+    # series still in `act` are; a read past `ends` is caught by the bound check after).
+    label_end = np.empty(n, np.int64)
+    act, p, e = np.arange(n), starts.copy(), ends
     for _ in range(_MAX_LABELS + 1):
-        p = pos[act]
-        more = (p < ends[act]) & (buf.take(p, mode="clip") == _LABELS_TAG)
+        more = (p < e) & (buf.take(p, mode="clip") == _LABELS_TAG)
         if not more.all():
-            act, p = act[more], p[more]
+            done = ~more
+            label_end[act[done]] = p[done]
+            act, p, e = act[more], p[more], e[more]
             if not len(act):
                 break
+        length = buf.take(p + 1, mode="clip")
+        if not (length & 0x80).any():  # the rule: labels under 128 bytes
+            p = p + 2 + length
+            continue
         got = _varints(buf, p + 1, 3)
         if got is None:
             return None
-        length, size = got
-        pos[act] = p + 1 + size + length.astype(np.int64)
-        if (pos[act] > ends[act]).any():
-            return None
+        p = p + 1 + got[1] + got[0].astype(np.int64)
     else:
         return None
-    label_end = pos.copy()
+    if (label_end > ends).any():
+        return None
+    pos = label_end.copy()
     # Samples: a round per sample of the longest series.
     rounds_series: list[npt.NDArray[np.int64]] = []
     rounds_ts: list[npt.NDArray[np.int64]] = []
