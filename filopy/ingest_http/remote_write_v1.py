@@ -33,7 +33,7 @@ from ingest.gateway import KeyedBatch, new_series_key
 
 UNSUPPORTED = "unsupported"  # a refusal reason: samples of a kind FiloPy cannot store
 
-LABEL_CACHE_SIZE = 1_000_000  # series whose label dicts are kept, per metric column
+LABEL_CACHE_SIZE = 500_000  # series whose label dicts are kept, per metric column
 _MAX_LABELS = 256  # more labels on a series: the full parser decides
 _MAX_SAMPLES = 8  # more samples on a series (a catch-up): the full parser decides
 _LABELS_TAG, _SAMPLES_TAG = 0x0A, 0x12  # TimeSeries fields 1 and 2, length-delimited
