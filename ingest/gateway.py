@@ -2,14 +2,16 @@
 
 Routing work is per series and cached (series repeat across scrapes): a series' shard, encoded
 labels and size live in a slot of NumPy arrays, found by its labels (or, for a `KeyedBatch`,
-by the cheap key its decoder gives, e.g. remote write's label bytes). Per-sample work is NumPy:
+by the cheap key its decoder gives: an int per label dict the decoder caches). The cache belongs
+to the dataset definition and is shared by every Gateway of it in the process (HTTP ingestion
+keeps a pool of them). Per-sample work is NumPy:
 one gather for each sample's shard, one stable argsort to group by shard, and each message's
 series table built for all shards at once. Messages are kept under a size cap by splitting a
 shard's samples into pieces sized from the compression ratio seen so far. The producer is
 idempotent with acks=all, so a retried send never duplicates or reorders samples within a
 partition.
 
-Not thread-safe: use one Gateway per producing thread.
+Not thread-safe: use one Gateway per producing thread (the shared series cache is safe).
 """
 
 from __future__ import annotations
@@ -172,7 +174,8 @@ class _SharedCache:
         self.current = _SeriesCache()
 
 
-_shared_caches: weakref.WeakValueDictionary[Dataset, _SharedCache] = weakref.WeakValueDictionary()
+# the dataset definition as JSON -> its cache, while a Gateway of it lives
+_shared_caches: weakref.WeakValueDictionary[str, _SharedCache] = weakref.WeakValueDictionary()
 _shared_caches_lock = threading.Lock()
 
 
@@ -489,7 +492,7 @@ class Gateway:
     ) -> int:
         """Send the rows `order` (grouped by shard, input order within one). The series table
         of every shard's message is built here at once; a shard whose samples need several
-        messages gets per-piece tables (`_send_shard`)."""
+        messages gets per-piece tables (`_send_split`, `_send_piece`)."""
         sorted_shards = shard[order]
         cuts = np.flatnonzero(sorted_shards[1:] != sorted_shards[:-1]) + 1
         bounds = [0, *cuts.tolist(), len(order)]
@@ -506,7 +509,15 @@ class Gateway:
         local_all = rank[inverse.reshape(-1)]
         used_cost = cached.cost[slots[used_sorted]]
         cost_cum = np.concatenate(([0], np.cumsum(used_cost)))
-        table = None
+        table: _Table | None = None  # the batch's series table, for per-piece tables
+
+        def batch_table() -> _Table:
+            nonlocal table
+            if table is None:
+                blobs = [cached.blobs[s] for s in slots.tolist()]
+                table = _Table(blobs, cached.n_labels[slots], cached.cost[slots])
+            return table
+
         target = 0.85 * self.max_message_bytes  # headroom for a worse ratio than learnt
         accepted = 0
         for g, (a, b) in enumerate(itertools.pairwise(bounds)):
@@ -522,20 +533,11 @@ class Gateway:
             shard_id = int(group_shards[g])
             rows = order[a:b]
             if pieces > 1:
-                if table is None:
-                    table = _Table(
-                        [cached.blobs[s] for s in slots.tolist()],
-                        cached.n_labels[slots],
-                        cached.cost[slots],
-                    )
-                accepted += self._send_split(shard_id, batch, rows, table, pieces)
+                accepted += self._send_split(shard_id, batch, rows, batch_table(), pieces)
                 continue
             slot_ids = slots[used_sorted[sa:sb]]
-            blobs = (
-                itemgetter(*slot_ids.tolist())(cached.blobs)
-                if sb - sa > 1
-                else ([cached.blobs[int(slot_ids[0])]])
-            )
+            ids = slot_ids.tolist()
+            blobs = itemgetter(*ids)(cached.blobs) if len(ids) > 1 else [cached.blobs[ids[0]]]
             message = encode_binary_parts(
                 blobs,
                 cached.n_labels[slot_ids],
@@ -545,19 +547,13 @@ class Gateway:
                 self.compression_level,
             )
             self._ratio = 0.8 * self._ratio + 0.2 * min(len(message) / raw_bound, 1.0)
-            if len(message) > self.max_message_bytes:
-                if table is None:
-                    table = _Table(
-                        [cached.blobs[s] for s in slots.tolist()],
-                        cached.n_labels[slots],
-                        cached.cost[slots],
-                    )
+            if len(message) > self.max_message_bytes:  # as `_send_piece` does
                 if n_rows == 1:
                     self._skip(TOO_LARGE, 1)
                     continue
                 half = n_rows // 2
-                accepted += self._send_piece(shard_id, batch, rows[:half], table)
-                accepted += self._send_piece(shard_id, batch, rows[half:], table)
+                accepted += self._send_piece(shard_id, batch, rows[:half], batch_table())
+                accepted += self._send_piece(shard_id, batch, rows[half:], batch_table())
                 continue
             self._produce(shard_id, message, n_rows)
             accepted += n_rows
