@@ -452,6 +452,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--connections", type=int, default=4)
     p.add_argument("--servers", default="filopy,vm", help="filopy, vm or both")
     p.add_argument("--protocols", default="rw,lp", help="rw, lp or both")
+    p.add_argument(
+        "--gateway-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an environment variable for the gateway process (repeatable), e.g. "
+        "PYTHONPATH=DIR with httptools and uvloop in DIR, which uvicorn then uses",
+    )
     p.add_argument("--note", default="", help="a line for the results file")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "ingest_http.txt"))
     args = p.parse_args(argv)
@@ -467,7 +475,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         filopy = vm = None
         if "filopy" in servers:
-            filopy = start_filopy(tmp / "filopy")
+            env = dict(kv.split("=", 1) for kv in args.gateway_env)
+            filopy = start_filopy(tmp / "filopy", env)
             started.append(filopy)
         if "vm" in servers:
             vm = start_victoria(tmp / "vm")

@@ -123,12 +123,12 @@ def decode(raw: bytes, metric_column: str) -> Decoded:
 # ----- the vectorized path ----------------------------------------------------------------------
 
 
+_VARINT_LIMITS = np.array([1 << 7, 1 << 14, 1 << 21, 1 << 28, 1 << 35], np.int64)
+
+
 def _varint_size(n: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
     """Bytes of the shortest varint of each (non-negative) length."""
-    size = np.ones(len(n), np.int64)
-    for bits in (7, 14, 21, 28, 35):
-        size += n >= (1 << bits)
-    return size
+    return np.searchsorted(_VARINT_LIMITS, n, side="right") + 1
 
 
 _SHIFTS = {w: (7 * np.arange(w, dtype=np.uint64)) for w in (3, 6, 10)}
