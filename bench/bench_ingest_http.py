@@ -7,11 +7,13 @@ Needs Kafka from `scripts/services.sh up kafka` and Debian's victoria-metrics pa
 
 The same samples are pre-built as (a) remote write 1.0 requests of 2,000 samples (snappy
 protobuf, as Prometheus sends: many series with 8 labels, one sample per series per request,
-the same series in the same request scrape after scrape) and (b) Influx line protocol bodies of
-the same samples (gzip, as Telegraf sends; `precision=ms`). One client (threads, one keep-alive
-connection each, pre-encoded bodies) sends them to each server; a run is timed from the first
-request to the last answer, and every answer must be 204. One warm-up scrape per server and
-protocol is sent first and not timed (both servers then know every series: the steady state).
+the same series in the same request scrape after scrape), (b) Influx line protocol bodies of
+the same samples (gzip, as Telegraf sends; `precision=ms`) and, with `--protocols rw2`, (c)
+remote write 2.0 requests (FiloPy only: VictoriaMetrics 1.79 has no 2.0 receiver). One client
+(threads, one keep-alive connection each, pre-encoded bodies) sends them to each server; a run
+is timed from the first request to the last answer, and every answer must be 204. One warm-up
+scrape per server and protocol is sent first and not timed (both servers then know every
+series: the steady state).
 
 What a 204 means differs: FiloPy answers once Kafka acknowledged every sample (acks=all);
 VictoriaMetrics once the samples are parsed and added to its in-memory buffers (written to disk
@@ -50,6 +52,7 @@ sys.path.insert(0, str(ROOT))
 
 from filopy.config import load_settings  # noqa: E402
 from filopy.dataset import Dataset, SourceSettings  # noqa: E402
+from filopy.ingest_http.prompb import write_v2_pb2  # noqa: E402
 from filopy.ingest_http.prompb.remote_pb2 import WriteRequest  # noqa: E402
 from filopy.store import open_stores  # noqa: E402
 from ingest.topics import ensure_topic  # noqa: E402
@@ -60,6 +63,7 @@ KAFKA_PID_FILE = ROOT / ".services" / "run" / "kafka.pid"
 SHARDS = 8
 SAMPLES_PER_REQUEST = 2_000
 SCRAPE_INTERVAL_MS = 15_000
+RW1, RW2, LP = "remote write 1.0", "remote write 2.0", "line protocol"
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -96,14 +100,37 @@ class Workload:
     per_scrape: int  # requests per scrape
     remote_write: list[bytes]  # snappy-compressed prometheus.WriteRequest
     lines: list[bytes]  # gzip-compressed line protocol, ms timestamps
+    remote_write_v2: list[bytes]  # snappy-compressed io.prometheus.write.v2.Request (or none)
+
+    def bodies(self, protocol: str) -> list[bytes]:
+        return {RW1: self.remote_write, LP: self.lines, RW2: self.remote_write_v2}[protocol]
 
     @property
     def timed_samples(self) -> int:
         return self.series * self.scrapes
 
 
-def build(n_series: int, scrapes: int, seed: int = 1) -> Workload:
-    """(1 + scrapes) scrapes of every series, cut into requests of 2,000 series each."""
+def _v2_request(series: list[list[tuple[str, str]]], values: list[float], t: int) -> bytes:
+    """One remote write 2.0 request: its own symbol table, each series' label refs."""
+    req = write_v2_pb2.Request()
+    symbols: dict[str, int] = {"": 0}
+    for labels, v in zip(series, values, strict=True):
+        ts = req.timeseries.add()
+        refs = []
+        for name, value in labels:
+            refs.append(symbols.setdefault(name, len(symbols)))
+            refs.append(symbols.setdefault(value, len(symbols)))
+        ts.labels_refs.extend(refs)
+        s = ts.samples.add()
+        s.value = v
+        s.timestamp = t
+    req.symbols.extend(symbols)
+    return bytes(cramjam.snappy.compress_raw(req.SerializeToString()))
+
+
+def build(n_series: int, scrapes: int, seed: int = 1, v2: bool = False) -> Workload:
+    """(1 + scrapes) scrapes of every series, cut into requests of 2,000 series each (as 2.0
+    requests too with `v2`)."""
     rng = random.Random(seed)
     series = series_labels(n_series)
     t0 = (int(time.time() * 1000) // SCRAPE_INTERVAL_MS - scrapes - 10) * SCRAPE_INTERVAL_MS
@@ -121,13 +148,16 @@ def build(n_series: int, scrapes: int, seed: int = 1) -> Workload:
         protos.append(proto)
     rw: list[bytes] = []
     lines: list[bytes] = []
+    rw2: list[bytes] = []
     for k in range(scrapes + 1):
         t = t0 + k * SCRAPE_INTERVAL_MS
         for lo in range(0, n_series, SAMPLES_PER_REQUEST):
             req = WriteRequest()
             text = []
+            values = []
             for i in range(lo, min(lo + SAMPLES_PER_REQUEST, n_series)):
                 v = round(rng.uniform(0, 1000), 3) if i % 2 else float(k * 10 + i % 7)
+                values.append(v)
                 ts = req.timeseries.add()
                 ts.CopyFrom(protos[i])
                 s = ts.samples.add()
@@ -136,8 +166,10 @@ def build(n_series: int, scrapes: int, seed: int = 1) -> Workload:
                 text.append(f"{keys[i]} value={v!r} {t}")
             rw.append(bytes(cramjam.snappy.compress_raw(req.SerializeToString())))
             lines.append(gzip.compress("\n".join(text).encode(), compresslevel=6))
+            if v2:
+                rw2.append(_v2_request(series[lo : lo + SAMPLES_PER_REQUEST], values, t))
     per_scrape = -(-n_series // SAMPLES_PER_REQUEST)
-    return Workload(n_series, scrapes, per_scrape, rw, lines)
+    return Workload(n_series, scrapes, per_scrape, rw, lines, rw2)
 
 
 # ----- the servers ---------------------------------------------------------------------------
@@ -179,8 +211,7 @@ class Server:
         self.health = health
         self._log = log.open("wb")
         self.proc = subprocess.Popen(argv, env=env, stdout=self._log, stderr=subprocess.STDOUT)
-        self.rw_path = ""
-        self.lp_path = ""
+        self.paths: dict[str, str] = {}  # protocol -> path (a protocol it does not take: none)
         self.port = 0
 
     def wait_ready(self, port: int, timeout_s: float = 60.0) -> None:
@@ -256,8 +287,11 @@ def start_filopy(tmp: Path, extra_env: dict[str, str] | None = None) -> Server:
     argv = [sys.executable, "-m", "filopy.cli", "gateway", "--port", str(port)]
     server = Server("FiloPy gateway", argv, env, "/__liveness", tmp / "gateway.log")
     server.wait_ready(port)
-    server.rw_path = f"/ingest/{ds.name}/api/v1/write"
-    server.lp_path = f"/ingest/{ds.name}/write?precision=ms"
+    server.paths = {
+        RW1: f"/ingest/{ds.name}/api/v1/write",
+        RW2: f"/ingest/{ds.name}/api/v1/write",
+        LP: f"/ingest/{ds.name}/write?precision=ms",
+    }
     server.dataset = ds  # type: ignore[attr-defined]
     return server
 
@@ -273,8 +307,7 @@ def start_victoria(tmp: Path) -> Server:
     ]
     server = Server("VictoriaMetrics", argv, dict(os.environ), "/health", tmp / "vm.log")
     server.wait_ready(port)
-    server.rw_path = "/api/v1/write"
-    server.lp_path = "/write?precision=ms"
+    server.paths = {RW1: "/api/v1/write", LP: "/write?precision=ms"}
     return server
 
 
@@ -322,7 +355,13 @@ RW_HEADERS = {
     "X-Prometheus-Remote-Write-Version": "0.1.0",
     "User-Agent": "bench_ingest_http",
 }
+RW2_HEADERS = {
+    **RW_HEADERS,
+    "Content-Type": "application/x-protobuf;proto=io.prometheus.write.v2.Request",
+    "X-Prometheus-Remote-Write-Version": "2.0.0",
+}
 LP_HEADERS = {"Content-Type": "text/plain; charset=utf-8", "Content-Encoding": "gzip"}
+HEADERS = {RW1: RW_HEADERS, RW2: RW2_HEADERS, LP: LP_HEADERS}
 
 
 @dataclass(slots=True)
@@ -347,9 +386,7 @@ class Run:
 def timed_run(
     server: Server, protocol: str, work: Workload, connections: int, broker: int | None
 ) -> Run:
-    bodies = work.remote_write if protocol == "remote write 1.0" else work.lines
-    path = server.rw_path if protocol == "remote write 1.0" else server.lp_path
-    headers = RW_HEADERS if protocol == "remote write 1.0" else LP_HEADERS
+    bodies, path, headers = work.bodies(protocol), server.paths[protocol], HEADERS[protocol]
     send_all(server.port, path, bodies[: work.per_scrape], headers, connections)  # warm-up
     time.sleep(1.0)
     cpu0, b0, c0 = server.cpu(), broker and cpu_seconds(broker), time.process_time()
@@ -366,32 +403,31 @@ def timed_run(
     )
 
 
+FILOPY_PROTOCOL_LABELS = {
+    RW1: 'protocol="prometheus_remote_write"',
+    RW2: 'protocol="prometheus_remote_write_v2"',
+    LP: 'protocol="influx_v1"',
+}
+VM_ROW_TYPES = {RW1: 'type="promremotewrite"', LP: 'type="influx"'}
+
+
 def check_counts(filopy: Server | None, vm: Server | None, expected: dict[str, int]) -> None:
     """Each server counted every sample sent (warm-up included) as stored."""
     if filopy is not None:
         text = filopy.get("/metrics")
-        got = {
-            "remote write 1.0": _metric(
-                text,
-                "filopy_http_ingest_samples_accepted_total",
-                'protocol="prometheus_remote_write"',
-            ),
-            "line protocol": _metric(
-                text, "filopy_http_ingest_samples_accepted_total", 'protocol="influx_v1"'
-            ),
-        }
         for proto, n in expected.items():
-            if got[proto] != n:
-                raise RuntimeError(f"FiloPy acked {got[proto]} {proto} samples, sent {n}")
+            got = _metric(
+                text, "filopy_http_ingest_samples_accepted_total", FILOPY_PROTOCOL_LABELS[proto]
+            )
+            if got != n:
+                raise RuntimeError(f"FiloPy acked {got} {proto} samples, sent {n}")
     if vm is not None:
         text = vm.get("/metrics")
-        got = {
-            "remote write 1.0": _metric(text, "vm_rows_inserted_total", 'type="promremotewrite"'),
-            "line protocol": _metric(text, "vm_rows_inserted_total", 'type="influx"'),
-        }
         for proto, n in expected.items():
-            if got[proto] != n:
-                raise RuntimeError(f"VictoriaMetrics inserted {got[proto]} {proto} rows, sent {n}")
+            if proto in VM_ROW_TYPES:
+                got = _metric(text, "vm_rows_inserted_total", VM_ROW_TYPES[proto])
+                if got != n:
+                    raise RuntimeError(f"VictoriaMetrics inserted {got} {proto} rows, sent {n}")
 
 
 def _metric(text: str, name: str, label_part: str) -> int:
@@ -406,8 +442,11 @@ def _metric(text: str, name: str, label_part: str) -> int:
 
 
 def report(runs: list[Run], work: Workload, args: argparse.Namespace, note: str) -> str:
-    n_rw = sum(len(b) for b in work.remote_write[work.per_scrape :])
-    n_lp = sum(len(b) for b in work.lines[work.per_scrape :])
+    per_request = work.scrapes * work.per_scrape * 1024
+
+    def kib(bodies: list[bytes]) -> float:
+        return sum(len(b) for b in bodies[work.per_scrape :]) / per_request
+
     out = [
         "HTTP ingestion: one `filopy gateway` process vs VictoriaMetrics single-node, same samples",
         f"{time.strftime('%Y-%m-%d %H:%M')}, Python {platform.python_version()}, "
@@ -417,9 +456,13 @@ def report(runs: list[Run], work: Workload, args: argparse.Namespace, note: str)
         f"{work.series:,} series x 8 labels; {work.scrapes} timed scrapes (+1 warm-up) = "
         f"{work.timed_samples:,} samples in requests of {SAMPLES_PER_REQUEST:,} samples "
         f"(1 per series); {args.connections} client connections",
-        f"bodies: remote write 1.0 snappy {n_rw / work.scrapes / work.per_scrape / 1024:.1f} KiB"
-        f"/request; line protocol gzip {n_lp / work.scrapes / work.per_scrape / 1024:.1f} KiB"
-        "/request, precision=ms",
+        f"bodies: remote write 1.0 snappy {kib(work.remote_write):.1f} KiB/request; line "
+        f"protocol gzip {kib(work.lines):.1f} KiB/request, precision=ms"
+        + (
+            f"; remote write 2.0 snappy {kib(work.remote_write_v2):.1f} KiB/request"
+            if work.remote_write_v2
+            else ""
+        ),
         "FiloPy 204 = every sample acked by Kafka (acks=all, 8 partitions); VictoriaMetrics 204 ="
         " parsed and in its in-memory buffers (on disk within ~1 s, not fsynced)",
         *([note] if note else []),
@@ -434,7 +477,7 @@ def report(runs: list[Run], work: Workload, args: argparse.Namespace, note: str)
             f"{r.server_cpu:>14.2f}{r.per_cpu:>15,.0f}{broker:>14}{r.client_cpu:>14.2f}"
         )
     out.append("")
-    for proto in ("remote write 1.0", "line protocol"):
+    for proto in (RW1, LP):
         f = next((r for r in runs if r.protocol == proto and r.server.startswith("FiloPy")), None)
         v = next((r for r in runs if r.protocol == proto and r.server.startswith("Victoria")), None)
         if f and v:
@@ -451,7 +494,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--scrapes", type=int, default=20, help="timed scrapes (one more warms up)")
     p.add_argument("--connections", type=int, default=4)
     p.add_argument("--servers", default="filopy,vm", help="filopy, vm or both")
-    p.add_argument("--protocols", default="rw,lp", help="rw, lp or both")
+    p.add_argument("--protocols", default="rw,lp", help="some of rw, lp, rw2 (FiloPy only)")
     p.add_argument(
         "--gateway-env",
         action="append",
@@ -465,7 +508,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     servers, protocols = args.servers.split(","), args.protocols.split(",")
     t = time.perf_counter()
-    work = build(args.series, args.scrapes)
+    work = build(args.series, args.scrapes, v2="rw2" in protocols)
     print(
         f"built {len(work.remote_write)} requests per protocol in {time.perf_counter() - t:.1f} s"
     )
@@ -482,9 +525,9 @@ def main(argv: list[str] | None = None) -> None:
             vm = start_victoria(tmp / "vm")
             started.append(vm)
         broker = kafka_pid()
-        names = {"rw": "remote write 1.0", "lp": "line protocol"}
+        names = {"rw": RW1, "lp": LP, "rw2": RW2}
         for proto in (names[p] for p in protocols):
-            for server in (s for s in (filopy, vm) if s is not None):
+            for server in (s for s in (filopy, vm) if s is not None and proto in s.paths):
                 run = timed_run(
                     server, proto, work, args.connections, broker if server is filopy else None
                 )
