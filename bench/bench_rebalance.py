@@ -109,6 +109,7 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=64)
     parser.add_argument("--max-moves", type=int, default=4)
     parser.add_argument("--rate", type=float, default=50_000, help="samples/s; 0: flat out")
+    parser.add_argument("--store", choices=["cassandra", "sqlite"], default="cassandra")
     parser.add_argument("--steady-s", type=float, default=15.0)
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--out", type=Path, default=None)
@@ -122,7 +123,19 @@ def main() -> None:
         settings = settings.model_copy(
             update={
                 "rebalance": settings.rebalance.model_copy(
-                    update={"interval_s": 1.0, "max_concurrent_moves": args.max_moves}
+                    update={
+                        "interval_s": 1.0,
+                        "max_concurrent_moves": args.max_moves,
+                        # A drain (stop, final flush, checkpoint LWTs) takes 15-30 s here when
+                        # 4 nodes' 64 ingesters, Kafka and Cassandra share 2 cores.
+                        "drain_timeout_s": 300.0,
+                    }
+                ),
+                # Cassandra, as a multi-node cluster would use: SQLite's one writer at a time
+                # makes 64 shards' flushes (and so the drains) queue behind each other.
+                "store": settings.store.model_copy(update={"backend": args.store}),
+                "cassandra": settings.cassandra.model_copy(
+                    update={"keyspace": f"filopy_bench_{uuid.uuid4().hex[:8]}"}
                 ),
                 # Everything shares 2 cores here: a busy node answers pings late, and the
                 # default 4 s would count it failed mid-benchmark.
@@ -177,6 +190,9 @@ def main() -> None:
         moved = [s for s in range(args.shards) if after.owner(s) != before.owner(s)]
         stats = {s: st for per in client.ingest_stats(ds.name).values() for s, st in per.items()}
         replayed = [stats[s]["replayed_offsets"] for s in moved if s in stats]
+        history = client.history(ds.name, limit=10_000)
+        forced = [h for h in history if "forced" in h.reason]
+        handed = [h for h in history if h.reason == "rebalance"]
         steady = [lat for t, lat in querier.lat if t < joined_at]
         during = [lat for t, lat in querier.lat if joined_at <= t <= done_at]
         failed = [f for t, f in querier.failed if t >= joined_at]
@@ -187,9 +203,10 @@ def main() -> None:
     lines = [
         "FiloPy rebalance under load (issue 16)",
         f"{datetime.now():%Y-%m-%d %H:%M}, Python {platform.python_version()}, ray "
-        f"{ray.__version__}, {os.cpu_count()} CPUs, all on one machine; SQLite store, real Kafka",
+        f"{ray.__version__}, {os.cpu_count()} CPUs, all on one machine; {args.store} store, "
+        "real Kafka",
         f"command: .venv/bin/python bench/bench_rebalance.py --shards {args.shards} "
-        f"--max-moves {args.max_moves} --rate {args.rate:g}",
+        f"--max-moves {args.max_moves} --rate {args.rate:g} --store {args.store}",
         f"load: one gateway producing {rate:,.0f} samples/s ({SERIES} series) during the run "
         "(cluster, producer and queries share 2 cores here: the issue's 500k/s is not reachable "
         "on this machine), a query loop (sum by (_ns_) (req)) throughout",
@@ -199,6 +216,9 @@ def main() -> None:
         f"{args.max_moves} in flight",
         f"offsets replayed per move: max {max(replayed, default=0)}, total {sum(replayed)} "
         f"({len(replayed)} moves measured)",
+        f"ownership history: {len(handed)} handoffs completed through a drain, {len(forced)} "
+        "forced past rebalance.drain_timeout_s"
+        + (f" (first: {forced[-1].reason})" if forced else ""),
         f"query latency before: p50 {pct(steady, 50):.0f} ms, p99 {pct(steady, 99):.0f} ms "
         f"({len(steady)} queries); during: p50 {pct(during, 50):.0f} ms, p99 "
         f"{pct(during, 99):.0f} ms ({len(during)} queries); p99 ratio during/before "

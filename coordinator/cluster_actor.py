@@ -75,6 +75,7 @@ class NodeClusterActor:
             reassignment_min_interval=c.reassignment_min_interval_s,
             drain_timeout=settings.rebalance.drain_timeout_s,
             max_concurrent_moves=settings.rebalance.max_concurrent_moves,
+            move_cooldown=settings.rebalance.move_cooldown_s,
         )
         self._versions: dict[str, str] = {}  # node -> the version its last ping answer named
         # Who is a member (joining, member, quarantined: coordinator/membership.py) and the
@@ -579,13 +580,16 @@ class NodeClusterActor:
         """Force the handoffs whose drain did not finish in time."""
         result = self._mgr.expire_handoffs()
         if result.messages:
-            log.warning("forced moves whose drain timed out: %s", result.reply)
+            log.warning(
+                "moves forced (drain or start past rebalance.drain_timeout_s): %s", result.reply
+            )
         self._deliver(result)
 
     async def _rebalance(self) -> None:
         """One round: empty draining nodes, and balance if rebalancing is enabled (by the load
         the nodes measure, samples/s per shard), starting the moves the throttle allows."""
-        loads = await self._shard_loads() if self._settings.rebalance.enabled else None
+        r = self._settings.rebalance
+        loads = await self._shard_loads() if r.enabled and r.by_load else None
         result = self._mgr.rebalance(balance=self._settings.rebalance.enabled, loads=loads)
         if result.messages:
             log.info("rebalance: %s", result.reply)

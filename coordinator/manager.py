@@ -82,6 +82,7 @@ Clock = Callable[[], float]
 DEFAULT_REASSIGNMENT_MIN_INTERVAL = 2 * 60 * 60.0  # seconds
 DEFAULT_DRAIN_TIMEOUT = 60.0  # seconds a handoff waits for the old owner's drain
 DEFAULT_MAX_CONCURRENT_MOVES = 4  # handoffs in flight, per dataset and cluster-wide
+DEFAULT_MOVE_COOLDOWN = 300.0  # seconds a moved shard stays put before a rebalance moves it again
 
 
 @dataclass(slots=True)
@@ -117,6 +118,7 @@ class ShardManager:
         reassignment_min_interval: float | timedelta = DEFAULT_REASSIGNMENT_MIN_INTERVAL,
         drain_timeout: float = DEFAULT_DRAIN_TIMEOUT,
         max_concurrent_moves: int = DEFAULT_MAX_CONCURRENT_MOVES,
+        move_cooldown: float = DEFAULT_MOVE_COOLDOWN,
         clock: Clock = time.time,
     ) -> None:
         self._strategy: ShardAssignmentStrategy = strategy or DefaultShardAssignmentStrategy()
@@ -134,6 +136,8 @@ class ShardManager:
         self._pending: dict[DatasetRef, _Pending] = {}
         self._direct: list[Message] = []
         self._drain_timeout = float(drain_timeout)
+        self._cooldown = float(move_cooldown)
+        self._moved_at: dict[tuple[DatasetRef, int], float] = {}  # when its last move ended
         self._max_moves = max(0, int(max_concurrent_moves))
         self._versions: dict[str, str] = {}  # member -> the version its node advertises
         self._draining_nodes: set[str] = set()  # members an operator is emptying
@@ -667,17 +671,21 @@ class ShardManager:
             in_flight = sum(1 for r, _ in self._handoffs if r == ref)
             budget = max(0, min(self._max_moves - in_flight, self._max_moves - len(self._handoffs)))
             owners = list(mapper.owners)
+            now = self._clock()
             movable = [
-                isinstance(st, Active) and o in nodes
-                for o, st in zip(owners, mapper.statuses, strict=True)
+                isinstance(st, Active)
+                and o in nodes
+                and now - self._moved_at.get((ref, s), -self._cooldown) >= self._cooldown
+                for s, (o, st) in enumerate(zip(owners, mapper.statuses, strict=True))
             ]
             moves = list(evacuation_moves(owners, movable, self._draining_nodes, nodes, budget))
             for m in moves:
                 owners[m.shard], movable[m.shard] = m.target, False
             if balance:
                 weights = _weights(mapper.num_shards, (loads or {}).get(ref))
-                # Measured loads are noisy: nodes within 10% of the mean node load are even.
-                noise = 0.1 * sum(weights) / max(1, len(staying)) if weights else 0.0
+                # Measured loads are noisy (a shard catching up after a move reads hot): nodes
+                # within 25% of the mean node load count as even.
+                noise = 0.25 * sum(weights) / max(1, len(staying)) if weights else 0.0
                 plan = plan_moves(owners, movable, staying, budget - len(moves), weights, noise)
                 moves += plan.moves
                 held.append((ref, plan.held_back))
@@ -887,7 +895,8 @@ class ShardManager:
             if isinstance(event, ShardHandoffStarted):
                 self._move_reasons[key] = event.reason or "rebalance"
         else:
-            self._handoffs.pop(key, None)
+            if self._handoffs.pop(key, None) is not None:
+                self._moved_at[key] = self._clock()
             self._move_reasons.pop(key, None)
         # Only a change to what some node must run needs the full map (O(N) to build and
         # ship): an owner change, a shard starting or stopping ingestion, or any step of a

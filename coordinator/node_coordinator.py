@@ -482,9 +482,16 @@ class NodeCoordinator:
         async def drain_one(shard: int) -> None:
             key = (ref, shard)
             ingester = self._ingesters.get(key)
+            began = time.monotonic()
             if ingester is not None:
                 await ingester.stop()  # stops consuming, then flushes and checkpoints it all
                 self._drained.add(key)
+            log.info(
+                "%s shard %d: drained for a handoff in %.1f s",
+                ref.name,
+                shard,
+                time.monotonic() - began,
+            )
             self._report(ShardDrained(ref, shard, self.node_id))
 
         for i in range(0, len(todo), START_CONCURRENCY):

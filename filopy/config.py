@@ -85,6 +85,8 @@ class RebalanceSettings(_Section):
     interval_s: float = Field(gt=0)
     max_concurrent_moves: int = Field(ge=1)
     drain_timeout_s: float = Field(gt=0)
+    move_cooldown_s: float = Field(ge=0)
+    by_load: bool
 
 
 class IngestSettings(_Section):
