@@ -111,7 +111,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=50_000, help="samples/s; 0: flat out")
     parser.add_argument("--store", choices=["cassandra", "sqlite"], default="cassandra")
     parser.add_argument("--steady-s", type=float, default=15.0)
-    parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
 
@@ -177,7 +177,9 @@ def main() -> None:
             counts = [m.num_shards_for_node(n) for n in client.members()]
             if len(counts) == 4 and m.is_healthy() and all(c == per_node for c in counts):
                 break
-            assert time.monotonic() < deadline, f"not balanced: {counts}"
+            if time.monotonic() > deadline:
+                print(f"not balanced within {args.timeout:g} s: shards per node {counts}")
+                break
             time.sleep(0.2)
         balanced_s = time.monotonic() - joined_at
         done_at = time.monotonic()
@@ -211,9 +213,14 @@ def main() -> None:
         "(cluster, producer and queries share 2 cores here: the issue's 500k/s is not reachable "
         "on this machine), a query loop (sum by (_ns_) (req)) throughout",
         "",
-        f"{args.shards} shards from 2 nodes onto 4: balanced ({per_node} each, all Active) "
-        f"{balanced_s:.1f} s after the 2 nodes were started, {len(moved)} moves, at most "
-        f"{args.max_moves} in flight",
+        f"{args.shards} shards from 2 nodes onto 4: "
+        + (
+            f"balanced ({per_node} each, all Active) {balanced_s:.1f} s after the 2 nodes were "
+            "started"
+            if balanced_s < args.timeout
+            else f"NOT balanced within {args.timeout:g} s"
+        )
+        + f", {len(moved)} moves, at most {args.max_moves} in flight",
         f"offsets replayed per move: max {max(replayed, default=0)}, total {sum(replayed)} "
         f"({len(replayed)} moves measured)",
         f"ownership history: {len(handed)} handoffs completed through a drain, {len(forced)} "
