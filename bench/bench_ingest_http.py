@@ -193,10 +193,21 @@ def cpu_seconds(pid: int) -> float:
 
 
 def kafka_pid() -> int | None:
+    """The broker scripts/services.sh started: its pid file, else the one process whose command
+    line names it (None if there is no such process, or several)."""
     try:
         return int(KAFKA_PID_FILE.read_text().split()[0])
     except (OSError, ValueError, IndexError):
-        return None
+        pass
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if b"-Dfilopy.service=kafka\0" in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found[0] if len(found) == 1 else None
 
 
 class Server:
