@@ -281,7 +281,9 @@ def create_app(client: FiloPyClient, settings: Settings) -> FastAPI:
     )
     async def history(
         ds: DatasetName,
-        shard: Annotated[int | None, Query(ge=0, description="Only this shard.")] = None,
+        shard: Annotated[
+            int | None, Query(ge=0, le=2**31 - 1, description="Only this shard.")
+        ] = None,
         limit: Annotated[int, Query(ge=1, le=100_000, description="At most this many.")] = 100,
     ) -> Any:
         """Who owned which shard when, and why: every ownership change, newest first, with the
