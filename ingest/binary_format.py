@@ -112,7 +112,7 @@ def encode_binary_parts(
             offsets.astype(_TS_DTYPES[ts_width]).tobytes(),
             idx.astype(_IDX_DTYPES[idx_width]).tobytes(),
             counts.astype(_U16).tobytes(),
-            SEPARATOR.join(b for b in series_blobs if b),  # label-less series add no strings
+            _string_table(series_blobs),
         )
     )
     body_len = len(body)
@@ -124,6 +124,13 @@ def encode_binary_parts(
         flags |= FLAG_ZSTD
     header = HEADER.pack(MAGIC, VERSION, flags, idx_width, ts_width, n_series, n, base, body_len)
     return header + body
+
+
+def _string_table(series_blobs: Sequence[bytes]) -> bytes:
+    """The series' strings joined; label-less series (empty blobs) add none."""
+    if b"" in series_blobs:  # rare: the general join (a C scan decides, no generator)
+        return SEPARATOR.join(b for b in series_blobs if b)
+    return SEPARATOR.join(series_blobs)
 
 
 def encode_binary(batch: SampleBatch, compression_level: int = DEFAULT_COMPRESSION_LEVEL) -> bytes:

@@ -188,6 +188,53 @@ def _shared_cache(dataset: Dataset) -> _SharedCache:
         return cache
 
 
+class Acks:
+    """Kafka's answers for the messages of one send (e.g. one HTTP request), so a caller can
+    wait for its own samples while the same producer carries other sends: a count of messages
+    not yet answered, the samples acknowledged and the failures. `on_done` runs once, on the
+    thread delivering the last answer (or on `seal`'s if none is outstanding), after `seal`.
+    """
+
+    def __init__(self, on_done: Callable[[Acks], None]) -> None:
+        self._on_done = on_done
+        self._lock = threading.Lock()
+        self._sealed = False
+        self._fired = False
+        self.pending = 0  # messages sent and not yet answered
+        self.messages = 0
+        self.samples_acked = 0
+        self.errors: list[str] = []  # the first few failures
+        self.failed = 0
+
+    def sent(self) -> None:
+        with self._lock:
+            self.pending += 1
+            self.messages += 1
+
+    def answered(self, n_samples: int, error: str | None) -> None:
+        with self._lock:
+            self.pending -= 1
+            if error is None:
+                self.samples_acked += n_samples
+            else:
+                self.failed += 1
+                if len(self.errors) < 10:
+                    self.errors.append(error)
+            fire = self._sealed and self.pending == 0 and not self._fired
+            self._fired = self._fired or fire
+        if fire:
+            self._on_done(self)
+
+    def seal(self) -> None:
+        """No more messages: `on_done` runs as soon as every sent one is answered."""
+        with self._lock:
+            self._sealed = True
+            fire = self.pending == 0 and not self._fired
+            self._fired = self._fired or fire
+        if fire:
+            self._on_done(self)
+
+
 @dataclass(slots=True)
 class _Counters:
     samples_sent: int = 0
@@ -197,7 +244,9 @@ class _Counters:
     messages_acked: int = 0
     skipped: dict[str, int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
-    failed_messages: int = 0
+    failed_messages: int = 0  # of untracked sends: they fail the gateway
+    tracked_failures: int = 0  # of sends with `Acks`: they fail only their send
+    fatal: str | None = None  # a fatal producer error: the gateway cannot send any more
 
 
 class Gateway:
@@ -252,6 +301,7 @@ class Gateway:
         self._samples_per_shard = [0] * dataset.num_shards
         self._messages_per_shard = [0] * dataset.num_shards
         self._c = _Counters()
+        self._acks: Acks | None = None  # the tracked send in progress
         self._closed = False
         if verify_topic:  # a wrong partition count would route samples to the wrong shards
             check_topic(dataset, self.bootstrap_servers, timeout_s)
@@ -321,9 +371,29 @@ class Gateway:
             accepted += self.send_batch(_batch(series, idx, ts, vals))
         return accepted
 
-    def send_batch(self, batch: SampleBatch) -> int:
-        """Send a columnar batch; returns how many samples were accepted (not skipped)."""
+    def send_batch(self, batch: SampleBatch, acks: Acks | None = None) -> int:
+        """Send a columnar batch; returns how many samples were accepted (not skipped).
+
+        With `acks`, Kafka's answers for these messages go to it (see `Acks`): the caller
+        waits for them there (the producer is polled by `poll`), not with `flush`, and a failed
+        message fails only this send. The caller seals `acks` once done sending."""
         self._check_usable()
+        self._acks = acks
+        try:
+            return self._send_batch(batch)
+        finally:
+            self._acks = None
+
+    def poll(self, timeout_s: float) -> int:
+        """Serve Kafka's delivery reports (for `Acks`); the number served."""
+        return self._producer.poll(timeout_s)
+
+    @property
+    def usable(self) -> bool:
+        """False once closed or after a fatal producer error (make a new Gateway)."""
+        return not self._closed and self._c.fatal is None
+
+    def _send_batch(self, batch: SampleBatch) -> int:
         if len(batch) == 0:
             return 0
         cache = self._shared.current
@@ -403,6 +473,8 @@ class Gateway:
 
     def _raise_failures(self) -> None:
         c = self._c
+        if c.fatal is not None:
+            raise GatewayError(f"the Kafka producer of {self.topic!r} failed: {c.fatal}")
         if c.failed_messages:
             raise GatewayError(
                 f"{c.failed_messages} messages to {self.topic!r} failed; first: {c.errors[0]}"
@@ -597,14 +669,24 @@ class Gateway:
         return len(rows)
 
     def _produce(self, shard: int, message: bytes, n_samples: int) -> None:
+        acks = self._acks
+        c = self._c
+
         def delivered(err: KafkaError | None, _msg: Message) -> None:
             if err is None:
-                self._c.samples_acked += n_samples
-                self._c.messages_acked += 1
+                c.samples_acked += n_samples
+                c.messages_acked += 1
             else:
-                self._c.failed_messages += 1
-                if len(self._c.errors) < 10:
-                    self._c.errors.append(f"partition {shard}: {err}")
+                if err.fatal():
+                    c.fatal = c.fatal or str(err)
+                if acks is None:
+                    c.failed_messages += 1
+                    if len(c.errors) < 10:
+                        c.errors.append(f"partition {shard}: {err}")
+                else:
+                    c.tracked_failures += 1
+            if acks is not None:
+                acks.answered(n_samples, None if err is None else f"partition {shard}: {err}")
 
         while True:
             try:
@@ -614,7 +696,8 @@ class Gateway:
                 break
             except BufferError:  # local queue full: let deliveries drain it
                 self._producer.poll(0.1)
-        c = self._c
+        if acks is not None:
+            acks.sent()
         c.samples_sent += n_samples
         c.messages_sent += 1
         c.bytes_sent += len(message)

@@ -10,8 +10,8 @@ A 2xx is sent only once Kafka acknowledged every accepted sample (acks=all): it 
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import queue
 import threading
 import time
 import tomllib
@@ -24,6 +24,7 @@ from typing import ClassVar
 import anyio
 import cramjam
 import numpy as np
+from confluent_kafka import KafkaException
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
@@ -35,7 +36,7 @@ from filopy.errors import Conflict, FiloPyError, NotFound, Unavailable
 from filopy.ingest_http.metrics import IngestMetrics
 from ingest.bad_records import DEFAULT_TS_RANGE, SERIES_REASONS, BadRecord, Decoded, series_problem
 from ingest.batch import SampleBatch
-from ingest.gateway import Gateway, GatewayError
+from ingest.gateway import Acks, Gateway, GatewayError
 
 log = logging.getLogger("filopy.ingest_http")
 
@@ -191,53 +192,99 @@ async def read_body(request: Request, limit: int) -> bytes:
 # ----- gateways and definitions -----------------------------------------------------------------
 
 
+class _Shared:
+    """One dataset's producer: a Gateway, the lock that serialises sends on it (a Gateway is
+    not thread-safe) and the thread serving its delivery reports."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self.lock = threading.Lock()
+        self._stop = threading.Event()
+        self._poller = threading.Thread(
+            target=self._poll, name=f"filopy-acks-{gateway.topic}", daemon=True
+        )
+        self._poller.start()
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.gateway.poll(0.1)
+            except Exception as e:  # a closed producer: the pool replaces this gateway
+                log.debug("polling %s: %s", self.gateway.topic, e)
+                self._stop.wait(0.1)
+
+    def close(self, timeout_s: float) -> None:
+        """Deliver what is queued (at most `timeout_s`), then stop polling."""
+        _close_quietly(self.gateway, timeout_s)
+        self._stop.set()
+
+
 class GatewayPool:
-    """Idle `Gateway`s per dataset (a Gateway is one producer, not thread-safe): a request
-    takes one, sends, waits for Kafka's acks, and gives it back. A gateway whose messages failed
-    is dropped, never reused (its failure would poison later requests)."""
+    """One shared `Gateway` per dataset: one Kafka producer carries every request, batching
+    across them (requests in flight at once share the broker round trips). A request sends
+    under the dataset's lock and then awaits its own messages' acknowledgements (`Acks`), so
+    no request waits for another's, and a failed message fails only its own request. A
+    gateway that cannot send any more (a fatal producer error, a changed definition) is
+    replaced; the old one delivers what it holds in the background."""
 
     def __init__(self, ack_timeout_s: float) -> None:
         self._ack_timeout_s = ack_timeout_s
-        self._idle: dict[str, queue.SimpleQueue[Gateway]] = {}
+        self._shared: dict[str, _Shared] = {}
         self._lock = threading.Lock()
 
-    def _take(self, dataset: Dataset) -> Gateway:
+    def _get(self, dataset: Dataset) -> _Shared:
         with self._lock:
-            idle = self._idle.setdefault(dataset.name, queue.SimpleQueue())
-        while True:
-            try:
-                gw = idle.get_nowait()
-            except queue.Empty:
-                break
-            if gw.dataset == dataset:
-                return gw
-            _close_quietly(gw)  # the definition changed
-        return Gateway(
-            dataset,
-            timeout_s=min(10.0, self._ack_timeout_s),
-            producer_config={"message.timeout.ms": int(self._ack_timeout_s * 1000)},
-        )
+            shared = self._shared.get(dataset.name)
+            if shared is not None and shared.gateway.dataset == dataset and shared.gateway.usable:
+                return shared
+            if shared is not None:  # outside the caller's way: it may wait for Kafka
+                threading.Thread(target=shared.close, args=(self._ack_timeout_s,)).start()
+                del self._shared[dataset.name]
+            gateway = Gateway(
+                dataset,
+                timeout_s=min(10.0, self._ack_timeout_s),
+                producer_config={"message.timeout.ms": int(self._ack_timeout_s * 1000)},
+            )
+            shared = self._shared[dataset.name] = _Shared(gateway)
+            return shared
 
-    def write(self, dataset: Dataset, batch: SampleBatch) -> tuple[int, dict[str, int]]:
-        """Send and wait for every ack; (samples acked, skipped per reason). Blocking."""
-        gw = self._take(dataset)
-        before = gw.skipped
-        try:
-            accepted = gw.send_batch(batch)
-            gw.flush(self._ack_timeout_s)
-        except BaseException:
-            _close_quietly(gw, timeout_s=0)
-            raise
-        skipped = {r: n - before.get(r, 0) for r, n in gw.skipped.items() if n > before.get(r, 0)}
-        self._idle[dataset.name].put(gw)
+    def send(self, dataset: Dataset, batch: SampleBatch, acks: Acks) -> tuple[int, dict[str, int]]:
+        """Hand the batch to Kafka (blocking, without waiting for acks) and seal `acks`;
+        (samples sent, skipped per reason)."""
+        shared = self._get(dataset)
+        with shared.lock:
+            gw = shared.gateway
+            before = gw.skipped
+            try:
+                accepted = gw.send_batch(batch, acks)
+            except KafkaException as e:  # e.g. the producer's queue refuses: retry later
+                raise GatewayError(f"Kafka refused a message: {e}") from None
+            finally:
+                acks.seal()
+            after = gw.skipped
+        skipped = {r: n - before.get(r, 0) for r, n in after.items() if n > before.get(r, 0)}
         return accepted, skipped
+
+    async def acknowledged(self, acks: Acks, done: asyncio.Future[None]) -> None:
+        """Wait until Kafka answered every message of `acks`; `GatewayError` if one failed
+        or the answers take longer than the ack timeout."""
+        try:
+            await asyncio.wait_for(done, self._ack_timeout_s)
+        except TimeoutError:
+            raise GatewayError(
+                f"{acks.pending} of {acks.messages} messages not acknowledged by Kafka within "
+                f"{self._ack_timeout_s:g} s"
+            ) from None
+        if acks.failed:
+            raise GatewayError(
+                f"{acks.failed} of {acks.messages} messages failed; first: {acks.errors[0]}"
+            )
 
     def close(self) -> None:
         with self._lock:
-            idle, self._idle = self._idle, {}
-        for q in idle.values():
-            while not q.empty():
-                _close_quietly(q.get_nowait())
+            shared, self._shared = self._shared, {}
+        for one in shared.values():
+            one.close(5.0)
 
 
 def _close_quietly(gw: Gateway, timeout_s: float = 5.0) -> None:
@@ -268,6 +315,11 @@ class Definitions:
         if ds is None:
             raise NotFound(f"unknown dataset {name!r}")
         return ds
+
+
+def _resolve(done: asyncio.Future[None]) -> None:
+    if not done.done():
+        done.set_result(None)
 
 
 # ----- refusals --------------------------------------------------------------------------------
@@ -353,14 +405,16 @@ class Ingestion:
                 f"{s.max_series_per_request}: send smaller requests",
             )
 
-    def write(self, dataset: Dataset, decoded: Decoded) -> WriteResult:
-        """Write the decoded samples and wait for Kafka (blocking); what was refused is
-        counted, never written."""
+    def write(self, dataset: Dataset, decoded: Decoded, acks: Acks) -> WriteResult:
+        """Send the decoded samples to Kafka (blocking; their acknowledgements arrive in
+        `acks`); what was refused is counted, never written."""
         batch = decoded.batch
         self.check_limits(batch)
         rejected = dict(batch.bad_records)
         first = decoded.first_bad
-        accepted, skipped = self.pool.write(dataset, batch) if len(batch) else (0, {})
+        accepted, skipped = self.pool.send(dataset, batch, acks) if len(batch) else (0, {})
+        if not len(batch):
+            acks.seal()
         if skipped:
             for reason, n in skipped.items():
                 rejected[reason] = rejected.get(reason, 0) + n
@@ -386,13 +440,20 @@ class Ingestion:
             raw = await read_body(request, self.settings.max_body_bytes)
             size = len(raw)
 
+            loop = asyncio.get_running_loop()
+            done: asyncio.Future[None] = loop.create_future()
+            acks = Acks(lambda _: loop.call_soon_threadsafe(_resolve, done))
+
             def blocking() -> WriteResult:
                 dataset = self.dataset(name)
                 body = decompress(raw, encoding, self.settings.max_decoded_bytes)
                 received = Received(body, dataset, request.headers, request.query_params)
-                return self.write(dataset, protocol.decode(received))
+                return self.write(dataset, protocol.decode(received), acks)
 
-            result = await anyio.to_thread.run_sync(blocking)
+            sent = await anyio.to_thread.run_sync(blocking)
+            if acks.messages:
+                await self.pool.acknowledged(acks, done)
+            result = sent
             response = protocol.answer(result)
         except Refused as e:
             response = protocol.refuse(e, result)
