@@ -37,7 +37,12 @@ QUERY_VALUES: dict[str, dict[str, Any]] = {
     "start": {"type": "string", "enum": ["1700000000", "2023-11-14T22:13:20Z"]},
     "end": {"type": "string", "enum": ["1700000600"]},
     "step": {"type": "string", "enum": ["60", "1m"]},
-    "match[]": {"type": "array", "items": {"type": "string", "enum": ["up", '{job="a"}', "{"]}},
+    "match[]": {
+        "type": "array",
+        "items": {"type": "string", "enum": ["up", '{job="a"}', "{"]},
+        "minItems": 1,
+        "maxItems": 2,  # longer lists nearly always hold the bad one: the call never succeeds
+    },
     "spread": {"type": "integer", "enum": [0, 1, 9]},
 }
 
@@ -52,6 +57,8 @@ def narrowed(raw: dict[str, Any], datasets: list[str], nodes: list[str]) -> dict
             for p in op.get("parameters", []):
                 if p["name"] == "ds":
                     p["schema"] = {"type": "string", "enum": [*names, "nosuchdataset"]}
+                elif p["name"] == "node":  # the drain API: the cluster's own nodes
+                    p["schema"] = {"type": "string", "enum": [*nodes, "nobody"]}
                 elif p["name"] == "dataset":  # the query API: mostly the dataset that exists
                     p["schema"] = {"type": "string", "enum": [*datasets, "nosuchdataset"]}
                 elif p["name"] in QUERY_VALUES:
