@@ -51,10 +51,12 @@ from filopy.shard_status import (
     ShardMapState,
 )
 from filopy.store import ColumnStore, MetaStore, StoreUnavailable, open_stores
+from ingest import tenure
 from ingest.base import EventReporter, IngesterFactory, ShardIngester
 from ingest.ingester import KafkaShardIngester
 from ingest.memstore import ShardMemstore
 from ingest.placeholder import EpochClaimingIngester
+from ingest.tenure import Tenure
 from query.executor import NodeAnswer, NodeQuery, ShardsNotHere, ShardSource, run_node_query
 
 log = logging.getLogger(__name__)
@@ -341,6 +343,16 @@ class NodeCoordinator:
         for (ref, shard), ing in self._ingesters.items():
             out.setdefault(ref.name, {})[shard] = ing.epoch
         return out
+
+    async def tenures(self, dataset: str) -> list[Tenure]:
+        """This node's holds on the dataset's shards, finished then running: who ingested which
+        offsets when (moves are checked against it: one ingesting owner at a time)."""
+        running = [
+            ing.tenure
+            for (ref, _), ing in list(self._ingesters.items())
+            if ref.name == dataset and isinstance(ing, KafkaShardIngester) and ing.tenure
+        ]
+        return [*tenure.finished(dataset), *running]
 
     async def series_samples(self, ref: DatasetRef) -> dict[str, Any]:
         """Per series of this node's shards: its timestamps in store + memory (exactness checks)."""

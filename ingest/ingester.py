@@ -27,6 +27,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import numpy as np
@@ -46,6 +47,7 @@ from ingest.base import EventReporter, ReportingIngester
 from ingest.flush import Flusher, read_merged, recover_shard
 from ingest.memstore import ShardMemstore
 from ingest.records import decoder_for
+from ingest.tenure import Tenure, record
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +147,7 @@ class KafkaShardIngester(ReportingIngester):
         self.paused = False  # consumption paused: too many unflushed samples
         self.pauses = 0
         self._health_key: tuple[object, ...] | None = None
+        self.tenure: Tenure | None = None  # this ingester's hold on the shard, once claimed
 
     async def start(self) -> None:
         self._thread = threading.Thread(
@@ -185,6 +188,7 @@ class KafkaShardIngester(ReportingIngester):
             self._epoch = self._store_retrying(
                 "claiming the shard", lambda: self._meta.claim_epoch(ref, shard, self.node)
             )
+            self.tenure = Tenure(ref.name, shard, self.node, self._epoch, time.time())
             consumer = self._consumer()
             partition = TopicPartition(self.dataset.topic, shard)
             low, high = self._retrying(
@@ -210,6 +214,7 @@ class KafkaShardIngester(ReportingIngester):
             if plan.checkpoints and start is not None:
                 self.replayed_offsets = max(0, max(plan.checkpoints.values()) + 1 - first)
             self.end_offset, self.next_offset = high, first
+            self.tenure = replace(self.tenure, first_offset=first)
             self.flusher = flusher = Flusher(
                 self.memstore,
                 self._columns,
@@ -243,6 +248,9 @@ class KafkaShardIngester(ReportingIngester):
         finally:
             if consumer is not None:
                 consumer.close()
+            if self.tenure is not None:
+                self.tenure = self.tenure.released(self.next_offset)
+                record(self.tenure)
 
     def _final_flush(self, flusher: Flusher) -> None:
         """A clean handoff: flush everything so the next owner replays nothing. With the store

@@ -4,6 +4,7 @@ or doubled, epochs increasing), and a query loop running throughout never fails.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -30,31 +31,41 @@ from filopy import (
 )
 from filopy.dataset import SourceSettings
 from ingest.gateway import Gateway
+from ingest.tenure import Tenure
 from tests.ingest.test_cluster_ingest import T0, batches, expected, wait_exact
 from tests.runtime.conftest import FiloPyCluster, LocalRayCluster, cluster_settings
 
 pytestmark = [pytest.mark.kafka, pytest.mark.ray]
 
-SHARDS = 16
-SERIES = 64
+SHARDS = 32
+SERIES = 128
 ROUNDS = 160  # scrapes per series; written in steps while the cluster rebalances
 
 
-@pytest.fixture
+@pytest.fixture(params=["sqlite", pytest.param("cassandra", marks=pytest.mark.cassandra)])
 def rebalancing_cluster(
-    ray_cluster: LocalRayCluster, tmp_path: Path, kafka_bootstrap: str
+    request: pytest.FixtureRequest,
+    ray_cluster: LocalRayCluster,
+    tmp_path: Path,
+    kafka_bootstrap: str,
 ) -> Iterator[FiloPyCluster]:
     settings = cluster_settings(
         tmp_path, "kafka", rebalance=True, flush_interval_s=1.0, groups_per_shard=4
     )
     settings = settings.model_copy(
         update={
+            "store": settings.store.model_copy(update={"backend": request.param}),
+            "cassandra": settings.cassandra.model_copy(
+                update={"keyspace": f"filopy_rebalance_{uuid.uuid4().hex[:8]}"}
+            ),
             "kafka": settings.kafka.model_copy(update={"bootstrap_servers": kafka_bootstrap}),
             "rebalance": settings.rebalance.model_copy(
                 update={"interval_s": 1.0, "max_concurrent_moves": 2, "drain_timeout_s": 60.0}
             ),
         }
     )
+    if request.param == "cassandra":
+        request.getfixturevalue("cassandra_address")  # Cassandra up (or a loud failure)
     actor = start_cluster_actor(settings)
     ray.get(actor.ready.remote(), timeout=60)
     yield FiloPyCluster(ray_cluster, settings, FiloPyClient(actor, settings), actor)
@@ -130,7 +141,7 @@ def test_joining_nodes_get_an_even_share_with_no_replay_no_loss_and_no_failed_qu
     # under a new, higher epoch. (A periodic resync snapshot may stand in for some events.)
     final = c.client.shard_map(ds.name)
     moved = [s for s in range(SHARDS) if final.owner(s) != before.owner(s)]
-    assert len(moved) == SHARDS // 2  # 8 of 16 shards moved to the 2 new nodes
+    assert len(moved) == SHARDS // 2  # 16 of 32 shards moved to the 2 new nodes
     assert {final.owner(s) for s in moved} == {n.node_id for n in joined}
     kinds: dict[int, list[str]] = {}
     while True:
@@ -162,7 +173,27 @@ def test_joining_nodes_get_an_even_share_with_no_replay_no_loss_and_no_failed_qu
     assert replayed == dict.fromkeys(moved, 0), replayed
     skipped = {s: stats[s]["memstore"].skipped_replay for s in moved}
     assert skipped == dict.fromkeys(moved, 0), skipped
+    _assert_one_ingesting_owner_at_a_time(c, ds, moved)
     subscription.unsubscribe()
+
+
+def _assert_one_ingesting_owner_at_a_time(c: FiloPyCluster, ds: Dataset, moved: list[int]) -> None:
+    """From the ingesters' own claim/release logs on every node: per shard, each tenure began
+    after the previous one ended, under a higher epoch, at the offset right after the last one
+    the previous owner read (nothing read twice, nothing skipped)."""
+    held: dict[int, list[Tenure]] = {}
+    for handle in _coordinators(c):
+        for t in ray.get(handle.tenures.remote(ds.name)):
+            held.setdefault(t.shard, []).append(t)
+    assert sorted(held) == list(range(SHARDS))
+    for shard, tenures in held.items():
+        tenures.sort(key=lambda t: t.epoch)
+        assert len(tenures) == (2 if shard in moved else 1), tenures
+        assert tenures[-1].released_at is None, tenures  # the current owner still holds it
+        for old, new in itertools.pairwise(tenures):
+            assert old.released_at is not None and old.released_at <= new.claimed_at, (old, new)
+            assert old.epoch < new.epoch and old.node != new.node, (old, new)
+            assert new.first_offset == old.next_offset, (old, new)
 
 
 def _epochs(c: FiloPyCluster, ds: Dataset) -> dict[int, int]:
