@@ -77,6 +77,7 @@ class NodeClusterActor:
             max_concurrent_moves=settings.rebalance.max_concurrent_moves,
             move_cooldown=settings.rebalance.move_cooldown_s,
         )
+        self._labels: dict[str, dict[str, str]] = {}  # node -> its Ray node labels
         self._versions: dict[str, str] = {}  # node -> the version its last ping answer named
         # Who is a member (joining, member, quarantined: coordinator/membership.py) and the
         # coordinator actor of every node it knows.
@@ -423,9 +424,10 @@ class NodeClusterActor:
     async def _live_filopy_nodes(self) -> set[str]:
         resource = self._settings.cluster.node_resource
         nodes = await asyncio.to_thread(ray.nodes)
-        return {
-            n["NodeID"] for n in nodes if n.get("Alive") and n.get("Resources", {}).get(resource)
-        }
+        live = [n for n in nodes if n.get("Alive") and n.get("Resources", {}).get(resource)]
+        # For the nodes' coordinators: what the operator set on each Ray node.
+        self._labels = {n["NodeID"]: dict(n.get("Labels") or {}) for n in live}
+        return {n["NodeID"] for n in live}
 
     def _coordinator(self, node: str) -> ActorHandle:
         """The node's coordinator actor: the existing one, or a new one pinned to the node."""
@@ -440,7 +442,7 @@ class NodeClusterActor:
                 max_restarts=0,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False),
             )
-            .remote(node, self._settings)
+            .remote(node, self._settings, labels=self._labels.get(node))
         )
 
     async def _sync_membership(self) -> None:

@@ -27,6 +27,7 @@ import os
 import threading
 import time
 from collections import Counter
+from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,8 +82,15 @@ REPORT_CALL_TIMEOUT_S = 30.0
 REPORT_RETRY_FOR_S = 60.0  # a batch the singleton does not take by then is dropped (resync heals)
 
 
-def node_version(settings: Settings) -> str:
-    """The version a node advertises: `cluster.node_version`, else the installed package's."""
+VERSION_LABEL = "filopy.io/version"  # a Ray node label: `ray start --labels filopy.io/version=…`
+
+
+def node_version(settings: Settings, labels: Mapping[str, str] | None = None) -> str:
+    """The version a node advertises: its Ray node's `filopy.io/version` label (set per node,
+    e.g. by a rolling update's tooling), else `cluster.node_version` (the same on every node),
+    else the FiloPy package installed where the node runs."""
+    if labels and labels.get(VERSION_LABEL):
+        return labels[VERSION_LABEL]
     if settings.cluster.node_version:
         return settings.cluster.node_version
     try:
@@ -230,8 +238,10 @@ class NodeCoordinator:
         settings: Settings,
         ingester_factory: IngesterFactory | None = None,
         reporter: EventReporter | None = None,
+        labels: Mapping[str, str] | None = None,
     ) -> None:
-        self._info = NodeInfo(node_id, time.time(), os.getpid(), node_version(settings))
+        """`labels`: the Ray node's labels, as the singleton read them from Ray."""
+        self._info = NodeInfo(node_id, time.time(), os.getpid(), node_version(settings, labels))
         self._settings = settings
         self._factory: IngesterFactory = ingester_factory or (
             KafkaShardIngester if settings.ingest.source == "kafka" else EpochClaimingIngester

@@ -60,10 +60,20 @@ class LocalRayCluster:
     def address(self) -> str:
         return self._cluster.address
 
-    def add_node(self, *, num_cpus: int = 1, resources: dict[str, float] | None = None) -> Any:
-        """Start another Ray node and wait until the cluster sees it. Returns Ray's node handle."""
+    def add_node(
+        self,
+        *,
+        num_cpus: int = 1,
+        resources: dict[str, float] | None = None,
+        labels: dict[str, str] | None = None,
+    ) -> Any:
+        """Start another Ray node and wait until the cluster sees it. Returns Ray's node handle.
+        `labels` are the node's Ray labels (as `ray start --labels`), e.g. `filopy.io/version`."""
         return self._cluster.add_node(
-            node_ip_address=LOOPBACK, num_cpus=num_cpus, resources=resources or {}
+            node_ip_address=LOOPBACK,
+            num_cpus=num_cpus,
+            resources=resources or {},
+            labels=labels or {},
         )
 
     def remove_node(self, node: Any, *, graceful: bool = False) -> None:

@@ -25,9 +25,9 @@ class FiloPyCluster:
     client: FiloPyClient
     actor: Any
 
-    def add_node(self) -> Any:
+    def add_node(self, labels: dict[str, str] | None = None) -> Any:
         """A new Ray node offering the FiloPy node resource; returns Ray's node handle."""
-        return self.ray.add_node(resources={self.settings.cluster.node_resource: 1})
+        return self.ray.add_node(resources={self.settings.cluster.node_resource: 1}, labels=labels)
 
     def wait_for(self, what: str, check: Callable[[], Any], timeout_s: float = 30.0) -> Any:
         deadline = time.monotonic() + timeout_s

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -21,6 +22,7 @@ import ray
 from coordinator.client import FiloPyClient
 from coordinator.cluster_actor import start_cluster_actor
 from coordinator.names import node_actor_name
+from coordinator.node_coordinator import VERSION_LABEL
 from filopy import (
     Dataset,
     Handoff,
@@ -355,3 +357,119 @@ def test_a_singleton_restarted_mid_rebalance_finishes_every_move(
     assert not any(isinstance(st, Handoff) for st in final.statuses)
     assert {final.owner(s) for s in range(8)} >= {n.node_id for n in joined}
     assert c.client.moves() == {"in_flight": [], "draining": []}
+
+
+def test_no_moves_while_node_versions_differ_and_new_shards_go_to_the_newest(
+    ray_cluster: LocalRayCluster, tmp_path: Path
+) -> None:
+    """A rolling update in progress: a node with a newer `filopy.io/version` label joins; the
+    cluster moves nothing onto it (and says why in the plan) but gives it new shards first."""
+    settings = cluster_settings(tmp_path, rebalance=True)
+    settings = settings.model_copy(
+        update={"rebalance": settings.rebalance.model_copy(update={"interval_s": 0.3})}
+    )
+    actor = start_cluster_actor(settings)
+    ray.get(actor.ready.remote(), timeout=60)
+    c = FiloPyCluster(ray_cluster, settings, FiloPyClient(actor, settings), actor)
+    old = [c.add_node(labels={VERSION_LABEL: "1.0"}) for _ in range(2)]
+    c.wait_for("2 members", lambda: len(c.client.members()) == 2)
+    name = f"versions{uuid.uuid4().hex[:6]}"
+    assert c.client.setup_dataset(Dataset(name=name, num_shards=8, min_num_nodes=2))
+    c.wait_for("all shards active", lambda: c.client.shard_map(name).is_healthy(), 60)
+    new = c.add_node(labels={VERSION_LABEL: "1.1"})
+    c.wait_for("3 members", lambda: len(c.client.members()) == 3)
+    held = c.wait_for("the plan to hold back", lambda: c.client.plan(name).held_back, 10)
+    assert "versions differ" in held and "1.0" in held and "1.1" in held, held
+    # Many rounds later (interval 0.3 s) nothing has moved onto the newer node.
+    time.sleep(3)
+    m = c.client.shard_map(name)
+    assert m.shards_for_node(new.node_id) == [], m.render()
+    assert {m.owner(s) for s in range(8)} == {n.node_id for n in old}
+    assert c.client.moves() == {"in_flight": [], "draining": []}
+    # A new dataset's shards go to the newest version first.
+    fresh = f"fresh{uuid.uuid4().hex[:6]}"
+    # (One shard per node: min_num_nodes 4 for 3 nodes, so the order shows in who gets one.)
+    assert c.client.setup_dataset(Dataset(name=fresh, num_shards=4, min_num_nodes=4))
+    owner = c.wait_for("shard 0 placed", lambda: c.client.shard_map(fresh).owner(0), 30)
+    assert owner == new.node_id
+
+
+def test_a_drain_that_hangs_falls_back_to_a_forced_move_and_loses_nothing(
+    ray_cluster: LocalRayCluster, tmp_path: Path, kafka_bootstrap: str
+) -> None:
+    """The old owner freezes (SIGSTOP) before it can drain: after `drain_timeout_s` the move is
+    forced (and the event says so), the new owner replays from the checkpoints under a new
+    epoch, and the old owner, woken, is fenced off: every sample once."""
+    settings = cluster_settings(tmp_path, "kafka", flush_interval_s=0.5, groups_per_shard=2)
+    settings = settings.model_copy(
+        update={
+            "kafka": settings.kafka.model_copy(update={"bootstrap_servers": kafka_bootstrap}),
+            # Long enough that the frozen node is not declared failed: only the drain times out.
+            "cluster": settings.cluster.model_copy(update={"failure_timeout_s": 120.0}),
+            "rebalance": settings.rebalance.model_copy(
+                update={"interval_s": 0.5, "max_concurrent_moves": 1, "drain_timeout_s": 3.0}
+            ),
+        }
+    )
+    actor = start_cluster_actor(settings)
+    ray.get(actor.ready.remote(), timeout=60)
+    c = FiloPyCluster(ray_cluster, settings, FiloPyClient(actor, settings), actor)
+    ds = Dataset(
+        name=f"hang{uuid.uuid4().hex[:6]}",
+        num_shards=4,
+        min_num_nodes=2,
+        source=SourceSettings(bootstrap_servers=kafka_bootstrap),
+    )
+    [c.add_node() for _ in range(2)]
+    c.wait_for("2 members", lambda: len(c.client.members()) == 2)
+    assert c.client.setup_dataset(ds)
+    c.wait_for("all shards active", lambda: c.client.shard_map(ds.name).is_healthy(), 60)
+    with Gateway(ds) as gw:
+        for k in range(0, 40, 4):
+            gw.send_batch(next(batches(16, 4, 4, start=k)))
+        gw.flush()
+    wait_exact(c, ds, expected(16, 40))
+    c.add_node()
+    c.wait_for("3 members", lambda: len(c.client.members()) == 3)
+    (move,) = c.client.plan(ds.name, throttled=True).moves
+    subscription = c.client.subscribe(ds.name)
+    handle = ray.get_actor(node_actor_name(move.source), namespace=settings.ray.namespace)
+    pid = ray.get(handle.ping.remote()).pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        started = c.client.rebalance(ds.name)
+        assert [(s, a, b) for _, s, a, b in started.moves] == [
+            (move.shard, move.source, move.target)
+        ]
+        c.wait_for(
+            "the forced move to land",
+            lambda: (
+                (m := c.client.shard_map(ds.name)).owner(move.shard) == move.target
+                and m.is_healthy()
+            ),
+            60,
+        )
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    forced = []
+    while True:
+        try:
+            update = subscription.next(0.5)
+        except TimeoutError:
+            break
+        if isinstance(update, ShardAssignmentStarted) and update.shard == move.shard:
+            forced.append(update.reason)
+    assert any("did not drain" in r and "forced" in r for r in forced), forced
+    subscription.unsubscribe()
+    # More data after the move, then every sample exactly once (the woken node's ingester
+    # for the shard is fenced by the new epoch and stops).
+    with Gateway(ds) as gw:
+        for k in range(40, 80, 4):
+            gw.send_batch(next(batches(16, 4, 4, start=k)))
+        gw.flush()
+    c.wait_for(
+        "the woken node to stop the moved shard",
+        lambda: move.shard not in ray.get(handle.running_shards.remote()).get(ds.name, []),
+        60,
+    )
+    wait_exact(c, ds, expected(16, 80))
