@@ -670,7 +670,13 @@ class ShardManager:
                 continue
             in_flight = sum(1 for r, _ in self._handoffs if r == ref)
             budget = max(0, min(self._max_moves - in_flight, self._max_moves - len(self._handoffs)))
-            owners = list(mapper.owners)
+            # A shard in a handoff counts where it is going (as in `plan`): counted at its old
+            # owner, the next rounds would move more off that node than the balance needs and
+            # then move them back.
+            owners = [
+                st.target if isinstance(st, Handoff) else o
+                for o, st in zip(mapper.owners, mapper.statuses, strict=True)
+            ]
             now = self._clock()
             movable = [
                 isinstance(st, Active)
