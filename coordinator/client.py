@@ -203,11 +203,27 @@ class FiloPyClient:
     def stop_shards(self, dataset: str | DatasetRef, shards: list[int]) -> ShardsStopped:
         return self._checked(self._call("stop_shards", _ref(dataset), list(shards)), dataset)
 
+    def node_names(self) -> dict[str, str]:
+        """Each member's readable name (`filopy.io/name` label, `FILOPY_NODE_NAME`, or host
+        name and id prefix), by node id."""
+        return dict(self._call("node_names"))
+
+    def node_versions(self) -> dict[str, str]:
+        """Each member's advertised version (see docs/operations.md, rolling updates)."""
+        return dict(self._call("node_versions"))
+
+    def refused_nodes(self) -> dict[str, str]:
+        """Nodes the cluster keeps out, with why (their name is a member's)."""
+        return dict(self._call("refused_nodes"))
+
     def node(self, name: str) -> str:
-        """The member a node id or unique prefix of one names; `NodeUnknownError` if none."""
+        """The member a node name, id or unique id prefix names; `NodeUnknownError` if none."""
         members = self.members()
         if name in members:
             return name
+        by_name = [n for n, shown in self.node_names().items() if shown == name]
+        if len(by_name) == 1:
+            return by_name[0]
         found = [m for m in members if m.startswith(name)] if name else []
         if len(found) == 1:
             return found[0]

@@ -79,6 +79,8 @@ class NodeClusterActor:
         )
         self._labels: dict[str, dict[str, str]] = {}  # node -> its Ray node labels
         self._versions: dict[str, str] = {}  # node -> the version its last ping answer named
+        self._names: dict[str, str] = {}  # node -> the name its last ping answer gave
+        self._refused: dict[str, str] = {}  # node -> why it may not join (its name is taken)
         # Who is a member (joining, member, quarantined: coordinator/membership.py) and the
         # coordinator actor of every node it knows.
         self._membership = Membership(c.failure_timeout_s, c.ping_interval_s)
@@ -171,6 +173,21 @@ class NodeClusterActor:
     async def members(self) -> list[str]:
         await self._ready()
         return list(self._mgr.members)
+
+    async def node_names(self) -> dict[str, str]:
+        """Each member's name, by node id."""
+        await self._ready()
+        return {n: self._names.get(n, n) for n in self._mgr.members}
+
+    async def node_versions(self) -> dict[str, str]:
+        """Each member's advertised version, by node id."""
+        await self._ready()
+        return self._mgr.versions()
+
+    async def refused_nodes(self) -> dict[str, str]:
+        """Nodes kept out of the cluster, with why (a name a member already has)."""
+        await self._ready()
+        return dict(self._refused)
 
     async def reassignment_stats(self) -> dict[str, tuple[int, int]]:
         """Per dataset name: shards moved after an ingestion error, and moves skipped because
@@ -411,6 +428,8 @@ class NodeClusterActor:
             self._deliver(self._mgr.unsubscribe(guardian_id(node)))
         if change.after is NodeState.GONE:
             self._handles.pop(node, None)
+            self._names.pop(node, None)
+            self._refused.pop(node, None)
         if change.joined:
             handle = self._handles[node]
             self._subscribers[guardian_id(node)] = handle
@@ -469,8 +488,33 @@ class NodeClusterActor:
         finally:
             self._inflight.pop(node, None)
         if self._handles.get(node) is handle:  # not a late answer from a replaced coordinator
+            if self._name_taken(node, getattr(info, "name", "") or node):
+                return  # never answered, so never a member: it gets no shards
             self._versions[node] = getattr(info, "version", "")
             self._changed(self._membership.answered(node))
+
+    def _name_taken(self, node: str, name: str) -> bool:
+        """Whether another member goes by `name`: then `node` is refused (said once in the log,
+        and by `refused_nodes` to `filopy status` and REST) until that member leaves."""
+        other = next(
+            (m for m in self._membership.members if m != node and self._names.get(m) == name),
+            None,
+        )
+        if other is None:
+            self._names[node] = name
+            if self._refused.pop(node, None):
+                log.info("node %s (%s) may join now: its name is free", name, node)
+            return False
+        if node not in self._refused:
+            log.error(
+                "node %s refused: its name %r is taken by member %s; give it another "
+                "(the filopy.io/name label of its Ray node, or FILOPY_NODE_NAME)",
+                node,
+                name,
+                other,
+            )
+        self._refused[node] = f"name {name!r} is taken by member {other}"
+        return True
 
     def _ping_all(self) -> None:
         loop = asyncio.get_running_loop()
@@ -642,6 +686,7 @@ class NodeClusterActor:
         for node in sorted(alive, key=lambda n: alive[n][0].joined_at):  # the old join order
             self._handles[node] = existing[node]
             self._versions[node] = alive[node][0].version
+            self._names[node] = alive[node][0].name or node
             self._changed(self._membership.discovered(node))
             self._changed(self._membership.answered(node))
         self._deliver(self._mgr.remove_stale_coordinators(self._membership.members))

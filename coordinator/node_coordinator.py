@@ -24,6 +24,7 @@ import importlib.metadata
 import itertools
 import logging
 import os
+import socket
 import threading
 import time
 from collections import Counter
@@ -71,6 +72,7 @@ class NodeInfo:
     joined_at: float  # wall clock, orders members after a singleton restart
     pid: int
     version: str = ""  # what the node advertises (cluster.node_version, or the package's)
+    name: str = ""  # what people call it (`node_name`); unique among members
 
 
 # Ingesters started at once when a map brings many shards (their starts may wait on the store).
@@ -83,6 +85,20 @@ REPORT_RETRY_FOR_S = 60.0  # a batch the singleton does not take by then is drop
 
 
 VERSION_LABEL = "filopy.io/version"  # a Ray node label: `ray start --labels filopy.io/version=…`
+NAME_LABEL = "filopy.io/name"
+NAME_ENV = "FILOPY_NODE_NAME"  # in the environment of `ray start` on the node
+
+
+def node_name(node_id: str, labels: Mapping[str, str] | None = None) -> str:
+    """The name a node is shown by: its Ray node's `filopy.io/name` label, else `FILOPY_NODE_NAME`
+    in the node's environment, else its host name and the start of its Ray id (several nodes may
+    share a host). Ray ids are 56 hex characters no one reads; names are unique in the cluster
+    (the singleton refuses a node whose name a member has)."""
+    if labels and labels.get(NAME_LABEL):
+        return labels[NAME_LABEL]
+    if named := os.environ.get(NAME_ENV, "").strip():
+        return named
+    return f"{socket.gethostname().split('.')[0]}-{node_id[:6]}"
 
 
 def node_version(settings: Settings, labels: Mapping[str, str] | None = None) -> str:
@@ -241,7 +257,13 @@ class NodeCoordinator:
         labels: Mapping[str, str] | None = None,
     ) -> None:
         """`labels`: the Ray node's labels, as the singleton read them from Ray."""
-        self._info = NodeInfo(node_id, time.time(), os.getpid(), node_version(settings, labels))
+        self._info = NodeInfo(
+            node_id,
+            time.time(),
+            os.getpid(),
+            node_version(settings, labels),
+            node_name(node_id, labels),
+        )
         self._settings = settings
         self._factory: IngesterFactory = ingester_factory or (
             KafkaShardIngester if settings.ingest.source == "kafka" else EpochClaimingIngester

@@ -15,7 +15,7 @@ an operator starts it, owned or not.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from filopy.dataset import DatasetRef
 from filopy.errors import Invalid
@@ -464,8 +464,10 @@ class ShardMapper:
             counts[name] = counts.get(name, 0) + 1
         return ", ".join(f"{k}={v}" for k, v in sorted(counts.items()))
 
-    def render(self) -> str:
-        """A 16-shards-per-row status grid plus each node's shards, for the CLI."""
+    def render(self, names: Mapping[str, str] | None = None) -> str:
+        """A 16-shards-per-row status grid plus each node's shards (by `names`, node id ->
+        readable name, where given), for the CLI."""
+        names = names or {}
         lines = [
             "Status legend: .=Unassigned N=Assigned A=Active R=Recovery !=Degraded E=Error "
             "S=Stopped D=Down H=Handoff",
@@ -478,7 +480,8 @@ class ShardMapper:
             lines.append(f"  {start:5d}-{end:<5d}  " + "  ".join(groups))
         lines.append("----- Nodes -----")
         for node in sorted(self._node_shards):
-            lines.append(f"  {node}: {shard_ranges(sorted(self._node_shards[node]))}")
+            shown = names.get(node, node)
+            lines.append(f"  {shown}: {shard_ranges(sorted(self._node_shards[node]))}")
         if not self._node_shards:
             lines.append("  (none)")
         return "\n".join(lines)

@@ -32,6 +32,7 @@ import ray
 
 from coordinator.client import FiloPyClient
 from coordinator.cluster_actor import start_cluster_actor
+from coordinator.node_coordinator import NAME_LABEL
 from filopy.dataset import Dataset, SourceSettings
 from filopy.mapper import ShardMapper
 from filopy.shard_status import ShardEvent
@@ -59,7 +60,9 @@ class DemoPlan:
 QUICK = DemoPlan(series=500, scrapes=120, quick=True)
 
 
-def _status_table(mapper: ShardMapper, rate: float, produced: int, plan: DemoPlan) -> Table:
+def _status_table(
+    mapper: ShardMapper, rate: float, produced: int, plan: DemoPlan, names: dict[str, str]
+) -> Table:
     table = Table(title=f"FiloPy demo: {plan.shards} shards", show_lines=False)
     table.add_column("shard", justify="right")
     table.add_column("status")
@@ -69,7 +72,7 @@ def _status_table(mapper: ShardMapper, rate: float, produced: int, plan: DemoPla
         status = mapper.status(s)
         colour = colours.get(status.letter, "white")
         owner = mapper.owner(s)
-        table.add_row(str(s), f"[{colour}]{status}[/]", (owner or "")[:12])
+        table.add_row(str(s), f"[{colour}]{status}[/]", names.get(owner or "", owner or ""))
     table.caption = (
         f"produced {produced:,} of {plan.samples:,} samples · gateway {rate:,.0f} samples/s"
     )
@@ -109,12 +112,17 @@ class Demo:
     def _run_on(self, cluster: LocalRayCluster) -> bool:
         c, plan, s = self.console, self.plan, self.settings
         resource = {s.cluster.node_resource: 1}
-        nodes = [cluster.add_node(resources=resource) for _ in range(plan.nodes)]
-        cluster.add_node(resources=resource)  # a spare, to take over a lost node's shards
+        nodes = [
+            cluster.add_node(resources=resource, labels={NAME_LABEL: f"node-{i + 1}"})
+            for i in range(plan.nodes)
+        ]
+        # A spare, to take over a lost node's shards.
+        cluster.add_node(resources=resource, labels={NAME_LABEL: "spare"})
         actor = start_cluster_actor(s)
         ray.get(actor.ready.remote(), timeout=60)
         client = FiloPyClient(actor, s)
         _wait(lambda: len(client.members()) == plan.nodes + 1, 60)
+        names = client.node_names()  # kept: the killed node's name outlives it here
         c.print(f"{plan.nodes} FiloPy nodes + 1 spare joined; SQLite store {s.store.sqlite_path}")
 
         c.rule("[bold]3. SetupDataset")
@@ -126,7 +134,7 @@ class Demo:
         )
         client.setup_dataset(ds)
         _wait(lambda: client.shard_map(ds.name).is_healthy(), 60)
-        c.print(client.shard_map(ds.name).render())
+        c.print(client.shard_map(ds.name).render(names))
         sub = client.subscribe(ds.name)
         sub.next(timeout_s=10)  # the snapshot
         listener = threading.Thread(target=self._listen, args=(sub,), daemon=True)
@@ -139,13 +147,13 @@ class Demo:
         with Live(console=c, refresh_per_second=4, transient=plan.quick) as live:
             while producer.is_alive():
                 mapper = client.shard_map(ds.name)
-                live.update(_status_table(mapper, self.rate, self.produced, plan))
+                live.update(_status_table(mapper, self.rate, self.produced, plan, names))
                 if victim is None and self.produced >= plan.samples // 2:
                     counts = Counter(mapper.owner(x) for x in range(plan.shards))
                     victim = max(nodes, key=lambda n: counts[n.node_id])
                     moved = mapper.shards_for_node(victim.node_id)
                     live.console.print(
-                        f"[bold red]5. killing node {victim.node_id[:12]} (shards {moved})[/]"
+                        f"[bold red]5. killing node {names[victim.node_id]} (shards {moved})[/]"
                     )
                     killed_at = time.monotonic()
                     cluster.remove_node(victim)
@@ -159,17 +167,18 @@ class Demo:
                 ),
                 120,
             )
-            live.update(_status_table(client.shard_map(ds.name), self.rate, self.produced, plan))
+            final = client.shard_map(ds.name)
+            live.update(_status_table(final, self.rate, self.produced, plan, names))
         if victim is not None and healthy:
             after = client.shard_map(ds.name)
-            homes = ", ".join(sorted({f"{x} → {after.owner(x)[:12]}" for x in moved}))
+            homes = ", ".join(sorted({f"{x} → {names.get(after.owner(x) or '')}" for x in moved}))
             c.print(
                 f"moved and recovered from their checkpoints: {homes}; all Active "
                 f"{time.monotonic() - killed_at:.1f} s after the kill"
             )
         c.print("events seen by a subscriber for the moved shards:")
         for e in [e for e in self.events if victim is not None and e.shard in moved][:12]:
-            c.print(f"  shard {e.shard}: {type(e).__name__} {e.node[:12]}")
+            c.print(f"  shard {e.shard}: {type(e).__name__} {names.get(e.node or '', e.node)}")
 
         c.rule("[bold]6. Reading every series back")
         ok = self._verify(client, ds)

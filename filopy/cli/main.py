@@ -177,17 +177,26 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """The shard grid of a dataset, with a legend and the shards of each node."""
-    mapper = _client(address).shard_map(dataset)
+    client = _client(address)
+    mapper = client.shard_map(dataset)
+    names, refused = client.node_names(), client.refused_nodes()
     if as_json:
         shards = [
-            {"shard": s, "status": str(mapper.status(s)), "address": mapper.owner(s) or ""}
+            {
+                "shard": s,
+                "status": str(mapper.status(s)),
+                "address": mapper.owner(s) or "",
+                "node": names.get(mapper.owner(s) or "", mapper.owner(s) or ""),
+            }
             for s in range(mapper.num_shards)
         ]
-        console.print_json(json.dumps({"dataset": dataset, "shards": shards}))
+        console.print_json(
+            json.dumps({"dataset": dataset, "shards": shards, "nodes": names, "refused": refused})
+        )
         return
     from filopy.cli.views import shard_grid
 
-    console.print(shard_grid(mapper, f"{dataset}: {mapper.num_shards} shards"))
+    console.print(shard_grid(mapper, f"{dataset}: {mapper.num_shards} shards", names, refused))
 
 
 @app.command()
@@ -208,7 +217,9 @@ def watch(
     from filopy.shard_status import CurrentShardSnapshot
 
     deadline = None if seconds is None else time.monotonic() + seconds
-    with _client(address).subscribe(dataset) as updates:
+    client = _client(address)
+    names = client.node_names()
+    with client.subscribe(dataset) as updates:
         while deadline is None or time.monotonic() < deadline:
             left = updates.POLL_S if deadline is None else deadline - time.monotonic()
             try:
@@ -218,9 +229,15 @@ def watch(
             except StopIteration:  # the dataset was removed
                 break
             if isinstance(update, CurrentShardSnapshot):
-                console.print(shard_grid(ShardMapper.from_state(update.state), dataset))
-            else:
-                console.print(f"shard {update.shard:>4}  {type(update).__name__}  {update.node}")
+                names = client.node_names()
+                console.print(shard_grid(ShardMapper.from_state(update.state), dataset, names))
+                continue
+            node = update.node or ""
+            if node and node not in names:  # a node that joined since
+                names = client.node_names()
+            console.print(
+                f"shard {update.shard:>4}  {type(update).__name__}  {names.get(node, node)}"
+            )
 
 
 @dataset_app.command("create")
@@ -449,24 +466,30 @@ def shards_start(
     console.print(f"started shards {list(reply.shards)} of {dataset} on {reply.node}")
 
 
-def _short(node: str) -> str:
+def _short(node: str, names: dict[str, str] | None = None) -> str:
+    """A node as people read it: its name, else (a node that left) the start of its id."""
+    if names and node in names:
+        return names[node]
     return node if len(node) <= 14 else node[:12] + ".."
 
 
-def _print_moves(moves: list[tuple[int, str, str]], before: dict, after: dict) -> None:
+def _print_moves(
+    moves: list[tuple[int, str, str]], before: dict, after: dict, names: dict[str, str]
+) -> None:
     from rich.table import Table
 
     if moves:
         table = Table("shard", "from", "to", title=f"{len(moves)} moves (each drains first)")
         for shard, source, target in moves:
-            table.add_row(str(shard), _short(source), _short(target))
+            table.add_row(str(shard), _short(source, names), _short(target, names))
         console.print(table)
     else:
         console.print("no moves")
     if before or after:
         table = Table("node", "shards now", "shards after")
         for node in sorted(set(before) | set(after)):
-            table.add_row(_short(node), f"{before.get(node, 0):g}", f"{after.get(node, 0):g}")
+            shown = _short(node, names)
+            table.add_row(shown, f"{before.get(node, 0):g}", f"{after.get(node, 0):g}")
         console.print(table)
 
 
@@ -476,7 +499,8 @@ def plan(
     dataset: Annotated[str, typer.Argument(help="Dataset name.")],
     add_nodes: Annotated[int, typer.Option(min=0, help="What if this many nodes joined.")] = 0,
     remove_node: Annotated[
-        list[str] | None, typer.Option(help="What if this node left (id or prefix); repeatable.")
+        list[str] | None,
+        typer.Option(help="What if this node left (name, id or id prefix); repeatable."),
     ] = None,
     drain_node: Annotated[
         list[str] | None, typer.Option(help="What if this node were drained; repeatable.")
@@ -486,7 +510,8 @@ def plan(
 ) -> None:
     """Show what rebalancing would do, now or after nodes join, leave or are drained; applies
     nothing. See docs/operations.md."""
-    result = _client(address).plan(
+    client = _client(address)
+    result = client.plan(
         dataset,
         add_nodes=add_nodes,
         remove_nodes=remove_node or [],
@@ -503,7 +528,7 @@ def plan(
         }
         console.print_json(json.dumps(body))
         return
-    _print_moves(moves, dict(result.load_before), dict(result.load_after))
+    _print_moves(moves, dict(result.load_before), dict(result.load_after), client.node_names())
     unowned = sum(1 for o in result.owners if o is None)
     if unowned:
         console.print(f"{unowned} shards would have no owner (over every node's capacity)")
@@ -525,11 +550,12 @@ def rebalance(
             [(m.shard, m.source, m.target) for m in result.moves],
             dict(result.load_before),
             dict(result.load_after),
+            client.node_names(),
         )
         console.print(f"({result.held_back}; --apply starts these moves)")
         return
     done = client.rebalance(dataset)
-    _print_moves([(s, a, b) for _, s, a, b in done.moves], {}, {})
+    _print_moves([(s, a, b) for _, s, a, b in done.moves], {}, {}, client.node_names())
     for _, why in done.held_back:
         console.print(f"({why})")
 
@@ -549,18 +575,20 @@ def history(
 
     from rich.table import Table
 
-    changes = _client(address).history(dataset, shard, limit)
+    client = _client(address)
+    changes = client.history(dataset, shard, limit)
     if as_json:
         console.print_json(json.dumps([_row(c) for c in changes]))
         return
     table = Table("time (UTC)", "shard", "from", "to", "reason", "epoch", "replayed")
+    names = client.node_names()  # members' names; a node that left shows by its id
     for c in changes:
         at = dt.datetime.fromtimestamp(c.at_ms / 1000, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
         table.add_row(
             at,
             str(c.shard),
-            _short(c.from_node) if c.from_node else "-",
-            _short(c.to_node) if c.to_node else "-",
+            _short(c.from_node, names) if c.from_node else "-",
+            _short(c.to_node, names) if c.to_node else "-",
             c.reason,
             "-" if c.epoch is None else str(c.epoch),
             "-" if c.replayed_offsets is None else str(c.replayed_offsets),
@@ -576,7 +604,7 @@ def _row(change: Any) -> dict[str, Any]:
 @app.command()
 @_clean_errors
 def drain(
-    node: Annotated[str, typer.Argument(help="Node id, or a unique prefix of one.")],
+    node: Annotated[str, typer.Argument(help="Node name, id, or a unique prefix of an id.")],
     cancel: Annotated[bool, typer.Option("--cancel", help="Stop draining the node.")] = False,
     address: RayAddress = "auto",
 ) -> None:
@@ -588,7 +616,7 @@ def drain(
     if cancel:
         console.print(f"stopped draining {full} (moves in flight finish)")
         return
-    _print_moves([(s, a, b) for _, s, a, b in done.moves], {}, {})
+    _print_moves([(s, a, b) for _, s, a, b in done.moves], {}, {}, client.node_names())
     console.print(f"draining {full}: the other shards follow as moves finish")
 
 

@@ -6,6 +6,8 @@ pipe or a log gets the same letters as `ShardMapper.render`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from rich.console import Group
 from rich.text import Text
 
@@ -45,9 +47,16 @@ def legend() -> Text:
     return text
 
 
-def shard_grid(mapper: ShardMapper, title: str = "") -> Group:
+def shard_grid(
+    mapper: ShardMapper,
+    title: str = "",
+    names: Mapping[str, str] | None = None,
+    refused: Mapping[str, str] | None = None,
+) -> Group:
     """The legend, one coloured letter per shard (32 per row, in groups of 8), then the shards
-    of each node and the shards in Error or Degraded with their messages."""
+    of each node (by `names`, node id -> name, where known) and the shards in Error or Degraded
+    with their messages, and the nodes `refused` membership with why."""
+    names = names or {}
     lines: list[Text] = [legend(), Text(f"----- {title or 'Status map'} -----", style="bold")]
     statuses = mapper.statuses
     for start in range(0, mapper.num_shards, PER_ROW):
@@ -62,9 +71,13 @@ def shard_grid(mapper: ShardMapper, title: str = "") -> Group:
     nodes = sorted(mapper.all_nodes())
     for node in nodes:
         shards = mapper.shards_for_node(node)
-        lines.append(Text(f"  {node}: {len(shards)} shards: {shard_ranges(shards)}"))
+        lines.append(
+            Text(f"  {names.get(node, node)}: {len(shards)} shards: {shard_ranges(shards)}")
+        )
     if not nodes:
         lines.append(Text("  (none)"))
+    for node, why in sorted((refused or {}).items()):
+        lines.append(Text(f"  refused {node}: {why}", style=STYLES[Error]))
     for shard, st in enumerate(statuses):
         if isinstance(st, Error):
             lines.append(Text(f"  shard {shard}: {st.message}", style=STYLES[Error]))

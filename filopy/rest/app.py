@@ -41,6 +41,8 @@ from filopy.rest.models import (
     HealthData,
     MoveData,
     MovesStartedData,
+    NodeData,
+    NodesData,
     NodeShardStatus,
     OwnershipChangeData,
     PlanData,
@@ -191,7 +193,7 @@ def create_app(client: FiloPyClient, settings: Settings) -> FastAPI:
     async def shard_status(ds: DatasetName) -> Any:
         """Every shard's status and owner (address: a node id; empty when unowned)."""
         mapper: ShardMapper = await call(client.shard_map, ds)
-        return Success(data=shard_statuses(mapper))
+        return Success(data=shard_statuses(mapper, await call(client.node_names)))
 
     @app.get(
         "/api/v1/cluster/{ds}/statusByAddress",
@@ -204,11 +206,13 @@ def create_app(client: FiloPyClient, settings: Settings) -> FastAPI:
         the unowned shards under address ""."""
         mapper: ShardMapper = await call(client.shard_map, ds)
         members: list[str] = await call(client.members)
+        names: dict[str, str] = await call(client.node_names)
         owners = list(members) + sorted(mapper.all_nodes() - set(members))
 
         def group(address: str, shards: list[int]) -> AddressStatusData:
             statuses = [NodeShardStatus(shard=s, status=str(mapper.status(s))) for s in shards]
-            return AddressStatusData(address=address, shards=statuses)
+            node = names.get(address, address)
+            return AddressStatusData(address=address, node=node, shards=statuses)
 
         out = [group(node, mapper.shards_for_node(node)) for node in owners]
         unowned = mapper.unassigned_shards()
@@ -305,6 +309,24 @@ def create_app(client: FiloPyClient, settings: Settings) -> FastAPI:
         moves = [MoveData(shard=s, source=a, target=b) for _, s, a, b in done.moves]
         return Success(data=MovesStartedData(moves=moves, held_back=held))
 
+    @app.get(
+        "/api/v1/nodes",
+        tags=["cluster"],
+        response_model=Success[NodesData],
+        responses=_errors(503),
+    )
+    async def nodes() -> Any:
+        """The cluster's nodes: id, name and version of each member, and the nodes refused
+        (a name a member already has)."""
+        members: list[str] = await call(client.members)
+        names: dict[str, str] = await call(client.node_names)
+        versions: dict[str, str] = await call(client.node_versions)
+        refused: dict[str, str] = await call(client.refused_nodes)
+        listed = [
+            NodeData(address=n, name=names.get(n, n), version=versions.get(n, "")) for n in members
+        ]
+        return Success(data=NodesData(members=listed, refused=refused))
+
     @app.post(
         "/api/v1/nodes/{node}/drain",
         tags=["rebalancing"],
@@ -347,20 +369,35 @@ def create_app(client: FiloPyClient, settings: Settings) -> FastAPI:
         sub: Subscription = await call(client.subscribe, ds)
         return EventSourceResponse(_stream(sub), ping=15)
 
+    async def _names(known: dict[str, str], node: str | None = None) -> dict[str, str]:
+        """Node names for the stream: fetched for a snapshot or a node not named yet; the last
+        known ones while the cluster does not answer (the stream goes on with ids)."""
+        if node is not None and (not node or node in known):
+            return known
+        try:
+            return await anyio.to_thread.run_sync(client.node_names)
+        except Exception:
+            return known
+
     async def _stream(sub: Subscription) -> AsyncIterator[ServerSentEvent]:
         mapper: ShardMapper | None = None
+        names: dict[str, str] = {}
         try:
             async for update in sub:
                 if isinstance(update, CurrentShardSnapshot):
                     mapper = ShardMapper.from_state(update.state)
-                    yield ServerSentEvent(data=_json(snapshot_data(update)), event="snapshot")
+                    names = await _names(names)
+                    data = _json(snapshot_data(update, names))
+                    yield ServerSentEvent(data=data, event="snapshot")
                     continue
                 if mapper is not None:
                     try:
                         mapper.update_from_event(update)
                     except ShardEventError:
                         mapper = None  # out of step: report events without statuses
-                yield ServerSentEvent(data=_json(event_data(update, mapper)), event="shard_event")
+                names = await _names(names, update.node or "")
+                data = _json(event_data(update, mapper, names))
+                yield ServerSentEvent(data=data, event="shard_event")
             yield ServerSentEvent(data=_json({"dataset": sub.ref.name}), event="dataset_removed")
         finally:
             # Also on client disconnect (cancellation): drop the subscription in the cluster.

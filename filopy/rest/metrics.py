@@ -159,6 +159,7 @@ class ClusterCollector(Collector):
             labels=per_shard,
         )
         names = sorted(d.name for d in c.datasets())
+        node_names = c.node_names()
         reassigned = c.reassignment_stats()
         for name in names:
             try:
@@ -173,7 +174,8 @@ class ClusterCollector(Collector):
             done, skipped = reassigned.get(name, (0, 0))
             moves.add_metric([name, "done"], done)
             moves.add_metric([name, "skipped"], skipped)
-            for node, by_shard in sorted(c.ingest_stats(name).items()):
+            for node_id, by_shard in sorted(c.ingest_stats(name).items()):
+                node = node_names.get(node_id, node_id)  # its readable name (docs/operations.md)
                 stale_counts: dict[int, int] = {}
                 for st in by_shard.values():  # node-wide: every ingester reports all of them
                     stale_counts.update(st.get("stale_epoch_rejections", {}))

@@ -6,6 +6,7 @@ Every success is `{"status": "success", "data": ...}` and every error
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -71,6 +72,7 @@ class ShardStatusData(BaseModel):
     shard: int
     status: str = Field(description="E.g. Active, Recovery(40), Down, Unassigned, Error(...).")
     address: str = Field(description="Id of the node that owns the shard; empty when none.")
+    node: str = Field("", description="The owner's name; empty when none.")
 
 
 class NodeShardStatus(BaseModel):
@@ -80,7 +82,21 @@ class NodeShardStatus(BaseModel):
 
 class AddressStatusData(BaseModel):
     address: str = Field(description="A node id; empty for the shards no node owns.")
+    node: str = Field("", description="The node's name; empty for the shards no node owns.")
     shards: list[NodeShardStatus]
+
+
+class NodeData(BaseModel):
+    address: str = Field(description="The node id (Ray's).")
+    name: str = Field(description="Its readable name, unique in the cluster.")
+    version: str = Field(description="The version it advertises (rolling updates).")
+
+
+class NodesData(BaseModel):
+    members: list[NodeData] = Field(description="Oldest first.")
+    refused: dict[str, str] = Field(
+        description="Nodes kept out of the cluster, by id, with why (their name is taken)."
+    )
 
 
 class MoveData(BaseModel):
@@ -149,31 +165,43 @@ class HealthData(BaseModel):
     datasets: dict[str, DatasetHealth]
 
 
-def shard_statuses(mapper: ShardMapper) -> list[ShardStatusData]:
-    return [
-        ShardStatusData(shard=s, status=str(mapper.status(s)), address=mapper.owner(s) or "")
-        for s in range(mapper.num_shards)
-    ]
+def shard_statuses(
+    mapper: ShardMapper, names: Mapping[str, str] | None = None
+) -> list[ShardStatusData]:
+    names = names or {}
+    out = []
+    for s in range(mapper.num_shards):
+        owner = mapper.owner(s) or ""
+        node = names.get(owner, owner)
+        out.append(ShardStatusData(shard=s, status=str(mapper.status(s)), address=owner, node=node))
+    return out
 
 
-def snapshot_data(snapshot: CurrentShardSnapshot) -> dict[str, Any]:
+def snapshot_data(
+    snapshot: CurrentShardSnapshot, names: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     """The `snapshot` SSE event: the whole map, shaped like GET .../status."""
     mapper = ShardMapper.from_state(snapshot.state)
     return {
         "dataset": snapshot.ref.name,
         "version": snapshot.state.version,
-        "shards": [s.model_dump() for s in shard_statuses(mapper)],
+        "shards": [s.model_dump() for s in shard_statuses(mapper, names)],
     }
 
 
-def event_data(event: ShardEvent, mapper: ShardMapper | None) -> dict[str, Any]:
+def event_data(
+    event: ShardEvent, mapper: ShardMapper | None, names: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     """A `shard_event` SSE event. `mapper` (the subscriber's copy of the map, updated with the
-    event) supplies the shard's resulting status, so clients need not re-implement transitions."""
+    event) supplies the shard's resulting status, so clients need not re-implement transitions;
+    `names` the node's name."""
+    node = event.node or ""
     out: dict[str, Any] = {
         "dataset": event.ref.name,
         "shard": event.shard,
         "event": type(event).__name__,
-        "address": event.node or "",
+        "address": node,
+        "node": (names or {}).get(node, node),
     }
     if isinstance(event, RecoveryInProgress):
         out["progressPct"] = event.progress_pct

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import queue
+import socket
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -66,6 +67,23 @@ def test_status_and_status_by_address(rest, dataset: str) -> None:
     assert dataset in rest.http.get("/api/v1/cluster").json()["data"]
 
 
+def test_nodes_are_listed_with_names_and_versions_and_shards_show_their_owner_s_name(
+    rest, dataset: str
+) -> None:
+    resp = rest.http.get("/api/v1/nodes")
+    assert resp.status_code == 200, resp.text
+    data = resp.json()["data"]
+    host = socket.gethostname().split(".")[0]
+    names = {n["address"]: n["name"] for n in data["members"]}
+    assert names == {node: f"{host}-{node[:6]}" for node in rest.nodes}
+    assert all(n["version"] for n in data["members"])  # the installed package's
+    assert data["refused"] == {}
+    for s in status(rest, dataset):
+        assert s["node"] == names.get(s["address"], ""), s
+    groups = rest.http.get(f"/api/v1/cluster/{dataset}/statusByAddress").json()["data"]
+    assert {g["address"]: g["node"] for g in groups} == names
+
+
 def test_stop_then_start_a_shard_elsewhere(rest, dataset: str) -> None:
     owner = status(rest, dataset)[0]["address"]
     other = next(n for n in rest.nodes if n != owner)
@@ -74,7 +92,7 @@ def test_stop_then_start_a_shard_elsewhere(rest, dataset: str) -> None:
     assert stopped.status_code == 200, stopped.text
     assert stopped.json() == {"status": "success", "data": {"shardList": [0]}}
     # Stopped and unowned, and it stays so until started (no reassignment takes it).
-    assert status(rest, dataset)[0] == {"shard": 0, "status": "Stopped", "address": ""}
+    assert status(rest, dataset)[0] == {"shard": 0, "status": "Stopped", "address": "", "node": ""}
     assert by_address(rest, dataset)[""] == [{"shard": 0, "status": "Stopped"}]
 
     # The other node holds 2 of max 2 shards: no room until the owner's count drops too.
@@ -208,6 +226,8 @@ def test_events_stream_a_snapshot_then_every_shard_event(rest, dataset: str) -> 
         assert len(subscribers(rest, dataset)) == before + 1
 
         owner = snapshot["shards"][1]["address"]
+        owner_name = snapshot["shards"][1]["node"]  # its readable name, also in each event
+        assert owner_name and owner_name != owner
         assert post(rest, dataset, "stopshards", {"shardList": [1]}).status_code == 200
         event, down = stream.next()
         assert event == "shard_event"
@@ -216,6 +236,7 @@ def test_events_stream_a_snapshot_then_every_shard_event(rest, dataset: str) -> 
             "shard": 1,
             "event": "ShardDown",
             "address": owner,
+            "node": owner_name,
             "status": "Down",
         }
         # Then Stopped without an owner: it stays so until an operator starts it.
@@ -226,6 +247,7 @@ def test_events_stream_a_snapshot_then_every_shard_event(rest, dataset: str) -> 
             "shard": 1,
             "event": "IngestionStopped",
             "address": "",
+            "node": "",
             "status": "Stopped",
         }
         assert (

@@ -32,6 +32,7 @@ def test_a_degraded_shard_event_carries_its_message(rest, name: str) -> None:
             "shard": 1,
             "event": "IngestionDegraded",
             "address": owner,
+            "node": rest.client.node_names()[owner],
             "message": reason,
             "status": f"Degraded({reason})",
         }

@@ -87,7 +87,7 @@ def test_ingestion_counters_per_shard(rest, kafka_bootstrap: str) -> None:
 
     m = rest.wait_for("every sample counted", ingested)
     owners = {
-        s["shard"]: s["address"]
+        s["shard"]: s["node"]  # metrics name nodes by their readable names
         for s in rest.http.get(f"/api/v1/cluster/{name}/status").json()["data"]
     }
     for shard in (0, 1):

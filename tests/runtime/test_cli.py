@@ -43,8 +43,9 @@ def test_cli_against_a_running_cluster(filopy_cluster, monkeypatch: pytest.Monke
 
     grid = runner.invoke(app, ["status", "metrics", *addr])
     assert "AAAA" in grid.output
+    names = {s["address"]: s["node"] for s in shards}  # the grid shows nodes by name
     for n in nodes:
-        assert f"{n.node_id}: 2 shards: " in grid.output
+        assert f"{names[n.node_id]}: 2 shards: " in grid.output
 
     stopped = runner.invoke(app, ["shards", "stop", "metrics", "1", *addr])
     assert stopped.exit_code == 0 and "stopped shards [1]" in stopped.output
