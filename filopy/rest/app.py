@@ -91,7 +91,7 @@ def create_app(client: FiloPyClient, settings: Settings) -> FastAPI:
     app.state.client = client
     install_handlers(app, timeout_s)
     queries = cluster_query_service(client, timeout_s)
-    app.include_router(promql_router(client, queries))
+    app.include_router(promql_router(client, queries, registry))
     ingestion = Ingestion(client.datasets, settings.gateway)  # docs/ingestion-http.md
     app.include_router(ingest_router(ingestion))
     registry.register(ingestion.metrics.registry)

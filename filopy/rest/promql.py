@@ -13,13 +13,15 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any, TypeVar
 
 import anyio
 import numpy as np
 from fastapi import APIRouter, Request
+from prometheus_client import CollectorRegistry, Histogram
 
 from coordinator.client import FiloPyClient
 from filopy.rest.errors import BAD_DATA, ApiError, api_error
@@ -178,9 +180,42 @@ PARAMETERS: dict[str, list[dict[str, Any]]] = {
 }
 
 
-def promql_router(client: FiloPyClient, service: QueryService) -> APIRouter:
+QUERY_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+def query_latency(registry: CollectorRegistry) -> Histogram:
+    """The query API's latency, by endpoint and outcome (ok, or the Prometheus errorType)."""
+    return Histogram(
+        "filopy_query_duration_seconds",
+        "Time to answer a PromQL instant or range query, by endpoint and outcome (ok, or the "
+        "error type: bad_data, execution, timeout, unavailable, ...).",
+        ["endpoint", "outcome"],
+        buckets=QUERY_LATENCY_BUCKETS,
+        registry=registry,
+    )
+
+
+def promql_router(
+    client: FiloPyClient, service: QueryService, registry: CollectorRegistry | None = None
+) -> APIRouter:
     router = APIRouter(tags=["query (Prometheus API)"])
     timeout_s = client.timeout_s
+    latency = query_latency(registry or CollectorRegistry())
+
+    @asynccontextmanager
+    async def timed(endpoint: str) -> AsyncIterator[None]:
+        began = time.perf_counter()
+        outcome = "ok"
+        try:
+            yield
+        except ApiError as e:
+            outcome = e.error_type
+            raise
+        except Exception:
+            outcome = "internal"
+            raise
+        finally:
+            latency.labels(endpoint, outcome).observe(time.perf_counter() - began)
 
     async def run(fn: Callable[..., R], *args: Any) -> R:
         try:
@@ -253,6 +288,14 @@ def promql_router(client: FiloPyClient, service: QueryService) -> APIRouter:
         return body
 
     async def query(request: Request, dataset: str | None = None) -> dict[str, Any]:
+        async with timed("query"):
+            return await _query(request, dataset)
+
+    async def query_range(request: Request, dataset: str | None = None) -> dict[str, Any]:
+        async with timed("query_range"):
+            return await _query_range(request, dataset)
+
+    async def _query(request: Request, dataset: str | None) -> dict[str, Any]:
         p = await params(request)
         text = required(p, "query")
         t = one(p, "time")
@@ -262,7 +305,7 @@ def promql_router(client: FiloPyClient, service: QueryService) -> APIRouter:
         res = await run(lambda: service.instant(ds, text, at, **opts))
         return envelope(res, result_json(res.value))
 
-    async def query_range(request: Request, dataset: str | None = None) -> dict[str, Any]:
+    async def _query_range(request: Request, dataset: str | None) -> dict[str, Any]:
         p = await params(request)
         text = required(p, "query")
         start = parse_time(required(p, "start"), "start")

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import re
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
+from prometheus_client.parser import text_string_to_metric_families
 
 from filopy import Dataset
 from filopy.dataset import RecordFormat, SourceSettings
@@ -139,3 +143,42 @@ def test_ingestion_counters_per_shard(rest, kafka_bootstrap: str) -> None:
         )
         assert 0 < recovery < 30
     rest.http.delete(f"/api/v1/datasets/{name}")
+
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana" / "filopy.json"
+
+
+def test_every_metric_the_grafana_dashboard_queries_is_exported(rest, kafka_bootstrap: str) -> None:
+    """docs/grafana/filopy.json queries only what /metrics really exports: after HTTP ingestion,
+    flushes and a query, every sample name in the dashboard's expressions is in the exposition."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    exprs += [v["definition"] for v in dashboard["templating"]["list"]]
+    wanted = {m for e in exprs for m in re.findall(r"\bfilopy_[a-z_]+", e)}
+    assert len(wanted) >= 20, wanted  # the dashboard covers the exported families
+
+    name = f"ds{uuid.uuid4().hex[:8]}"
+    source = {"bootstrap_servers": kafka_bootstrap}
+    body = {"name": name, "num_shards": 2, "min_num_nodes": 2, "source": source}
+    assert rest.http.post("/api/v1/datasets", json=body).status_code == 201
+    rest.wait_for("all shards active", lambda: all_active(rest, name))
+    lines = "\n".join(f"up,_ns_=app{i},_ws_=demo value=1 {T0_NS}" for i in range(20))
+    written = rest.http.post(f"/ingest/{name}/write", content=lines)
+    assert written.status_code == 204, written.text
+    assert rest.http.get(f"/promql/{name}/api/v1/query", params={"query": "up"}).is_success
+
+    # A family counts once exported (a counter of errors that never happened has no sample yet).
+    families = {re.sub(r"_(total|bucket|sum|count)$", "", m) for m in wanted}
+    missing: list[set[str]] = []
+
+    def exported() -> bool:
+        text = rest.http.get("/metrics").text
+        missing.append(families - {f.name for f in text_string_to_metric_families(text)})
+        return not missing[-1]
+
+    try:
+        rest.wait_for("every dashboard metric exported", exported, 30)
+    except AssertionError:
+        raise AssertionError(
+            f"the dashboard queries metrics never exported: {missing[-1]}"
+        ) from None
