@@ -479,7 +479,7 @@ class ShardMapper:
             end = start + len(row) - 1
             lines.append(f"  {start:5d}-{end:<5d}  " + "  ".join(groups))
         lines.append("----- Nodes -----")
-        for node in sorted(self._node_shards):
+        for node in sorted(self._node_shards, key=lambda n: (names.get(n, n), n)):
             shown = names.get(node, node)
             lines.append(f"  {shown}: {shard_ranges(sorted(self._node_shards[node]))}")
         if not self._node_shards:

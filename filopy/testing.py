@@ -36,7 +36,11 @@ class LocalRayCluster:
         head_resources: dict[str, float] | None = None,
         namespace: str | None = None,
         system_config: dict[str, Any] | None = None,
+        log_to_driver: bool = True,
     ) -> None:
+        """`log_to_driver=False` keeps Ray's workers' and raylets' output (a killed node's
+        last log lines, state dumps) in the log files under `logs_dir` instead of this
+        process' terminal."""
         ray_env.bind_loopback()
         self._cluster = Cluster(
             initialize_head=True,
@@ -54,7 +58,13 @@ class LocalRayCluster:
             _node_ip_address=LOOPBACK,
             namespace=namespace,
             logging_level="WARNING",
+            log_to_driver=log_to_driver,
         )
+
+    @property
+    def logs_dir(self) -> str:
+        """Where Ray writes the logs of this cluster's processes."""
+        return str(self.head.get_logs_dir_path())
 
     @property
     def address(self) -> str:

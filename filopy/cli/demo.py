@@ -11,11 +11,13 @@ nodes' memstores and the ColumnStore and compares with what was produced.
 from __future__ import annotations
 
 import subprocess
+import sys
 import threading
 import time
 import uuid
 from collections import Counter
-from dataclasses import dataclass
+from contextlib import ExitStack, redirect_stderr, redirect_stdout
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +53,7 @@ class DemoPlan:
     scrapes_per_send: int = 10
     shards: int = 8
     quick: bool = False
+    verbose: bool = False  # Ray's own output on the terminal too
 
     @property
     def samples(self) -> int:
@@ -91,12 +94,26 @@ class Demo:
         c.rule("[bold]1. Kafka")
         self._kafka_up()
         c.rule("[bold]2. A Ray cluster of FiloPy nodes on 127.0.0.1")
-        cluster = LocalRayCluster(namespace=self.settings.ray.namespace)
-        try:
-            return self._run_on(cluster)
-        finally:
-            c.print("[dim]stopping the Ray cluster…[/]")
-            cluster.shutdown()
+        with ExitStack() as quiet:
+            if not self.plan.verbose:
+                # Ray prints its raylets' deaths (a killed node's last log lines, state dumps)
+                # and other errors on the driver's sys.stdout, whatever log_to_driver says:
+                # they go to a file; the story keeps the real terminal.
+                c.file = sys.stdout
+                log = self.settings.store.sqlite_path.with_suffix(".log")
+                sink = quiet.enter_context(log.open("a", encoding="utf-8"))
+                quiet.enter_context(redirect_stdout(sink))
+                quiet.enter_context(redirect_stderr(sink))
+            cluster = LocalRayCluster(
+                namespace=self.settings.ray.namespace, log_to_driver=self.plan.verbose
+            )
+            if not self.plan.verbose:
+                c.print(f"[dim]Ray's messages: {log}; its logs: {cluster.logs_dir}[/]")
+            try:
+                return self._run_on(cluster)
+            finally:
+                c.print("[dim]stopping the Ray cluster…[/]")
+                cluster.shutdown()
 
     def _kafka_up(self) -> None:
         out = subprocess.run(
@@ -144,7 +161,15 @@ class Demo:
         producer = threading.Thread(target=self._produce, args=(ds,), daemon=True)
         producer.start()
         victim, moved, killed_at = None, [], 0.0
-        with Live(console=c, refresh_per_second=4, transient=plan.quick) as live:
+        # Not redirecting stdout: what Ray prints there meanwhile belongs in the log file.
+        live = Live(
+            console=c,
+            refresh_per_second=4,
+            transient=plan.quick,
+            redirect_stdout=False,
+            redirect_stderr=False,
+        )
+        with live:
             while producer.is_alive():
                 mapper = client.shard_map(ds.name)
                 live.update(_status_table(mapper, self.rate, self.produced, plan, names))
@@ -285,6 +310,7 @@ def demo_settings(base: Settings | None = None) -> Settings:
     )
 
 
-def run_demo(quick: bool = False, console: Console | None = None) -> bool:
+def run_demo(quick: bool = False, console: Console | None = None, verbose: bool = False) -> bool:
     console = console or Console()
-    return Demo(QUICK if quick else DemoPlan(), demo_settings(), console).run()
+    plan = replace(QUICK if quick else DemoPlan(), verbose=verbose)
+    return Demo(plan, demo_settings(), console).run()

@@ -64,11 +64,14 @@ def _client(address: str) -> Any:
 @_clean_errors
 def demo(
     quick: Annotated[bool, typer.Option(help="A smaller, faster run (used by CI).")] = False,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", help="Show Ray's own output too (else in its log files).")
+    ] = False,
 ) -> None:
     """Run the main job: a local cluster ingesting, losing a node, recovering, reading back."""
     from filopy.cli.demo import run_demo
 
-    if not run_demo(quick=quick, console=console):
+    if not run_demo(quick=quick, console=console, verbose=verbose):
         raise typer.Exit(1)
 
 

@@ -68,7 +68,7 @@ def shard_grid(
             line.append(st.letter, style=STYLES.get(type(st), ""))
         lines.append(line)
     lines.append(Text("----- Nodes -----", style="bold"))
-    nodes = sorted(mapper.all_nodes())
+    nodes = sorted(mapper.all_nodes(), key=lambda n: (names.get(n, n), n))
     for node in nodes:
         shards = mapper.shards_for_node(node)
         lines.append(
