@@ -6,12 +6,14 @@
 #   victoria-metrics: vmagent (a real remote-write and Influx sender) and the single-node server, the
 #     peer of bench/bench_ingest_http.py.
 #   kcat: a real Kafka client that is not FiloPy's, for direct-to-Kafka producer tests.
+#   chromium: the real browser the web console's test drives (through Playwright).
 set -euo pipefail
 need=()
 command -v docker-compose >/dev/null || need+=(docker-compose)
 { command -v promtool && command -v prometheus; } >/dev/null || need+=(prometheus)
 { command -v victoria-metrics && command -v vmagent; } >/dev/null || need+=(victoria-metrics)
 command -v kcat >/dev/null || need+=(kcat)
+command -v chromium >/dev/null || need+=(chromium)
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ]; then
   echo "[system-deps] missing Debian packages: ${need[*]} (run as root or: sudo apt-get install ${need[*]})" >&2

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import contextlib
 import json
+import pathlib
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any, TypeVar
 
 import anyio
 from fastapi import Body, FastAPI, Path, Query, Response
 from fastapi.openapi.utils import get_openapi
+from fastapi.responses import FileResponse
+from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
@@ -76,6 +79,9 @@ def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {code: {"model": ErrorBody} for code in codes}
 
 
+CONSOLE_DIR = pathlib.Path(__file__).resolve().parent / "console"
+
+
 def create_app(client: FiloPyClient, settings: Settings) -> FastAPI:
     """The REST server for the cluster `client` talks to."""
     timeout_s = client.timeout_s
@@ -96,6 +102,12 @@ def create_app(client: FiloPyClient, settings: Settings) -> FastAPI:
     app.include_router(ingest_router(ingestion))
     registry.register(ingestion.metrics.registry)
     app.router.add_event_handler("shutdown", queries.close)  # stop following maps before Ray goes
+    # The web console (docs/operations.md): static files of the package, reading this API.
+    app.mount("/console", StaticFiles(directory=CONSOLE_DIR), name="console")
+
+    @app.get("/", include_in_schema=False)
+    async def console_page() -> FileResponse:
+        return FileResponse(CONSOLE_DIR / "index.html")
 
     async def call(fn: Callable[..., R], *args: Any) -> R:
         """Run a blocking client call on a worker thread; its failures become API errors."""
