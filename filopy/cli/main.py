@@ -460,13 +460,15 @@ def shards_stop(
 @_clean_errors
 def shards_start(
     dataset: Annotated[str, typer.Argument(help="Dataset name.")],
-    node: Annotated[str, typer.Argument(help="Node id (see `filopy status`).")],
+    node: Annotated[str, typer.Argument(help="Node name or id (see `filopy status`).")],
     shards: Annotated[list[int], typer.Argument(help="Shard numbers.")],
     address: RayAddress = "auto",
 ) -> None:
     """Start shards on a chosen node (stop them first if another node owns them)."""
-    reply = _client(address).start_shards(dataset, node, shards)
-    console.print(f"started shards {list(reply.shards)} of {dataset} on {reply.node}")
+    client = _client(address)
+    reply = client.start_shards(dataset, client.node(node), shards)
+    shown = _short(reply.node, client.node_names())
+    console.print(f"started shards {list(reply.shards)} of {dataset} on {shown}")
 
 
 def _short(node: str, names: dict[str, str] | None = None) -> str:

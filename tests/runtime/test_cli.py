@@ -56,8 +56,10 @@ def test_cli_against_a_running_cluster(filopy_cluster, monkeypatch: pytest.Monke
     assert unknown.exit_code == 1 and "unknown dataset 'nope'" in unknown.output
     owner = c.client.shard_map("metrics").shards_for_node(nodes[0].node_id)
     target = nodes[0].node_id if len(owner) < 2 else nodes[1].node_id
-    started = runner.invoke(app, ["shards", "start", "metrics", target, "1", *addr])
+    # A node is named by its name as `filopy status` shows it (its id works as well).
+    started = runner.invoke(app, ["shards", "start", "metrics", names[target], "1", *addr])
     assert started.exit_code == 0, started.output
+    assert f"on {names[target]}" in started.output
     c.wait_for("shard 1 back", lambda: c.client.shard_map("metrics").owner(1) == target)
 
 
