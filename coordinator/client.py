@@ -204,7 +204,7 @@ class FiloPyClient:
         return self._checked(self._call("stop_shards", _ref(dataset), list(shards)), dataset)
 
     def node_names(self) -> dict[str, str]:
-        """Each member's readable name (`filopy.io/name` label, `FILOPY_NODE_NAME`, or host
+        """Each member's readable name (`filopy.io/name` label, `FILOPY_NODE__NAME`, or host
         name and id prefix), by node id."""
         return dict(self._call("node_names"))
 

@@ -420,7 +420,7 @@ class NodeClusterActor:
             return
         node = change.node
         if change.left:
-            log.warning("node %s left (%s)", node, change.why)
+            log.warning("node %s left (%s)", self._shown(node), change.why)
             # Silent past the timeout: failed; gone from Ray (stopped, or its process died): left.
             kind = "failed" if change.after is NodeState.QUARANTINED else "left"
             self._deliver(self._mgr.remove_member(node, reason=f"{kind} ({change.why})"))
@@ -436,7 +436,7 @@ class NodeClusterActor:
             self._sequencer.register(guardian_id(node))
             # A (new) coordinator process numbers its reports from 1 again.
             self._last_event_seq = {k: v for k, v in self._last_event_seq.items() if k[0] != node}
-            log.info("node %s joined", node)
+            log.info("node %s joined", self._shown(node))
             self._deliver(self._mgr.add_member(node, self._versions.get(node, "")))
             self._deliver(self._mgr.subscribe_all(guardian_id(node)))
 
@@ -493,6 +493,11 @@ class NodeClusterActor:
             self._versions[node] = getattr(info, "version", "")
             self._changed(self._membership.answered(node))
 
+    def _shown(self, node: str) -> str:
+        """A node as the log shows it: its name and its Ray id."""
+        name = self._names.get(node)
+        return f"{name} ({node})" if name else node
+
     def _name_taken(self, node: str, name: str) -> bool:
         """Whether another member goes by `name`: then `node` is refused (said once in the log,
         and by `refused_nodes` to `filopy status` and REST) until that member leaves."""
@@ -508,7 +513,7 @@ class NodeClusterActor:
         if node not in self._refused:
             log.error(
                 "node %s refused: its name %r is taken by member %s; give it another "
-                "(the filopy.io/name label of its Ray node, or FILOPY_NODE_NAME)",
+                "(the filopy.io/name label of its Ray node, or FILOPY_NODE__NAME)",
                 node,
                 name,
                 other,

@@ -86,14 +86,16 @@ REPORT_RETRY_FOR_S = 60.0  # a batch the singleton does not take by then is drop
 
 VERSION_LABEL = "filopy.io/version"  # a Ray node label: `ray start --labels filopy.io/version=…`
 NAME_LABEL = "filopy.io/name"
-NAME_ENV = "FILOPY_NODE_NAME"  # in the environment of `ray start` on the node
+# The `node.name` setting, per node: in the environment of `ray start` on that node (the config
+# file is the same for every node, so a name there would be every node's).
+NAME_ENV = "FILOPY_NODE__NAME"
 
 
 def node_name(node_id: str, labels: Mapping[str, str] | None = None) -> str:
-    """The name a node is shown by: its Ray node's `filopy.io/name` label, else `FILOPY_NODE_NAME`
-    in the node's environment, else its host name and the start of its Ray id (several nodes may
-    share a host). Ray ids are 56 hex characters no one reads; names are unique in the cluster
-    (the singleton refuses a node whose name a member has)."""
+    """The name a node is shown by: its Ray node's `filopy.io/name` label, else
+    `FILOPY_NODE__NAME` in the node's environment, else its host name and the start of its Ray
+    id (several nodes may share a host). Ray ids are 56 hex characters no one reads; names are
+    unique in the cluster (the singleton refuses a node whose name a member has)."""
     if labels and labels.get(NAME_LABEL):
         return labels[NAME_LABEL]
     if named := os.environ.get(NAME_ENV, "").strip():

@@ -6,10 +6,13 @@ The coordinator class is used directly (no Ray) with a SQLite MetaStore and a re
 from __future__ import annotations
 
 import asyncio
+import socket
 from pathlib import Path
 
+import pytest
+
 from coordinator.messages import NodeShardMap
-from coordinator.node_coordinator import NodeCoordinator
+from coordinator.node_coordinator import NAME_ENV, NAME_LABEL, NodeCoordinator, node_name
 from filopy import Dataset, IngestionStarted, IngestionStopped, ShardMapper
 from filopy.config import load_settings
 from filopy.shard_status import (
@@ -149,3 +152,15 @@ def test_a_handoff_drains_the_shard_keeps_serving_it_then_lets_it_go(tmp_path: P
         assert set(events) <= {ShardDrained(DS.ref, 1, "n1")}
 
     asyncio.run(scenario())
+
+
+def test_a_node_s_name_is_its_label_else_its_environment_else_host_and_id(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    node = "5214b7c722fbec4f287a8ead291dfe54c5db4afb95bf97782828c73c"
+    monkeypatch.delenv(NAME_ENV, raising=False)
+    assert node_name(node) == f"{socket.gethostname().split('.')[0]}-5214b7"
+    monkeypatch.setenv(NAME_ENV, " ingest-7 ")
+    assert node_name(node) == "ingest-7"
+    assert node_name(node, {NAME_LABEL: "edge-1"}) == "edge-1"
+    assert node_name(node, {NAME_LABEL: ""}) == "ingest-7"  # an empty label names nothing
