@@ -4,7 +4,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: help demo venv system-deps go-tools services-up services-down services-status lint format test unit bench clean
+.PHONY: help demo venv system-deps go-tools services-up services-down services-status lint format test unit bench compliance clean
 
 help:
 	@echo "make demo            the main job: a local cluster ingesting, losing a node, recovering"
@@ -13,6 +13,7 @@ help:
 	@echo "make services-up     start local Kafka (KRaft) and Cassandra (scripts/services.sh)"
 	@echo "make services-down   stop them"
 	@echo "make bench           run the benchmarks in bench/ (results in bench/results/)"
+	@echo "make compliance      PromQL answers compared with Prometheus 3's (tests/compliance)"
 	@echo "make lint | format   ruff check / ruff format"
 
 venv: $(VENV)/.installed
@@ -61,6 +62,11 @@ go-tools:
 unit: venv
 	@start=$$(date +%s); $(BIN)/pytest -q -m "not kafka and not cassandra and not ray"; rc=$$?; \
 	echo "make unit: $$(( $$(date +%s) - start )) s"; exit $$rc
+
+# FiloPy's PromQL answers against Prometheus 3's on the same data; prints the score and every
+# difference, fails on one that tests/compliance/known_differences.yml does not list.
+compliance: venv system-deps go-tools services-up
+	$(BIN)/python -m tests.compliance.harness
 
 bench: venv
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
