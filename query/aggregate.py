@@ -1,8 +1,10 @@
-"""Aggregation: mergeable per-group partial states, and topk/bottomk.
+"""Aggregation: mergeable per-group partial states; topk/bottomk, quantile and count_values.
 
-sum, min, max, count and avg are computed as a `Partial` (per group and step: a running value
-and the number of contributing series), so nodes can aggregate their own series and the caller
-merges the partials, matching groups by label set; only step results cross the network.
+sum, min, max, count, avg, group, stddev and stdvar are computed as a `Partial` (per group and
+step: a running value, the number of contributing series and, for stddev/stdvar, the sum of
+squared deviations), so nodes can aggregate their own series and the caller merges the
+partials, matching groups by label set; only step results cross the network. topk/bottomk,
+quantile and count_values need every series of a group at once and run at the caller.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 LabelKey = tuple[tuple[str, str], ...]
 
-PUSHABLE_OPS = frozenset({"sum", "min", "max", "count", "avg"})
+PUSHABLE_OPS = frozenset({"sum", "min", "max", "count", "avg", "group", "stddev", "stdvar"})
+_SPREAD_OPS = frozenset({"stddev", "stdvar"})
 
 
 def label_key(labels: Mapping[str, str]) -> LabelKey:
@@ -57,11 +60,12 @@ def group_ids(
 
 @dataclass(frozen=True, eq=False)
 class Partial:
-    """Mergeable state of one sum/min/max/count/avg aggregation, per output group and step.
+    """Mergeable state of one pushable aggregation, per output group and step.
 
-    `values` holds per-group sums (sum, avg; 0 where nothing contributed), minima or maxima
-    (min, max; NaN where nothing contributed) or zeros (count); `counts` the number of input
-    series with a value at that step.
+    `values` holds per-group sums (sum, avg, stddev, stdvar; 0 where nothing contributed),
+    minima or maxima (min, max; NaN where nothing contributed) or zeros (count, group);
+    `counts` the number of input series with a value at that step; `m2` (stddev, stdvar only)
+    the sum of squared deviations from the group's mean, merged with Chan et al.'s formula.
     """
 
     op: str
@@ -69,6 +73,7 @@ class Partial:
     labels: list[dict[str, str]]
     values: F64
     counts: I64
+    m2: F64 | None = None
 
     def __post_init__(self) -> None:
         if self.op not in PUSHABLE_OPS:
@@ -76,11 +81,27 @@ class Partial:
         shape = (len(self.labels), len(self.times))
         if self.values.shape != shape or self.counts.shape != shape:
             raise ValueError(f"partial arrays must have shape {shape}")
+        if (self.m2 is not None) != (self.op in _SPREAD_OPS) or (
+            self.m2 is not None and self.m2.shape != shape
+        ):
+            raise ValueError(f"{self.op} partials need m2 of shape {shape} exactly when spread")
+
+    def rows(self, keep: I64) -> Partial:
+        """The partial restricted to some of its groups."""
+        m2 = None if self.m2 is None else self.m2[keep]
+        labels = [self.labels[i] for i in keep]
+        return Partial(self.op, self.times, labels, self.values[keep], self.counts[keep], m2)
 
 
 def _combine(
-    op: str, ids: I64, n_groups: int, n_steps: int, values: F64, counts: I64
-) -> tuple[F64, I64]:
+    op: str,
+    ids: I64,
+    n_groups: int,
+    n_steps: int,
+    values: F64,
+    counts: I64,
+    m2: F64 | None = None,
+) -> tuple[F64, I64, F64 | None]:
     """Fold rows (values already in partial form) into their groups."""
     out_counts = np.zeros((n_groups, n_steps), np.int64)
     np.add.at(out_counts, ids, counts)
@@ -90,7 +111,16 @@ def _combine(
     else:
         out = np.zeros((n_groups, n_steps))
         np.add.at(out, ids, values)
-    return out, out_counts
+    if m2 is None:
+        return out, out_counts, None
+    # Chan et al.: M2 = sum of the rows' M2 + n_row * (mean_row - mean_group)^2.
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        mean = out / out_counts
+        row_mean = values / counts
+        spread = np.where(counts > 0, m2 + counts * (row_mean - mean[ids]) ** 2, 0.0)
+    out_m2 = np.zeros((n_groups, n_steps))
+    np.add.at(out_m2, ids, spread)
+    return out, out_counts, out_m2
 
 
 def partial_of(
@@ -106,12 +136,15 @@ def partial_of(
     present = ~np.isnan(values)
     if op in ("min", "max"):
         row_values = values
-    elif op == "count":
+    elif op in ("count", "group"):
         row_values = np.zeros_like(values)
     else:
         row_values = np.where(present, values, 0.0)
-    out, counts = _combine(op, ids, len(groups), len(times), row_values, present.astype(np.int64))
-    return Partial(op, times, groups, out, counts)
+    m2 = np.zeros_like(values) if op in _SPREAD_OPS else None
+    out, counts, out_m2 = _combine(
+        op, ids, len(groups), len(times), row_values, present.astype(np.int64), m2
+    )
+    return Partial(op, times, groups, out, counts, out_m2)
 
 
 def merge(parts: Sequence[Partial]) -> Partial:
@@ -126,8 +159,13 @@ def merge(parts: Sequence[Partial]) -> Partial:
     groups, ids = distinct(labels)
     values = np.concatenate([p.values for p in parts])
     counts = np.concatenate([p.counts for p in parts])
-    out, out_counts = _combine(first.op, ids, len(groups), len(first.times), values, counts)
-    return Partial(first.op, first.times, groups, out, out_counts)
+    m2 = None
+    if first.op in _SPREAD_OPS:
+        m2 = np.concatenate([p.m2 for p in parts if p.m2 is not None])
+    out, out_counts, out_m2 = _combine(
+        first.op, ids, len(groups), len(first.times), values, counts, m2
+    )
+    return Partial(first.op, first.times, groups, out, out_counts, out_m2)
 
 
 def finish_values(p: Partial) -> F64:
@@ -137,8 +175,14 @@ def finish_values(p: Partial) -> F64:
         match p.op:
             case "count":
                 return np.where(has, p.counts.astype(np.float64), np.nan)
+            case "group":
+                return np.where(has, 1.0, np.nan)
             case "avg":
                 return np.where(has, p.values / np.maximum(p.counts, 1), np.nan)
+            case "stdvar" | "stddev":
+                assert p.m2 is not None
+                var = p.m2 / np.maximum(p.counts, 1)
+                return np.where(has, np.sqrt(var) if p.op == "stddev" else var, np.nan)
             case _:
                 return np.where(has, p.values, np.nan)
 
@@ -172,3 +216,87 @@ def select_k(
         keep = (rank < k[None, :]) & ~np.isnan(sub)
         out[rows] = np.where(keep, sub, np.nan)
     return out
+
+
+def quantile(
+    labels: Sequence[Mapping[str, str]],
+    values: F64,
+    q: F64,
+    grouping: Sequence[str],
+    without: bool,
+) -> tuple[list[dict[str, str]], F64]:
+    """The q-quantile of each group per step (Prometheus's interpolation between the closest
+    ranks; -Inf for q < 0, +Inf for q > 1, NaN for q NaN or an empty group).
+
+    Every step's column is sorted by (group, value) at once (NaN, "no value", sorts last), so
+    group g's values at a step are the first n[g] of its block of rows."""
+    groups, ids = group_ids(labels, grouping, without)
+    n_groups, n_steps = len(groups), values.shape[1]
+    if n_groups == 0:
+        return groups, np.empty((0, n_steps))
+    present = ~np.isnan(values)
+    n = np.zeros((n_groups, n_steps))
+    np.add.at(n, ids, present)
+    size = np.bincount(ids, minlength=n_groups)
+    block = (np.cumsum(size) - size)[:, None]
+    order = np.lexsort((values, np.broadcast_to(ids[:, None], values.shape)), axis=0)
+    ranked = np.take_along_axis(values, order, axis=0)
+    with np.errstate(invalid="ignore"):
+        rank = q[None, :] * (n - 1)
+        lower = np.maximum(0, np.floor(rank))
+        upper = np.minimum(n - 1, lower + 1)
+        weight = rank - np.floor(rank)
+        ok = (n > 0) & ~np.isnan(rank) & (q[None, :] >= 0) & (q[None, :] <= 1)
+        lo_at = np.take_along_axis(ranked, block + np.where(ok, lower, 0).astype(np.int64), 0)
+        hi_at = np.take_along_axis(ranked, block + np.where(ok, upper, 0).astype(np.int64), 0)
+        out = lo_at * (1 - weight) + hi_at * weight
+    out = np.where(ok, out, np.nan)
+    out = np.where((n > 0) & (q[None, :] < 0), -np.inf, out)
+    out = np.where((n > 0) & (q[None, :] > 1), np.inf, out)
+    return groups, out
+
+
+def format_value(v: float) -> str:
+    """A float as Go's strconv.FormatFloat(v, 'f', -1, 64): shortest exact digits, no
+    exponent (count_values' label values)."""
+    if np.isnan(v):
+        return "NaN"
+    if np.isinf(v):
+        return "+Inf" if v > 0 else "-Inf"
+    return np.format_float_positional(v, trim="-")
+
+
+def count_values(
+    labels: Sequence[Mapping[str, str]],
+    values: F64,
+    label: str,
+    grouping: Sequence[str],
+    without: bool,
+) -> tuple[list[dict[str, str]], F64]:
+    """count_values: per step, the number of series of each group with each value, the value
+    (formatted) set as label `label` before grouping (a `by` grouping always keeps it)."""
+    n_steps = values.shape[1]
+    present = ~np.isnan(values)
+    rows, steps = np.nonzero(present)
+    if len(rows) == 0:
+        return [], np.empty((0, n_steps))
+    by = [*grouping, label] if not without else list(grouping)
+    base = [{k: v for k, v in lab.items() if k != label} for lab in labels]
+    base_groups, base_ids = group_ids(base, by, without)
+    keeps_label = label in by if not without else label not in {*grouping, "__name__"}
+    # Distinct values by bit pattern: -0 and 0 are different label values.
+    bits = values[rows, steps].view(np.int64)
+    uniq, value_ids = np.unique(bits, return_inverse=True)
+    texts = [format_value(float(b)) for b in uniq.view(np.float64)]
+    pair = base_ids[rows] * len(uniq) + value_ids
+    pairs, pair_ids = np.unique(pair, return_inverse=True)
+    out_labels = []
+    for p in pairs.tolist():
+        g = dict(base_groups[p // len(uniq)])
+        if keeps_label:
+            g[label] = texts[p % len(uniq)]
+        out_labels.append(g)
+    groups, ids = distinct(out_labels)
+    out = np.zeros((len(groups), n_steps))
+    np.add.at(out, (ids[pair_ids], steps), 1.0)
+    return groups, np.where(out > 0, out, np.nan)

@@ -42,6 +42,8 @@ def _arith(op: str, a: F64, b: F64) -> F64:
                 return np.fmod(a, b)  # Go's math.Mod: the sign of the dividend
             case "^":
                 return np.power(a, b)
+            case "atan2":
+                return np.arctan2(a, b)
     raise ValueError(f"not an arithmetic operator: {op}")
 
 

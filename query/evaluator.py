@@ -17,8 +17,8 @@ Semantics follow Prometheus 3:
 * NaN means "no value" in every step matrix, so NaN-valued results (0/0, Inf-Inf, NaN scalars
   applied to vectors) are absent rather than NaN samples, and NaN raw samples are ignored.
   Scalars are always present and may be NaN (e.g. `scalar()` of no series);
-* topk/bottomk ties are broken by label set; instant topk/bottomk results are ordered by value,
-  every other vector result by label set.
+* topk/bottomk ties are broken by label set; instant topk/bottomk and sort/sort_desc results
+  are ordered by value (ties by label set), every other vector result by label set.
 """
 
 from __future__ import annotations
@@ -28,9 +28,12 @@ import numpy.typing as npt
 
 from query import aggregate as agg_mod
 from query import functions as fn
+from query import histogram
+from query import label_functions as labels_fn
 from query.aggregate import Partial
 from query.binary import scalar_binop, set_op, vector_scalar, vector_vector
 from query.promql import (
+    DATE_FUNCTIONS,
     MATH_FUNCTIONS,
     RANGE_FUNCTIONS,
     SET_OPS,
@@ -45,9 +48,17 @@ from query.promql import (
     Unary,
     VectorSelector,
     parse,
+    range_args,
     value_type,
 )
-from query.pushdown import Backend, finish, is_pushable, is_series_local, partial_from_matrix
+from query.pushdown import (
+    Backend,
+    absent_count,
+    finish,
+    is_pushable,
+    is_series_local,
+    partial_from_matrix,
+)
 from query.values import (
     I64,
     Scalar,
@@ -55,6 +66,7 @@ from query.values import (
     StepMatrix,
     String,
     Value,
+    dedupe,
     drop_name,
     execution_error,
     finalize,
@@ -169,32 +181,86 @@ class _Evaluator:
     def _call(self, call: Call) -> Value:
         func, args = call.func, call.args
         if func in RANGE_FUNCTIONS:
-            ms = args[0]
-            assert isinstance(ms, MatrixSelector)
+            ms, param_expr = range_args(call)
+            param = None if param_expr is None else self.scalar(param_expr).values
             batch = self._load(ms.selector, ms.range_ms)
-            values = fn.range_function(func, batch, self.times, ms.range_ms, ms.selector.offset_ms)
+            values = fn.range_function(
+                func, batch, self.times, ms.range_ms, ms.selector.offset_ms, param
+            )
             out = StepMatrix(self.times, batch.labels, values)
             return out if func == "last_over_time" else drop_name(out)
         if func in MATH_FUNCTIONS:
             v = self.vector(args[0])
-            bound = self.scalar(args[1]).values if len(args) > 1 else None
+            params = [self.scalar(a).values for a in args[1:]]
             return drop_name(
-                StepMatrix(self.times, v.labels, fn.math_function(func, v.values, bound))
+                StepMatrix(self.times, v.labels, fn.math_function(func, v.values, params))
             )
-        if func == "time":
-            return Scalar(self.times, self.times / 1000.0)
-        if func == "vector":
-            s = self.scalar(args[0])
-            return StepMatrix(self.times, [{}], s.values.reshape(1, -1).copy())
-        if func == "scalar":
+        if func in DATE_FUNCTIONS:
+            if not args:  # of the evaluation time, as `func(vector(time()))`
+                secs = fn.unix_seconds(self.times).reshape(1, -1)
+                return StepMatrix(self.times, [{}], fn.date_function(func, secs))
             v = self.vector(args[0])
-            has = ~np.isnan(v.values)
-            single = has.sum(axis=0) == 1
-            if len(v) == 0:
-                return Scalar(self.times, np.full(len(self.times), np.nan))
-            picked = np.fmax.reduce(v.values, axis=0)
-            return Scalar(self.times, np.where(single, picked, np.nan))
+            return drop_name(StepMatrix(self.times, v.labels, fn.date_function(func, v.values)))
+        match func:
+            case "time":
+                return Scalar(self.times, self.times / 1000.0)
+            case "pi":
+                return Scalar(self.times, np.full(len(self.times), np.pi))
+            case "vector":
+                s = self.scalar(args[0])
+                return StepMatrix(self.times, [{}], s.values.reshape(1, -1).copy())
+            case "scalar":
+                v = self.vector(args[0])
+                has = ~np.isnan(v.values)
+                single = has.sum(axis=0) == 1
+                if len(v) == 0:
+                    return Scalar(self.times, np.full(len(self.times), np.nan))
+                picked = np.fmax.reduce(v.values, axis=0)
+                return Scalar(self.times, np.where(single, picked, np.nan))
+            case "timestamp":
+                return self._timestamp(args[0])
+            case "sort" | "sort_desc":  # only an instant query's order changes (`evaluate`)
+                return self.vector(args[0])
+            case "absent" | "absent_over_time":
+                return self._absent(call)
+            case "label_replace" | "label_join":
+                return self._label_function(call)
+            case "histogram_quantile":
+                q = self.scalar(args[0]).values
+                v = self.vector(args[1])
+                out_labels, values = histogram.histogram_quantile(v.labels, v.values, q)
+                return dedupe(StepMatrix(self.times, out_labels, values))
         raise QueryError("unsupported", f"unsupported: function '{func}'")
+
+    def _timestamp(self, arg: Expr) -> StepMatrix:
+        """timestamp(): of the sample a selector picked, else of the evaluation step."""
+        if isinstance(arg, VectorSelector):
+            batch = self._load(arg, self.lookback_ms)
+            ts = fn.instant_timestamps(batch, self.times, arg.offset_ms, self.lookback_ms)
+            return drop_name(StepMatrix(self.times, batch.labels, ts))
+        v = self.vector(arg)
+        stamps = np.where(np.isnan(v.values), np.nan, (self.times / 1000.0)[None, :])
+        return drop_name(StepMatrix(self.times, v.labels, stamps))
+
+    def _absent(self, call: Call) -> StepMatrix:
+        """1 at the steps where the argument has no series, labelled from its equality
+        matchers (a selector's) as Prometheus does."""
+        counted = self.vector(absent_count(call))
+        present = (~np.isnan(counted.values)).any(axis=0)
+        arg = call.args[0]
+        sel = arg.selector if isinstance(arg, MatrixSelector) else arg
+        lab = labels_fn.absent_labels(sel.matchers) if isinstance(sel, VectorSelector) else {}
+        return StepMatrix(self.times, [lab], np.where(present, np.nan, 1.0).reshape(1, -1))
+
+    def _label_function(self, call: Call) -> StepMatrix:
+        v = self.vector(call.args[0])
+        strings = [a.value for a in call.args[1:] if isinstance(a, StringLiteral)]
+        if call.func == "label_replace":
+            dst, replacement, src, regex = strings
+            new = labels_fn.label_replace(v.labels, dst, replacement, src, regex)
+        else:
+            new = labels_fn.label_join(v.labels, strings[0], strings[1], strings[2:])
+        return dedupe(StepMatrix(self.times, new, v.values))
 
     def _aggregate(self, agg: Aggregate) -> StepMatrix:
         inner = self.vector(agg.expr)
@@ -209,6 +275,19 @@ class _Evaluator:
                 inner.labels, inner.values, k, agg.grouping, agg.without, agg.op == "bottomk"
             )
             return StepMatrix(self.times, inner.labels, values)
+        if agg.op == "quantile":
+            assert agg.param is not None
+            q = self.scalar(agg.param).values
+            groups, values = agg_mod.quantile(
+                inner.labels, inner.values, q, agg.grouping, agg.without
+            )
+            return StepMatrix(self.times, groups, values)
+        if agg.op == "count_values":
+            assert isinstance(agg.param, StringLiteral)
+            groups, values = agg_mod.count_values(
+                inner.labels, inner.values, agg.param.value, agg.grouping, agg.without
+            )
+            return StepMatrix(self.times, groups, values)
         if agg.op not in agg_mod.PUSHABLE_OPS or agg.param is not None:
             raise QueryError("unsupported", f"unsupported: aggregation '{agg.op}'")
         return finish(partial_from_matrix(agg, inner))
@@ -264,6 +343,9 @@ def evaluate(
     if not isinstance(result, StepMatrix):
         return result
     order = None
-    if isinstance(expr, Aggregate) and expr.op in ("topk", "bottomk") and len(ts) == 1:
-        order = "desc" if expr.op == "topk" else "asc"
+    if len(ts) == 1:
+        if isinstance(expr, Aggregate) and expr.op in ("topk", "bottomk"):
+            order = "desc" if expr.op == "topk" else "asc"
+        elif isinstance(expr, Call) and expr.func in ("sort", "sort_desc"):
+            order = "desc" if expr.func == "sort_desc" else "asc"
     return finalize(result, order)

@@ -12,7 +12,7 @@ Windows are left-open, as in Prometheus 3: an instant selector sees samples in
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -101,6 +101,19 @@ def window_bounds(batch: SampleBatch, upper: I64, width: int) -> tuple[I64, I64]
     return lo, hi
 
 
+def window_offsets(lo: I64, hi: I64) -> Iterator[tuple[I64, I64]]:
+    """For k = 0, 1, ...: the flat indices of the windows longer than k, and the sample index
+    `lo + k` of their k-th sample. Folding a window reduction over these visits every window
+    sample once, in time order, with no loop per sample, series or step."""
+    lo_f, width = lo.ravel(), (hi - lo).ravel()
+    rows = np.flatnonzero(width > 0)
+    k = 0
+    while len(rows):
+        yield rows, lo_f[rows] + k
+        k += 1
+        rows = rows[width[rows] > k]
+
+
 def window_reduce(vals: F64, lo: I64, hi: I64, how: str) -> F64:
     """Sum, min or max of `vals[lo:hi]` for every window (empty windows give the identity).
 
@@ -109,22 +122,24 @@ def window_reduce(vals: F64, lo: I64, hi: I64, how: str) -> F64:
     never depends on which other series share the batch (as it would with padded blocks).
     """
     fill = {"sum": 0.0, "min": np.inf, "max": -np.inf}[how]
-    shape = lo.shape
-    lo_f, width = lo.ravel(), (hi - lo).ravel()
-    out = np.full(len(lo_f), fill)
-    rows = np.flatnonzero(width > 0)
-    k = 0
-    while len(rows):
-        x = vals[lo_f[rows] + k]
+    out = np.full(lo.size, fill)
+    for rows, idx in window_offsets(lo, hi):
+        x = vals[idx]
         if how == "sum":
             out[rows] += x
         elif how == "min":
             out[rows] = np.minimum(out[rows], x)
         else:
             out[rows] = np.maximum(out[rows], x)
-        k += 1
-        rows = rows[width[rows] > k]
-    return out.reshape(shape)
+    return out.reshape(lo.shape)
+
+
+def _kahan_inc(inc: F64, total: F64, comp: F64) -> tuple[F64, F64]:
+    """One step of Neumaier-compensated summation, as Prometheus's kahansum.Inc."""
+    t = total + inc
+    big = np.abs(total) >= np.abs(inc)
+    c = comp + np.where(big, (total - t) + inc, (inc - t) + total)
+    return t, np.where(np.isinf(t), 0.0, c)
 
 
 def instant_values(batch: SampleBatch, times: I64, offset_ms: int, lookback_ms: int) -> F64:
@@ -135,8 +150,24 @@ def instant_values(batch: SampleBatch, times: I64, offset_ms: int, lookback_ms: 
     return np.where(hi > lo, batch.vals[np.maximum(hi - 1, 0)], np.nan)
 
 
-def range_function(func: str, batch: SampleBatch, times: I64, range_ms: int, offset_ms: int) -> F64:
-    """`func` over the range window (t - offset - range, t - offset] per series and step."""
+def instant_timestamps(batch: SampleBatch, times: I64, offset_ms: int, lookback_ms: int) -> F64:
+    """The timestamp (unix seconds) of the sample `instant_values` picks, per series and step."""
+    lo, hi = window_bounds(batch, times - offset_ms, lookback_ms)
+    if len(batch.ts) == 0:
+        return np.full(lo.shape, np.nan)
+    return np.where(hi > lo, batch.ts[np.maximum(hi - 1, 0)] / 1000.0, np.nan)
+
+
+def range_function(
+    func: str,
+    batch: SampleBatch,
+    times: I64,
+    range_ms: int,
+    offset_ms: int,
+    param: F64 | None = None,
+) -> F64:
+    """`func` over the range window (t - offset - range, t - offset] per series and step;
+    `param` is the per-step scalar of quantile_over_time and predict_linear."""
     upper = times - offset_ms
     lo, hi = window_bounds(batch, upper, range_ms)
     count = hi - lo
@@ -147,6 +178,8 @@ def range_function(func: str, batch: SampleBatch, times: I64, range_ms: int, off
         match func:
             case "count_over_time":
                 return np.where(count > 0, count.astype(np.float64), np.nan)
+            case "present_over_time":
+                return np.where(count > 0, 1.0, np.nan)
             case "sum_over_time":
                 return np.where(count > 0, window_reduce(vals, lo, hi, "sum"), np.nan)
             case "avg_over_time":
@@ -157,12 +190,135 @@ def range_function(func: str, batch: SampleBatch, times: I64, range_ms: int, off
                 return np.where(count > 0, window_reduce(vals, lo, hi, "max"), np.nan)
             case "last_over_time":
                 return np.where(count > 0, vals[np.maximum(hi - 1, 0)], np.nan)
-            case "irate":
-                return _irate(batch, lo, hi)
+            case "stddev_over_time" | "stdvar_over_time":
+                var = _window_variance(vals, lo, hi)
+                return np.sqrt(var) if func == "stddev_over_time" else var
+            case "quantile_over_time":
+                assert param is not None
+                return _window_quantile(vals, lo, hi, param)
+            case "changes" | "resets":
+                return _count_steps(batch, lo, hi, func)
+            case "deriv":
+                slope, _ = _linear_regression(batch, lo, hi, batch.ts[np.where(count > 0, lo, 0)])
+                return slope
+            case "predict_linear":
+                assert param is not None
+                origin = np.broadcast_to(times[None, :], lo.shape)
+                slope, intercept = _linear_regression(batch, lo, hi, origin)
+                return slope * param[None, :] + intercept
+            case "irate" | "idelta":
+                return _last_two(batch, lo, hi, per_second=func == "irate")
             case "rate" | "increase" | "delta":
                 counter = func != "delta"
                 return _extrapolated_rate(batch, lo, hi, upper, range_ms, counter, func == "rate")
     raise ValueError(f"not a range function: {func}")
+
+
+def _window_variance(vals: F64, lo: I64, hi: I64) -> F64:
+    """Population variance per window, by Welford's method with compensated sums in the order
+    Prometheus's stdvar_over_time uses, so results agree with it to the last bit."""
+    n = lo.size
+    count, mean, c_mean, aux, c_aux = (np.zeros(n) for _ in range(5))
+    for rows, idx in window_offsets(lo, hi):
+        f = vals[idx]
+        count[rows] += 1.0
+        delta = f - (mean[rows] + c_mean[rows])
+        mean[rows], c_mean[rows] = _kahan_inc(delta / count[rows], mean[rows], c_mean[rows])
+        spread = delta * (f - (mean[rows] + c_mean[rows]))
+        aux[rows], c_aux[rows] = _kahan_inc(spread, aux[rows], c_aux[rows])
+    var = np.where(count > 0, (aux + c_aux) / np.maximum(count, 1.0), np.nan)
+    return var.reshape(lo.shape)
+
+
+# Window samples gathered at once by quantile_over_time (bounds its memory on long queries).
+_QUANTILE_CHUNK = 1 << 22
+
+
+def _window_quantile(vals: F64, lo: I64, hi: I64, q: F64) -> F64:
+    """Prometheus's quantile (linear interpolation between the closest ranks) of each window.
+
+    The samples of a chunk of windows are gathered into one flat array, tagged with their window
+    and sorted by (window, value) with one lexsort; each window's two ranks are then picked."""
+    shape = lo.shape
+    lo_f, width = lo.ravel(), (hi - lo).ravel()
+    q_f = np.broadcast_to(q[None, :], shape).ravel()
+    out = np.full(lo_f.size, np.nan)
+    windows = np.flatnonzero(width > 0)
+    ends = np.cumsum(width[windows])
+    start = 0
+    while start < len(windows):
+        done = int(ends[start - 1]) if start else 0
+        stop = max(start + 1, int(np.searchsorted(ends, done + _QUANTILE_CHUNK, side="right")))
+        w = windows[start:stop]
+        sizes = width[w]
+        first = np.concatenate([[0], np.cumsum(sizes)[:-1]])  # each window's start in `flat`
+        owner = np.repeat(np.arange(len(w)), sizes)
+        flat = vals[lo_f[w][owner] + (np.arange(len(owner)) - first[owner])]
+        flat = flat[np.lexsort((flat, owner))]
+        n = sizes.astype(np.float64)
+        qw = q_f[w]
+        rank = qw * (n - 1)
+        lower = np.clip(np.floor(rank), 0, n - 1)
+        upper = np.minimum(n - 1, lower + 1)
+        weight = rank - np.floor(rank)
+        ok = ~np.isnan(rank)
+        lo_i = first + np.where(ok, lower, 0).astype(np.int64)
+        hi_i = first + np.where(ok, upper, 0).astype(np.int64)
+        res = flat[lo_i] * (1 - weight) + flat[hi_i] * weight
+        res = np.where(qw < 0, -np.inf, np.where(qw > 1, np.inf, res))
+        out[w] = np.where(np.isnan(qw), np.nan, res)
+        start = stop
+    return out.reshape(shape)
+
+
+def _count_steps(batch: SampleBatch, lo: I64, hi: I64, func: str) -> F64:
+    """changes (consecutive samples that differ) or resets (that decrease) per window, from a
+    running count over the batch: the pairs inside [lo, hi) are those ending in (lo, hi)."""
+    vals = batch.vals
+    flag = np.zeros(len(vals), np.int64)
+    if len(vals) > 1:
+        step = vals[1:] != vals[:-1] if func == "changes" else vals[1:] < vals[:-1]
+        flag[1:] = step
+        starts = batch.bounds[:-1]
+        flag[starts[starts < len(vals)]] = 0  # a series' first sample has no predecessor
+    running = np.concatenate([np.zeros(1, np.int64), np.cumsum(flag)])
+    n = running[hi] - running[np.minimum(lo + 1, hi)]
+    return np.where(hi > lo, n.astype(np.float64), np.nan)
+
+
+def _linear_regression(
+    batch: SampleBatch, lo: I64, hi: I64, origin_ms: npt.ArrayLike
+) -> tuple[F64, F64]:
+    """Least-squares slope (per second) and intercept at `origin_ms` of each window with two or
+    more samples (NaN elsewhere), with Prometheus's sums: compensated, x in seconds from the
+    origin, and a constant window giving slope 0 (NaN if the constant is infinite)."""
+    shape = lo.shape
+    origin = np.asarray(origin_ms, dtype=np.int64).ravel()
+    sums = {k: np.zeros(lo.size) for k in ("x", "y", "xy", "x2")}
+    comp = {k: np.zeros(lo.size) for k in sums}
+    n = np.zeros(lo.size)
+    first = batch.vals[np.where(hi > lo, lo, 0).ravel()]
+    const = np.ones(lo.size, bool)
+    for rows, idx in window_offsets(lo, hi):
+        y = batch.vals[idx]
+        x = (batch.ts[idx] - origin[rows]) / 1e3
+        const[rows] &= y == first[rows]
+        n[rows] += 1.0
+        for key, inc in (("x", x), ("y", y), ("xy", x * y), ("x2", x * x)):
+            sums[key][rows], comp[key][rows] = _kahan_inc(inc, sums[key][rows], comp[key][rows])
+    sx, sy, sxy, sx2 = (sums[k] + comp[k] for k in ("x", "y", "xy", "x2"))
+    cov = sxy - sx * sy / n
+    var = sx2 - sx * sx / n
+    slope = cov / var
+    intercept = sy / n - slope * sx / n
+    inf_const = np.isinf(first)
+    slope = np.where(const, np.where(inf_const, np.nan, 0.0), slope)
+    intercept = np.where(const, np.where(inf_const, np.nan, first), intercept)
+    enough = n >= 2
+    return (
+        np.where(enough, slope, np.nan).reshape(shape),
+        np.where(enough, intercept, np.nan).reshape(shape),
+    )
 
 
 def _reset_corrections(batch: SampleBatch) -> F64:
@@ -217,31 +373,119 @@ def _extrapolated_rate(
     return np.where(ok, result * factor, np.nan)
 
 
-def _irate(batch: SampleBatch, lo: I64, hi: I64) -> F64:
-    """Per-second rate between the last two samples; after a reset, the last value itself."""
+def _last_two(batch: SampleBatch, lo: I64, hi: I64, per_second: bool) -> F64:
+    """irate: per-second rate between the last two samples (after a reset, the last value
+    itself); idelta: their difference. Nothing where they share a timestamp."""
     ok = (hi - lo) >= 2
     i1 = np.where(ok, hi - 1, 0)
     i0 = np.where(ok, hi - 2, 0)
     v0, v1 = batch.vals[i0], batch.vals[i1]
     dt = (batch.ts[i1] - batch.ts[i0]) / 1000.0
-    diff = np.where(v1 < v0, v1, v1 - v0)
-    return np.where(ok & (dt != 0), diff / np.where(dt != 0, dt, 1.0), np.nan)
+    rate = np.where(v1 < v0, v1, v1 - v0) / np.where(dt != 0, dt, 1.0)
+    return np.where(ok & (dt != 0), rate if per_second else v1 - v0, np.nan)
 
 
-def math_function(func: str, values: F64, bound: F64 | None = None) -> F64:
-    """Elementwise functions of an instant vector; `bound` is clamp_*'s per-step scalar."""
-    with np.errstate(invalid="ignore"):
+_UNARY = {
+    "abs": np.abs,
+    "ceil": np.ceil,
+    "floor": np.floor,
+    "sqrt": np.sqrt,
+    "exp": np.exp,
+    "ln": np.log,
+    "log2": np.log2,
+    "log10": np.log10,
+    "sin": np.sin,
+    "cos": np.cos,
+    "tan": np.tan,
+    "asin": np.arcsin,
+    "acos": np.arccos,
+    "atan": np.arctan,
+    "sinh": np.sinh,
+    "cosh": np.cosh,
+    "tanh": np.tanh,
+    "asinh": np.arcsinh,
+    "acosh": np.arccosh,
+    "atanh": np.arctanh,
+}
+
+
+def math_function(func: str, values: F64, params: Sequence[F64] = ()) -> F64:
+    """Elementwise functions of an instant vector; `params` are the per-step scalars of
+    clamp_min/clamp_max (the bound), clamp (min, max) and round (to_nearest)."""
+    rows = [p[None, :] for p in params]
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        if func in _UNARY:
+            return _UNARY[func](values)
         match func:
-            case "abs":
-                return np.abs(values)
-            case "ceil":
-                return np.ceil(values)
-            case "floor":
-                return np.floor(values)
-            case "round":
-                return np.floor(values + 0.5)  # Prometheus rounds halves up, not to even
-            case "clamp_min" | "clamp_max":
-                assert bound is not None
-                clamp = np.maximum if func == "clamp_min" else np.minimum
-                return np.where(np.isnan(values), np.nan, clamp(values, bound[None, :]))
+            case "round":  # halves go up, not to even; the inverse is Prometheus's, for accuracy
+                inverse = 1.0 / rows[0] if rows else 1.0
+                return np.floor(values * inverse + 0.5) / inverse
+            case "sgn":  # zeros keep their sign, as in Go
+                return np.where(values == 0, values, np.sign(values))
+            case "deg":
+                return values * 180 / np.pi
+            case "rad":
+                return values * np.pi / 180
+            case "clamp_min":
+                return np.maximum(values, rows[0])
+            case "clamp_max":
+                return np.minimum(values, rows[0])
+            case "clamp":  # nothing at a step where max < min
+                low, high = rows
+                return np.where(high < low, np.nan, np.maximum(low, np.minimum(high, values)))
     raise ValueError(f"not a math function: {func}")
+
+
+# Unix seconds beyond this are not dated (Go's int64 conversion is undefined there).
+_MAX_DATE_S = 2.0**62
+
+
+def unix_seconds(times_ms: I64) -> F64:
+    """Evaluation times in whole seconds, truncated toward zero as Go's `ts / 1000`."""
+    return np.trunc(times_ms / 1000.0)
+
+
+def date_function(func: str, values: F64) -> F64:
+    """A calendar field (UTC, proleptic Gregorian) of each value as unix seconds, truncated to a
+    whole second as Prometheus does. Non-finite values and values past 2**62 s give nothing."""
+    ok = np.isfinite(values) & (np.abs(values) < _MAX_DATE_S)
+    secs = np.where(ok, np.trunc(np.where(ok, values, 0.0)), 0.0).astype(np.int64)
+    days, rem = np.divmod(secs, 86_400)
+    if func == "hour":
+        out = rem // 3600
+    elif func == "minute":
+        out = rem % 3600 // 60
+    elif func == "day_of_week":
+        out = (days + 4) % 7  # 1970-01-01 was a Thursday; Sunday is 0
+    else:
+        year, month, day = _civil(days)
+        leap = (year % 4 == 0) & ((year % 100 != 0) | (year % 400 == 0))
+        match func:
+            case "year":
+                out = year
+            case "month":
+                out = month
+            case "day_of_month":
+                out = day
+            case "days_in_month":
+                out = np.where(month == 2, 28 + leap, 30 + ((month + (month > 7)) % 2))
+            case "day_of_year":
+                before = np.array([0, 0, 31, 59, 90, 120, 151, 181, 212, 243, 273, 304, 334])
+                out = before[month] + day + ((month > 2) & leap)
+            case _:
+                raise ValueError(f"not a date function: {func}")
+    return np.where(ok, out.astype(np.float64), np.nan)
+
+
+def _civil(days: I64) -> tuple[I64, I64, I64]:
+    """(year, month, day) of days since 1970-01-01, by Howard Hinnant's civil_from_days."""
+    z = days + 719_468
+    era = np.floor_divide(z, 146_097)
+    doe = z - era * 146_097
+    yoe = (doe - doe // 1460 + doe // 36_524 - doe // 146_096) // 365
+    doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
+    mp = (5 * doy + 2) // 153
+    day = doy - (153 * mp + 2) // 5 + 1
+    month = np.where(mp < 10, mp + 3, mp - 9)
+    year = yoe + era * 400 + (month <= 2)
+    return year, month, day

@@ -30,6 +30,8 @@ from filopy.store.api import LabelMatcher, MatchOp
 __all__ = [
     "ARITHMETIC_OPS",
     "COMPARISON_OPS",
+    "DATE_FUNCTIONS",
+    "LABEL_FUNCTIONS",
     "MATH_FUNCTIONS",
     "MAX_QUERY_DEPTH",
     "QUERY_ERROR_CATEGORIES",
@@ -50,7 +52,9 @@ __all__ = [
     "children",
     "depth_bound",
     "format_expr",
+    "is_constant",
     "parse",
+    "range_args",
     "selectors",
     "value_type",
     "walk",
@@ -59,25 +63,111 @@ __all__ = [
 ErrorKind = Literal["bad_data", "unsupported", "execution", "unavailable"]
 ValueType = Literal["scalar", "vector", "matrix", "string"]
 
+# Functions of one range vector, computed per series where the samples are. predict_linear and
+# quantile_over_time also take a scalar, which must be constant (see `is_constant`).
 RANGE_FUNCTIONS = frozenset(
     {
         "rate",
         "increase",
         "irate",
         "delta",
+        "idelta",
         "sum_over_time",
         "avg_over_time",
         "min_over_time",
         "max_over_time",
         "count_over_time",
         "last_over_time",
+        "present_over_time",
+        "stddev_over_time",
+        "stdvar_over_time",
+        "quantile_over_time",
+        "changes",
+        "resets",
+        "deriv",
+        "predict_linear",
     }
 )
-# Elementwise functions of one instant vector (clamp_* take a scalar bound as well).
-MATH_FUNCTIONS = frozenset({"abs", "ceil", "floor", "round", "clamp_min", "clamp_max"})
-OTHER_FUNCTIONS = frozenset({"time", "vector", "scalar"})
-AGGREGATIONS = frozenset({"sum", "avg", "min", "max", "count", "topk", "bottomk"})
-ARITHMETIC_OPS = frozenset({"+", "-", "*", "/", "%", "^"})
+# Elementwise functions of one instant vector (clamp_*, clamp and round take scalars as well).
+MATH_FUNCTIONS = frozenset(
+    {
+        "abs",
+        "ceil",
+        "floor",
+        "round",
+        "clamp",
+        "clamp_min",
+        "clamp_max",
+        "sqrt",
+        "exp",
+        "ln",
+        "log2",
+        "log10",
+        "sgn",
+        "sin",
+        "cos",
+        "tan",
+        "asin",
+        "acos",
+        "atan",
+        "sinh",
+        "cosh",
+        "tanh",
+        "asinh",
+        "acosh",
+        "atanh",
+        "deg",
+        "rad",
+    }
+)
+# Calendar fields (UTC) of each value as unix seconds, or of the evaluation time without one.
+DATE_FUNCTIONS = frozenset(
+    {
+        "minute",
+        "hour",
+        "day_of_week",
+        "day_of_month",
+        "day_of_year",
+        "days_in_month",
+        "month",
+        "year",
+    }
+)
+# Functions that rewrite labels, leaving values alone.
+LABEL_FUNCTIONS = frozenset({"label_replace", "label_join"})
+OTHER_FUNCTIONS = frozenset(
+    {
+        "time",
+        "vector",
+        "scalar",
+        "pi",
+        "timestamp",
+        "absent",
+        "absent_over_time",
+        "sort",
+        "sort_desc",
+        "histogram_quantile",
+    }
+)
+FUNCTIONS = RANGE_FUNCTIONS | MATH_FUNCTIONS | DATE_FUNCTIONS | LABEL_FUNCTIONS | OTHER_FUNCTIONS
+SCALAR_FUNCTIONS = frozenset({"time", "scalar", "pi"})
+AGGREGATIONS = frozenset(
+    {
+        "sum",
+        "avg",
+        "min",
+        "max",
+        "count",
+        "group",
+        "stddev",
+        "stdvar",
+        "quantile",
+        "count_values",
+        "topk",
+        "bottomk",
+    }
+)
+ARITHMETIC_OPS = frozenset({"+", "-", "*", "/", "%", "^", "atan2"})
 COMPARISON_OPS = frozenset({"==", "!=", ">", "<", ">=", "<="})
 SET_OPS = frozenset({"and", "or", "unless"})
 
@@ -316,7 +406,7 @@ def value_type(expr: Expr) -> ValueType:
         case MatrixSelector():
             return "matrix"
         case Call(func=func):
-            return "scalar" if func in ("time", "scalar") else "vector"
+            return "scalar" if func in SCALAR_FUNCTIONS else "vector"
         case Binary(lhs=lhs, rhs=rhs):
             both_scalar = value_type(lhs) == "scalar" and value_type(rhs) == "scalar"
             return "scalar" if both_scalar else "vector"
@@ -324,6 +414,27 @@ def value_type(expr: Expr) -> ValueType:
             return value_type(inner)
         case _:
             return "vector"
+
+
+def is_constant(expr: Expr) -> bool:
+    """Whether `expr` is made of number literals only (the same value at every step, known
+    before evaluation, so it can travel to the nodes inside the expression)."""
+    match expr:
+        case NumberLiteral():
+            return True
+        case Unary(expr=inner):
+            return is_constant(inner)
+        case Binary(op=op, lhs=lhs, rhs=rhs) if op not in SET_OPS:
+            return is_constant(lhs) and is_constant(rhs)
+    return False
+
+
+def range_args(call: Call) -> tuple[MatrixSelector, Expr | None]:
+    """The range vector of a range function and its scalar argument, if any
+    (`quantile_over_time(q, m)`, `predict_linear(m, t)`)."""
+    ms = next(a for a in call.args if isinstance(a, MatrixSelector))
+    rest = [a for a in call.args if a is not ms]
+    return ms, (rest[0] if rest else None)
 
 
 # ------------------------------------------------------------------------------------- parsing
@@ -460,11 +571,54 @@ def _selector(vs: Any) -> VectorSelector:
 
 def _call(node: Any) -> Call:
     name = node.func.name
-    if name not in RANGE_FUNCTIONS | MATH_FUNCTIONS | OTHER_FUNCTIONS:
+    if name not in FUNCTIONS:
         raise _unsupported(f"function '{name}'")
-    if name == "round" and len(node.args) > 1:
-        raise _unsupported("round with a to_nearest argument")
-    return Call(name, tuple(_convert(a) for a in node.args))
+    call = Call(name, tuple(_convert(a) for a in node.args))
+    if name in RANGE_FUNCTIONS | {"absent_over_time"} and not any(
+        isinstance(a, MatrixSelector) for a in call.args
+    ):
+        raise _unsupported(f"function '{name}' of anything but a range selector")
+    if name in ("quantile_over_time", "predict_linear"):
+        _, param = range_args(call)
+        if param is None or not is_constant(param):
+            # The nodes compute range functions where the samples are, from the expression
+            # alone: a parameter that varies per step (e.g. scalar(x)) cannot travel with it.
+            raise _unsupported(f"a {name} parameter that is not a number")
+    if name in LABEL_FUNCTIONS:
+        _check_label_function(call)
+    return call
+
+
+def _string_args(call: Call) -> list[str]:
+    out = []
+    for a in call.args[1:]:
+        if not isinstance(a, StringLiteral):  # the parser types them; be safe
+            raise QueryError("bad_data", f"parse error: {call.func} expects string arguments")
+        out.append(a.value)
+    return out
+
+
+def _check_label_function(call: Call) -> None:
+    """Prometheus's checks of label_replace/label_join arguments (its errors are evaluation
+    errors: "execution", as Prometheus answers them)."""
+    from query.label_functions import compile_anchored  # the regex engine, imported when used
+
+    args = _string_args(call)
+    if call.func == "label_replace":
+        dst, _, _, regex = args
+        try:
+            compile_anchored(regex)
+        except ValueError:
+            raise QueryError(
+                "execution", f"invalid regular expression in label_replace(): {regex}"
+            ) from None
+    else:
+        dst = args[0]
+        for src in args[2:]:
+            if not src:
+                raise QueryError("execution", "invalid source label name in label_join(): ")
+    if not dst:
+        raise QueryError("execution", f"invalid destination label name in {call.func}(): ")
 
 
 def _aggregate(node: Any) -> Aggregate:
@@ -477,6 +631,9 @@ def _aggregate(node: Any) -> Aggregate:
         grouping = tuple(node.modifier.labels)
         without = node.modifier.type == pp.AggModifierType.Without
     param = None if node.param is None else _convert(node.param)
+    if op == "count_values" and (not isinstance(param, StringLiteral) or not param.value):
+        label = param.value if isinstance(param, StringLiteral) else ""
+        raise QueryError("execution", f"invalid label name {json.dumps(label)}")
     return Aggregate(op, _convert(node.expr), param, grouping, without)
 
 

@@ -6,18 +6,25 @@ evaluator never reads raw samples and hands two kinds of subtrees to a `Backend`
 them on the nodes that hold the series:
 
 * series-local expressions (`is_series_local`): a series' result depends on that series alone
-  (selectors, range functions, math functions, arithmetic/comparison with number literals), so
-  each node evaluates its own series and the results are concatenated (`concat_matrices`);
-* pushable aggregations (`is_pushable`): sum/min/max/count/avg of a series-local expression, which
-  each node folds into a mergeable `Partial` per output group (`partial_from_matrix`), merged by
-  the caller (`merge_partials`) and turned into the result (`finish`).
+  (selectors, range functions, math and date functions, `timestamp`, label_replace/label_join,
+  sort, arithmetic/comparison with number literals), so each node evaluates its own series and
+  the results are concatenated (`concat_matrices`, which also merges or rejects label sets that
+  became equal on different nodes);
+* pushable aggregations (`is_pushable`): sum/min/max/count/avg/group/stddev/stdvar of a
+  series-local expression, which each node folds into a mergeable `Partial` per output group
+  (`partial_from_matrix`), merged by the caller (`merge_partials`) and turned into the result
+  (`finish`).
 
-Everything else (vector matching, topk/bottomk, scalars, aggregations of non-local expressions)
-runs at the caller on the step matrices the backend returns.
+absent(v) and absent_over_time(m) only need to know whether anything is there: they are
+evaluated from `absent_count` (count(v), count(present_over_time(m))), usually pushable.
+Everything else (vector matching, topk/bottomk, quantile, count_values, histogram_quantile,
+scalars, aggregations of non-local expressions) runs at the caller on the step matrices the
+backend returns.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -29,6 +36,8 @@ from query.binary import scalar_binop
 from query.promql import (
     ARITHMETIC_OPS,
     COMPARISON_OPS,
+    DATE_FUNCTIONS,
+    LABEL_FUNCTIONS,
     MATH_FUNCTIONS,
     RANGE_FUNCTIONS,
     SET_OPS,
@@ -45,6 +54,7 @@ from query.values import I64, StepMatrix, dedupe, finalize
 
 __all__ = [
     "Backend",
+    "absent_count",
     "concat_matrices",
     "finish",
     "is_pushable",
@@ -90,10 +100,17 @@ def is_series_local(expr: Expr) -> bool:
         case VectorSelector():
             return True
         case Call(func=func, args=args) if func in RANGE_FUNCTIONS:
-            return isinstance(args[0], MatrixSelector)
+            # The parser admits only a range selector and a constant parameter.
+            return all(isinstance(a, MatrixSelector) or _const_value(a) is not None for a in args)
         case Call(func=func, args=args) if func in MATH_FUNCTIONS:
-            bound_ok = len(args) == 1 or _const_value(args[1]) is not None
-            return bound_ok and is_series_local(args[0])
+            params_ok = all(_const_value(a) is not None for a in args[1:])
+            return params_ok and is_series_local(args[0])
+        case Call(func=func, args=(inner, *_)) if func in LABEL_FUNCTIONS:
+            return is_series_local(inner)
+        case Call(func=func, args=(inner,)) if func in DATE_FUNCTIONS:
+            return is_series_local(inner)
+        case Call(func="timestamp" | "sort" | "sort_desc", args=(inner,)):
+            return is_series_local(inner)
         case Unary(expr=inner):
             return is_series_local(inner)
         case Binary(op=op, lhs=lhs, rhs=rhs) if op in ARITHMETIC_OPS | COMPARISON_OPS:
@@ -111,6 +128,17 @@ def is_pushable(expr: Expr) -> bool:
         and expr.param is None
         and is_series_local(expr.expr)
     )
+
+
+@functools.lru_cache(maxsize=1024)
+def absent_count(call: Call) -> Aggregate:
+    """What absent(v) / absent_over_time(m) evaluate: count(v) / count(present_over_time(m)),
+    present at the steps where something is. One object per call (cached), so the caller can
+    prefetch it with the query's other node parts and find it again by identity."""
+    inner = call.args[0]
+    if call.func == "absent_over_time":
+        inner = Call("present_over_time", (inner,))
+    return Aggregate("count", inner)
 
 
 # ------------------------------------------------------------------------ combining the parts
@@ -133,9 +161,7 @@ def partial_from_matrix(agg: Aggregate, m: StepMatrix) -> Partial:
     at any step are left out)."""
     p = agg_mod.partial_of(agg.op, m.times, m.labels, m.values, agg.grouping, agg.without)
     live = np.flatnonzero(p.counts.any(axis=1))
-    if len(live) == len(p.labels):
-        return p
-    return Partial(p.op, p.times, [p.labels[i] for i in live], p.values[live], p.counts[live])
+    return p if len(live) == len(p.labels) else p.rows(live)
 
 
 def merge_partials(parts: Sequence[Partial]) -> Partial:
