@@ -10,6 +10,7 @@ operators between vectors, topk, ...) runs here on those results (`query.evaluat
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -45,7 +46,7 @@ from query.promql import (
 )
 from query.pushdown import concat_matrices, is_pushable, is_series_local, merge_partials
 from query.routing import SelectorRoute, route
-from query.values import MemorySource, StepMatrix, Value
+from query.values import MemorySource, Scalar, StepMatrix, Value
 
 log = logging.getLogger("filopy.query")
 
@@ -178,7 +179,11 @@ class QueryService:
                 "try decreasing the query resolution (?step=XX)",
             )
         times = np.arange(start_ms, end_ms + 1, step_ms, dtype=np.int64)
-        return self._run(dataset, query, times, spread, partial, lookback_ms)
+        res = self._run(dataset, query, times, spread, partial, lookback_ms, range_query=True)
+        if isinstance(res.value, Scalar):  # a range query's answer is a matrix, as Prometheus'
+            value = StepMatrix(res.value.times, [{}], res.value.values[None, :])
+            res = dataclasses.replace(res, value=value)
+        return res
 
     def series(
         self,
@@ -237,10 +242,20 @@ class QueryService:
         spread: int | None,
         partial: bool,
         lookback_ms: int,
+        *,
+        range_query: bool = False,
     ) -> QueryResult:
         ds = self.dataset(dataset)
         self._check_spread(ds, spread)
         expr = parse(query)
+        kind = value_type(expr)
+        if range_query and kind not in ("scalar", "vector"):
+            shown = "range vector" if kind == "matrix" else kind
+            raise QueryError(
+                "bad_data",
+                f'invalid expression type "{shown}" for range query, must be Scalar or instant '
+                "Vector",
+            )
         run = _Run(self, ds, self.shard_map(dataset), spread, partial, lookback_ms)
         run.prefetch(remote_parts(expr), times)  # every node part, one call per node
         value = evaluate(expr, run, times, lookback_ms)

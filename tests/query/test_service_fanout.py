@@ -21,8 +21,9 @@ from filopy.shard_status import (
 from filopy.store.api import LabelMatcher
 from query.evaluator import LocalBackend, evaluate
 from query.executor import NodeAnswer, NodeQuery, ScanStats, ShardsNotHere, run_node_query
+from query.promql import QueryError
 from query.service import NodeUnavailable, QueryService, ShardsUnavailable
-from query.values import MemorySource, SeriesData, StepMatrix
+from query.values import MemorySource, Scalar, SeriesData, StepMatrix
 
 DS = Dataset(name="fake", num_shards=4)
 T = 1_700_000_000_000
@@ -220,3 +221,23 @@ def test_a_failed_node_s_shards_are_unavailable() -> None:
     got = svc.instant(DS.name, "sum(a) / sum(b)", T + 500_000, partial=True)
     assert got.shards == (0, 1)
     assert any("2 (node n2 failed: RayActorError)" in w for w in got.warnings), got.warnings
+
+
+@pytest.mark.parametrize("query", ["1 + 2", "scalar(sum(a))", "time()"])
+def test_a_range_query_of_a_scalar_answers_one_series_without_labels(query: str) -> None:
+    """As Prometheus: the answer of a range query is always a matrix."""
+    svc = service(active_map(), FakeNodes(NODES))
+    start = T + 400_000
+    got = svc.range(DS.name, query, start, start + 60_000, 15_000).value
+    want = svc.instant(DS.name, query, start + 30_000).value
+    assert isinstance(got, StepMatrix) and isinstance(want, Scalar)
+    assert got.labels == [{}] and got.times.tolist() == list(range(start, start + 60_001, 15_000))
+    assert got.values[0, 2] == want.values[-1]
+
+
+@pytest.mark.parametrize(("query", "shown"), [('"text"', "string")])
+def test_a_range_query_of_a_string_is_refused_naming_its_type(query: str, shown: str) -> None:
+    svc = service(active_map(), FakeNodes(NODES))
+    with pytest.raises(QueryError) as err:
+        svc.range(DS.name, query, T, T + 60_000, 15_000)
+    assert err.value.kind == "bad_data" and f'"{shown}" for range query' in err.value.message
