@@ -34,7 +34,9 @@ from query.aggregate import Partial
 from query.binary import scalar_binop, set_op, vector_scalar, vector_vector
 from query.promql import (
     DATE_FUNCTIONS,
+    DEFAULT_SUBQUERY_STEP_MS,
     MATH_FUNCTIONS,
+    MAX_SUBQUERY_POINTS,
     RANGE_FUNCTIONS,
     SET_OPS,
     Aggregate,
@@ -45,6 +47,7 @@ from query.promql import (
     NumberLiteral,
     QueryError,
     StringLiteral,
+    Subquery,
     Unary,
     VectorSelector,
     parse,
@@ -178,15 +181,42 @@ class _Evaluator:
         series = self.source.select(sel.matchers, lower + 1, upper)  # windows are left-open
         return fn.SampleBatch.from_series(series, lower + 1, upper)
 
+    def _subquery(self, sq: Subquery) -> fn.SampleBatch:
+        """The subquery's expression evaluated once at every time any step's window needs:
+        multiples of its step from just after the earliest window's start (as Prometheus
+        aligns them) to the latest window's end; its values become the samples."""
+        step = sq.step_ms or DEFAULT_SUBQUERY_STEP_MS
+        lower = int(self.times.min()) - sq.offset_ms - sq.range_ms
+        start = (lower // step) * step
+        if start < lower:
+            start += step
+        end = int(self.times.max()) - sq.offset_ms
+        if (end - start) // step + 1 > MAX_SUBQUERY_POINTS:
+            raise QueryError(
+                "bad_data",
+                f"subquery too fine: more than {MAX_SUBQUERY_POINTS} evaluation times; use a "
+                "larger step or a shorter range",
+            )
+        grid = np.arange(start, end + 1, step, dtype=np.int64)
+        inner = _Evaluator(grid, self.lookback_ms, self.backend, self.source).eval(sq.expr)
+        if isinstance(inner, Scalar):
+            inner = StepMatrix(grid, [{}], inner.values.reshape(1, -1))
+        assert isinstance(inner, StepMatrix), f"a subquery of {sq.expr}"
+        present = ~np.isnan(inner.values)  # row-major: each series' times in order
+        ts = np.broadcast_to(grid, inner.values.shape)[present]
+        bounds = np.concatenate([[0], np.cumsum(present.sum(axis=1))]).astype(np.int64)
+        return fn.SampleBatch(inner.labels, ts.astype(np.int64), inner.values[present], bounds)
+
     def _call(self, call: Call) -> Value:
         func, args = call.func, call.args
         if func in RANGE_FUNCTIONS:
             ms, param_expr = range_args(call)
             param = None if param_expr is None else self.scalar(param_expr).values
-            batch = self._load(ms.selector, ms.range_ms)
-            values = fn.range_function(
-                func, batch, self.times, ms.range_ms, ms.selector.offset_ms, param
-            )
+            if isinstance(ms, Subquery):
+                batch, offset_ms = self._subquery(ms), ms.offset_ms
+            else:
+                batch, offset_ms = self._load(ms.selector, ms.range_ms), ms.selector.offset_ms
+            values = fn.range_function(func, batch, self.times, ms.range_ms, offset_ms, param)
             out = StepMatrix(self.times, batch.labels, values)
             return out if func == "last_over_time" else drop_name(out)
         if func in MATH_FUNCTIONS:

@@ -31,9 +31,11 @@ __all__ = [
     "ARITHMETIC_OPS",
     "COMPARISON_OPS",
     "DATE_FUNCTIONS",
+    "DEFAULT_SUBQUERY_STEP_MS",
     "LABEL_FUNCTIONS",
     "MATH_FUNCTIONS",
     "MAX_QUERY_DEPTH",
+    "MAX_SUBQUERY_POINTS",
     "QUERY_ERROR_CATEGORIES",
     "RANGE_FUNCTIONS",
     "SET_OPS",
@@ -45,6 +47,7 @@ __all__ = [
     "NumberLiteral",
     "QueryError",
     "StringLiteral",
+    "Subquery",
     "Unary",
     "ValueType",
     "VectorMatching",
@@ -171,6 +174,13 @@ ARITHMETIC_OPS = frozenset({"+", "-", "*", "/", "%", "^", "atan2"})
 COMPARISON_OPS = frozenset({"==", "!=", ">", "<", ">=", "<="})
 SET_OPS = frozenset({"and", "or", "unless"})
 
+# The step of a subquery written without one (`x[5m:]`): Prometheus takes its global
+# evaluation interval, 1m unless configured.
+DEFAULT_SUBQUERY_STEP_MS = 60_000
+# At most this many evaluation times per subquery (its range over its step, across every step
+# of the query): past it the query is refused rather than run out of memory.
+MAX_SUBQUERY_POINTS = 1_000_000
+
 # How deep a query's expression tree may be: parenthesised groups, function calls, aggregations,
 # range selectors and binary or unary operators each count one level (see `depth_bound`).
 # Prometheus has no limit; here a deeper query is a 400 before anything recurses over it: the
@@ -250,6 +260,17 @@ class MatrixSelector:
 
 
 @dataclass(frozen=True, slots=True)
+class Subquery:
+    """`expr[range:step] offset`: `expr` evaluated every `step_ms` (0: the default
+    evaluation interval) at times aligned to multiples of the step, as a range vector."""
+
+    expr: Expr
+    range_ms: int
+    step_ms: int = 0
+    offset_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Call:
     func: str
     args: tuple[Expr, ...]
@@ -303,6 +324,7 @@ Expr = (
     | StringLiteral
     | VectorSelector
     | MatrixSelector
+    | Subquery
     | Call
     | Aggregate
     | Binary
@@ -339,6 +361,10 @@ def format_expr(expr: Expr) -> str:
             inner = format_expr(VectorSelector(sel.metric, sel.matchers))
             off = f" offset {format_duration(sel.offset_ms)}" if sel.offset_ms else ""
             return f"{inner}[{format_duration(rng)}]{off}"
+        case Subquery(expr=inner, range_ms=rng, step_ms=step, offset_ms=off):
+            offset = f" offset {format_duration(off)}" if off else ""
+            step_text = format_duration(step) if step else ""
+            return f"{_operand(inner)}[{format_duration(rng)}:{step_text}]{offset}"
         case Call(func=func, args=args):
             return f"{func}({', '.join(format_expr(a) for a in args)})"
         case Aggregate(op=op, expr=inner, param=param, grouping=grouping, without=without):
@@ -373,6 +399,8 @@ def children(expr: Expr) -> list[Expr]:
     match expr:
         case MatrixSelector(selector=sel):
             return [sel]
+        case Subquery(expr=inner):
+            return [inner]
         case Call(args=args):
             return list(args)
         case Aggregate(expr=inner, param=param):
@@ -403,7 +431,7 @@ def value_type(expr: Expr) -> ValueType:
             return "scalar"
         case StringLiteral():
             return "string"
-        case MatrixSelector():
+        case MatrixSelector() | Subquery():
             return "matrix"
         case Call(func=func):
             return "scalar" if func in SCALAR_FUNCTIONS else "vector"
@@ -429,10 +457,10 @@ def is_constant(expr: Expr) -> bool:
     return False
 
 
-def range_args(call: Call) -> tuple[MatrixSelector, Expr | None]:
+def range_args(call: Call) -> tuple[MatrixSelector | Subquery, Expr | None]:
     """The range vector of a range function and its scalar argument, if any
     (`quantile_over_time(q, m)`, `predict_linear(m, t)`)."""
-    ms = next(a for a in call.args if isinstance(a, MatrixSelector))
+    ms = next(a for a in call.args if isinstance(a, MatrixSelector | Subquery))
     rest = [a for a in call.args if a is not ms]
     return ms, (rest[0] if rest else None)
 
@@ -511,7 +539,7 @@ def parse(text: str, max_depth: int = MAX_QUERY_DEPTH) -> Expr:
     except Exception as e:  # the Rust parser raises ValueError; be robust to others
         raise QueryError("bad_data", f"parse error: {e}") from None
     expr = _convert(raw)
-    if isinstance(expr, MatrixSelector):
+    if isinstance(expr, MatrixSelector | Subquery):
         raise _unsupported("range vector (matrix) query results")
     return expr
 
@@ -537,7 +565,14 @@ def _convert(node: Any) -> Expr:
         case pp.MatrixSelector():
             return MatrixSelector(_selector(node.vector_selector), _duration_ms(node.range))
         case pp.SubqueryExpr():
-            raise _unsupported("subqueries")
+            if node.at is not None:
+                raise _unsupported("the @ modifier")
+            return Subquery(
+                _convert(node.expr),
+                _duration_ms(node.range),
+                _duration_ms(node.step),
+                _duration_ms(node.offset),
+            )
         case pp.UnaryExpr():
             return Unary("-", _convert(node.expr))
         case pp.Call():
@@ -574,10 +609,12 @@ def _call(node: Any) -> Call:
     if name not in FUNCTIONS:
         raise _unsupported(f"function '{name}'")
     call = Call(name, tuple(_convert(a) for a in node.args))
-    if name in RANGE_FUNCTIONS | {"absent_over_time"} and not any(
-        isinstance(a, MatrixSelector) for a in call.args
+    if name in RANGE_FUNCTIONS and not any(
+        isinstance(a, MatrixSelector | Subquery) for a in call.args
     ):
-        raise _unsupported(f"function '{name}' of anything but a range selector")
+        raise _unsupported(f"function '{name}' of anything but a range selector or subquery")
+    if name == "absent_over_time" and not isinstance(call.args[0], MatrixSelector):
+        raise _unsupported("absent_over_time of a subquery")
     if name in ("quantile_over_time", "predict_linear"):
         _, param = range_args(call)
         if param is None or not is_constant(param):

@@ -38,6 +38,7 @@ from query.promql import (
     Aggregate,
     Expr,
     QueryError,
+    Subquery,
     children,
     format_expr,
     parse,
@@ -523,6 +524,8 @@ def remote_parts(expr: Expr) -> list[Expr]:
     evaluator asks for them: pushable aggregations, then maximal series-local subtrees)."""
     if value_type(expr) == "vector" and (is_pushable(expr) or is_series_local(expr)):
         return [expr]
+    if isinstance(expr, Subquery):  # evaluated at its own times, asked for when it runs
+        return []
     return [part for child in children(expr) for part in remote_parts(child)]
 
 

@@ -15,9 +15,11 @@ from query.promql import (
     NumberLiteral,
     QueryError,
     StringLiteral,
+    Subquery,
     Unary,
     VectorMatching,
     VectorSelector,
+    format_expr,
     parse,
     selectors,
     value_type,
@@ -131,13 +133,12 @@ def test_parse_supported(text: str, expected: object) -> None:
         ("foo @ 100", "the @ modifier"),
         ("foo @ start()", "the @ modifier"),
         ("rate(foo[5m] @ 100)", "the @ modifier"),
-        ("foo[5m:1m]", "subqueries"),
-        ("max_over_time(rate(foo[1m])[5m:])", "subqueries"),
+        ("foo[5m:1m]", "range vector"),
         ("limitk(2, foo)", "aggregation 'limitk'"),
         ("foo + fill(0) bar", "fill modifiers"),
         ('{a="1" or b="2"}', "'or' between label matchers"),
         ("foo[5m]", "range vector"),
-        ("sum(rate(foo[5m])) + max_over_time(bar[5m:1m])", "subqueries"),
+        ("sum(rate(foo[5m])) + max_over_time(bar[5m:1m] @ 100)", "the @ modifier"),
     ],
 )
 def test_parse_unsupported(text: str, construct: str) -> None:
@@ -216,3 +217,24 @@ def test_metric_name_is_a_matcher_so_sources_can_filter_on_matchers_alone() -> N
     assert s.matchers[0] == NAME_FOO
     assert s.matchers[0].matches({"__name__": "foo", "job": "x"})
     assert not all(m.matches({"__name__": "bar", "job": "x"}) for m in s.matchers)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "max_over_time(rate(foo[1m])[5m:30s] offset 1m)",
+            Call(
+                "max_over_time",
+                (Subquery(Call("rate", (MatrixSelector(FOO, 60_000),)), 300_000, 30_000, 60_000),),
+            ),
+        ),
+        ("sum_over_time(foo[1m:])", Call("sum_over_time", (Subquery(FOO, 60_000),))),
+    ],
+)
+def test_subqueries_parse_and_format_back(text: str, expected: object) -> None:
+    expr = parse(text)
+    assert expr == expected
+    assert parse(format_expr(expr)) == expr
+    assert value_type(expected.args[0]) == "matrix"  # type: ignore[attr-defined]
+    assert FOO in selectors(expr)
