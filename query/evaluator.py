@@ -52,6 +52,7 @@ from query.promql import (
     VectorSelector,
     parse,
     range_args,
+    resolve_at,
     value_type,
 )
 from query.pushdown import (
@@ -153,8 +154,9 @@ class _Evaluator:
             case StringLiteral(value=s):
                 return String(self.times, s)
             case VectorSelector():
-                batch = self._load(expr, self.lookback_ms)
-                values = fn.instant_values(batch, self.times, expr.offset_ms, self.lookback_ms)
+                times = self._at(expr.at)
+                batch = self._load(expr, self.lookback_ms, times)
+                values = fn.instant_values(batch, times, expr.offset_ms, self.lookback_ms)
                 return StepMatrix(self.times, batch.labels, values)
             case MatrixSelector():
                 raise QueryError("unsupported", "unsupported: range vector (matrix) query results")
@@ -172,12 +174,19 @@ class _Evaluator:
                 return drop_name(StepMatrix(self.times, v.labels, -v.values))
         raise QueryError("unsupported", f"unsupported: expression {expr!r}")
 
-    def _load(self, sel: VectorSelector, width_ms: int) -> fn.SampleBatch:
-        """One `select` covering every window of `sel` over all steps."""
+    def _at(self, at: int | str | None) -> I64:
+        """The times a selector is evaluated at: every step's, or its `@` time at every step."""
+        if at is None:
+            return self.times
+        assert isinstance(at, int), "resolve_at() fixes @ start() / end() before evaluation"
+        return np.full(len(self.times), at, dtype=np.int64)
+
+    def _load(self, sel: VectorSelector, width_ms: int, times: I64) -> fn.SampleBatch:
+        """One `select` covering every window of `sel` over all of `times`."""
         if self.source is None:
             raise RuntimeError("raw samples are only read by a node's evaluator (no source)")
-        lower = int(self.times.min()) - sel.offset_ms - width_ms
-        upper = int(self.times.max()) - sel.offset_ms
+        lower = int(times.min()) - sel.offset_ms - width_ms
+        upper = int(times.max()) - sel.offset_ms
         series = self.source.select(sel.matchers, lower + 1, upper)  # windows are left-open
         return fn.SampleBatch.from_series(series, lower + 1, upper)
 
@@ -186,11 +195,12 @@ class _Evaluator:
         multiples of its step from just after the earliest window's start (as Prometheus
         aligns them) to the latest window's end; its values become the samples."""
         step = sq.step_ms or DEFAULT_SUBQUERY_STEP_MS
-        lower = int(self.times.min()) - sq.offset_ms - sq.range_ms
+        times = self._at(sq.at)
+        lower = int(times.min()) - sq.offset_ms - sq.range_ms
         start = (lower // step) * step
         if start < lower:
             start += step
-        end = int(self.times.max()) - sq.offset_ms
+        end = int(times.max()) - sq.offset_ms
         if (end - start) // step + 1 > MAX_SUBQUERY_POINTS:
             raise QueryError(
                 "bad_data",
@@ -213,10 +223,13 @@ class _Evaluator:
             ms, param_expr = range_args(call)
             param = None if param_expr is None else self.scalar(param_expr).values
             if isinstance(ms, Subquery):
+                times = self._at(ms.at)
                 batch, offset_ms = self._subquery(ms), ms.offset_ms
             else:
-                batch, offset_ms = self._load(ms.selector, ms.range_ms), ms.selector.offset_ms
-            values = fn.range_function(func, batch, self.times, ms.range_ms, offset_ms, param)
+                times = self._at(ms.selector.at)
+                batch = self._load(ms.selector, ms.range_ms, times)
+                offset_ms = ms.selector.offset_ms
+            values = fn.range_function(func, batch, times, ms.range_ms, offset_ms, param)
             out = StepMatrix(self.times, batch.labels, values)
             return out if func == "last_over_time" else drop_name(out)
         if func in MATH_FUNCTIONS:
@@ -265,8 +278,9 @@ class _Evaluator:
     def _timestamp(self, arg: Expr) -> StepMatrix:
         """timestamp(): of the sample a selector picked, else of the evaluation step."""
         if isinstance(arg, VectorSelector):
-            batch = self._load(arg, self.lookback_ms)
-            ts = fn.instant_timestamps(batch, self.times, arg.offset_ms, self.lookback_ms)
+            times = self._at(arg.at)
+            batch = self._load(arg, self.lookback_ms, times)
+            ts = fn.instant_timestamps(batch, times, arg.offset_ms, self.lookback_ms)
             return drop_name(StepMatrix(self.times, batch.labels, ts))
         v = self.vector(arg)
         stamps = np.where(np.isnan(v.values), np.nan, (self.times / 1000.0)[None, :])
@@ -369,6 +383,7 @@ def evaluate(
     if isinstance(expr, str):
         expr = parse(expr)
     ts = _as_times(times)
+    expr = resolve_at(expr, int(ts[0]), int(ts[-1]))
     result = _Evaluator(ts, lookback_ms, backend=backend).eval(expr)
     if not isinstance(result, StepMatrix):
         return result

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
-from datetime import timedelta
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 import promql_parser as pp
@@ -40,6 +40,7 @@ __all__ = [
     "RANGE_FUNCTIONS",
     "SET_OPS",
     "Aggregate",
+    "At",
     "Binary",
     "Call",
     "Expr",
@@ -58,6 +59,7 @@ __all__ = [
     "is_constant",
     "parse",
     "range_args",
+    "resolve_at",
     "selectors",
     "value_type",
     "walk",
@@ -244,6 +246,11 @@ class StringLiteral:
     value: str
 
 
+# The `@` modifier: evaluate at this time (ms) whatever the step; "start" / "end" stand for the
+# query's start and end until `resolve_at` fixes them (the evaluator sees only ms).
+At = int | Literal["start", "end"] | None
+
+
 @dataclass(frozen=True, slots=True)
 class VectorSelector:
     """`metric` is informational; `matchers` alone (incl. any `__name__` matcher) select series."""
@@ -251,6 +258,7 @@ class VectorSelector:
     metric: str | None
     matchers: tuple[LabelMatcher, ...]
     offset_ms: int = 0
+    at: At = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,6 +276,7 @@ class Subquery:
     range_ms: int
     step_ms: int = 0
     offset_ms: int = 0
+    at: At = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -356,15 +365,15 @@ def format_expr(expr: Expr) -> str:
                 if not (m.label == "__name__" and m.op is MatchOp.EQ and m.value == metric)
             ]
             text = (metric or "") + ("{" + ", ".join(rest) + "}" if rest or not metric else "")
-            return text + (f" offset {format_duration(off)}" if off else "")
+            return text + _format_at(expr.at) + (f" offset {format_duration(off)}" if off else "")
         case MatrixSelector(selector=sel, range_ms=rng):
             inner = format_expr(VectorSelector(sel.metric, sel.matchers))
             off = f" offset {format_duration(sel.offset_ms)}" if sel.offset_ms else ""
-            return f"{inner}[{format_duration(rng)}]{off}"
-        case Subquery(expr=inner, range_ms=rng, step_ms=step, offset_ms=off):
+            return f"{inner}[{format_duration(rng)}]{_format_at(sel.at)}{off}"
+        case Subquery(expr=inner, range_ms=rng, step_ms=step, offset_ms=off, at=at):
             offset = f" offset {format_duration(off)}" if off else ""
             step_text = format_duration(step) if step else ""
-            return f"{_operand(inner)}[{format_duration(rng)}:{step_text}]{offset}"
+            return f"{_operand(inner)}[{format_duration(rng)}:{step_text}]{_format_at(at)}{offset}"
         case Call(func=func, args=args):
             return f"{func}({', '.join(format_expr(a) for a in args)})"
         case Aggregate(op=op, expr=inner, param=param, grouping=grouping, without=without):
@@ -387,6 +396,42 @@ def format_expr(expr: Expr) -> str:
         case Unary(op=op, expr=inner):
             return f"{op}{_operand(inner)}"
     raise TypeError(f"not an expression: {expr!r}")
+
+
+def _format_at(at: At) -> str:
+    if at is None:
+        return ""
+    return f" @ {at}()" if isinstance(at, str) else f" @ {at / 1000:.3f}"
+
+
+def resolve_at(expr: Expr, start_ms: int, end_ms: int) -> Expr:
+    """`expr` with every `@ start()` / `@ end()` replaced by the query's start / end (ms), as
+    Prometheus resolves them once per query (also inside subqueries)."""
+    if not any(isinstance(getattr(n, "at", None), str) for n in walk(expr)):
+        return expr
+
+    def fix(at: At) -> At:
+        return start_ms if at == "start" else end_ms if at == "end" else at
+
+    def go(e: Expr) -> Expr:
+        match e:
+            case VectorSelector(at=at):
+                return replace(e, at=fix(at))
+            case MatrixSelector(selector=sel):
+                return replace(e, selector=go(sel))
+            case Subquery(expr=inner, at=at):
+                return replace(e, expr=go(inner), at=fix(at))
+            case Call(args=args):
+                return replace(e, args=tuple(go(a) for a in args))
+            case Aggregate(expr=inner, param=param):
+                return replace(e, expr=go(inner), param=None if param is None else go(param))
+            case Binary(lhs=lhs, rhs=rhs):
+                return replace(e, lhs=go(lhs), rhs=go(rhs))
+            case Unary(expr=inner):
+                return replace(e, expr=go(inner))
+        return e
+
+    return go(expr)
 
 
 def _operand(expr: Expr) -> str:
@@ -565,13 +610,12 @@ def _convert(node: Any) -> Expr:
         case pp.MatrixSelector():
             return MatrixSelector(_selector(node.vector_selector), _duration_ms(node.range))
         case pp.SubqueryExpr():
-            if node.at is not None:
-                raise _unsupported("the @ modifier")
             return Subquery(
                 _convert(node.expr),
                 _duration_ms(node.range),
                 _duration_ms(node.step),
                 _duration_ms(node.offset),
+                _at(node.at),
             )
         case pp.UnaryExpr():
             return Unary("-", _convert(node.expr))
@@ -584,9 +628,21 @@ def _convert(node: Any) -> Expr:
     raise _unsupported(f"expression type {type(node).__name__}")
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _at(at: Any) -> At:
+    if at is None:
+        return None
+    kind = _member(at.type)
+    if kind == "Start":
+        return "start"
+    if kind == "End":
+        return "end"
+    return (at.at - _EPOCH) // timedelta(milliseconds=1)
+
+
 def _selector(vs: Any) -> VectorSelector:
-    if vs.at is not None:
-        raise _unsupported("the @ modifier")
     if vs.matchers.or_matchers:
         raise _unsupported("'or' between label matchers")
     try:
@@ -601,7 +657,7 @@ def _selector(vs: Any) -> VectorSelector:
     else:
         names = [m.value for m in matchers if m.label == "__name__" and m.op is MatchOp.EQ]
         metric = names[0] if len(names) == 1 else None
-    return VectorSelector(metric, tuple(matchers), _duration_ms(vs.offset))
+    return VectorSelector(metric, tuple(matchers), _duration_ms(vs.offset), _at(vs.at))
 
 
 def _call(node: Any) -> Call:

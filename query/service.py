@@ -42,6 +42,7 @@ from query.promql import (
     children,
     format_expr,
     parse,
+    resolve_at,
     selectors,
     value_type,
 )
@@ -248,7 +249,7 @@ class QueryService:
     ) -> QueryResult:
         ds = self.dataset(dataset)
         self._check_spread(ds, spread)
-        expr = parse(query)
+        expr = resolve_at(parse(query), int(times[0]), int(times[-1]))
         kind = value_type(expr)
         if range_query and kind not in ("scalar", "vector"):
             shown = "range vector" if kind == "matrix" else kind

@@ -21,6 +21,7 @@ from query.promql import (
     VectorSelector,
     format_expr,
     parse,
+    resolve_at,
     selectors,
     value_type,
     walk,
@@ -130,15 +131,11 @@ def test_parse_supported(text: str, expected: object) -> None:
 @pytest.mark.parametrize(
     ("text", "construct"),
     [
-        ("foo @ 100", "the @ modifier"),
-        ("foo @ start()", "the @ modifier"),
-        ("rate(foo[5m] @ 100)", "the @ modifier"),
         ("foo[5m:1m]", "range vector"),
         ("limitk(2, foo)", "aggregation 'limitk'"),
         ("foo + fill(0) bar", "fill modifiers"),
         ('{a="1" or b="2"}', "'or' between label matchers"),
         ("foo[5m]", "range vector"),
-        ("sum(rate(foo[5m])) + max_over_time(bar[5m:1m] @ 100)", "the @ modifier"),
     ],
 )
 def test_parse_unsupported(text: str, construct: str) -> None:
@@ -238,3 +235,12 @@ def test_subqueries_parse_and_format_back(text: str, expected: object) -> None:
     assert parse(format_expr(expr)) == expr
     assert value_type(expected.args[0]) == "matrix"  # type: ignore[attr-defined]
     assert FOO in selectors(expr)
+
+
+def test_the_at_modifier_parses_formats_back_and_resolves_start_and_end() -> None:
+    expr = parse("rate(foo[5m] @ 100.5) + foo @ start() - max_over_time(foo[1m:] @ end())")
+    assert parse(format_expr(expr)) == expr
+    resolved = resolve_at(expr, 1_000, 9_000)
+    ats = [getattr(n, "at", None) for n in walk(resolved) if hasattr(n, "at")]
+    assert sorted(a for a in ats if a is not None) == [1_000, 9_000, 100_500]
+    assert resolve_at(parse("foo"), 1, 2) == parse("foo")
