@@ -11,32 +11,13 @@ anything else after `$` is kept as text.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import re2
-
+from filopy.regex import compile_anchored
 from filopy.store.api import LabelMatcher, MatchOp
 
 __all__ = ["absent_labels", "compile_anchored", "expand", "label_join", "label_replace"]
-
-_OPTIONS = re2.Options()
-_OPTIONS.log_errors = False  # a bad regex is reported to the user, not logged by RE2
-
-
-@functools.lru_cache(maxsize=256)
-def compile_anchored(regex: str) -> Any:
-    """The RE2 regex `(?s:regex)`, to be used with `fullmatch` (Prometheus's `^(?s:regex)$`).
-
-    Raises ValueError for a regex RE2 rejects."""
-    try:
-        return re2.compile(f"(?s:{regex})", _OPTIONS)
-    except re2.error as e:
-        detail = e.args[0] if e.args else ""
-        if isinstance(detail, bytes):
-            detail = detail.decode("utf-8", "replace")
-        raise ValueError(f"invalid regex {regex!r}: {detail}") from None
 
 
 def _name_end(template: str, i: int) -> int:

@@ -30,20 +30,20 @@ the store answered, and the answer is that someone else's state wins.
 from __future__ import annotations
 
 import json
-import re
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 import numpy as np
 import numpy.typing as npt
 
 from filopy.dataset import Dataset, DatasetRef
 from filopy.errors import Conflict, Unavailable
+from filopy.regex import compile_anchored
 from filopy.store import encoding
 
 INT64_MIN = -(1 << 63)
@@ -136,14 +136,14 @@ class LabelMatcher:
     label: str
     op: MatchOp
     value: str
-    _regex: re.Pattern[str] | None = field(init=False, repr=False, compare=False, default=None)
+    _regex: Any = field(init=False, repr=False, compare=False, default=None)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "op", MatchOp(self.op))
         if self.op in (MatchOp.RE, MatchOp.NRE):
             try:
-                regex = re.compile(self.value, re.DOTALL)
-            except re.error as e:
+                regex = compile_anchored(self.value)  # RE2, as Prometheus
+            except ValueError as e:
                 raise ValueError(f"bad regex in matcher {self}: {e}") from e
             object.__setattr__(self, "_regex", regex)
 

@@ -41,6 +41,10 @@ def test_part_key_time_range_must_be_ordered() -> None:
         (LabelMatcher("job", "!~", ".+"), {}, True),
         (LabelMatcher("job", "=~", "a.c"), {"job": "a\nc"}, True),  # '.' matches newlines
         (LabelMatcher("job", MatchOp.NRE, "x|y"), {"job": "y"}, False),
+        # RE2 (Go's syntax), as Prometheus: Unicode classes, `\z`, `$` only at the very end.
+        (LabelMatcher("job", "=~", r"\pL+"), {"job": "héllo"}, True),
+        (LabelMatcher("job", "=~", r"api\z"), {"job": "api"}, True),
+        (LabelMatcher("job", "=~", "api$"), {"job": "api\n"}, False),
     ],
 )
 def test_matchers_follow_prometheus(
@@ -55,3 +59,18 @@ def test_bad_matchers_are_rejected() -> None:
     with pytest.raises(ValueError):
         LabelMatcher("job", "==", "x")
     assert str(LabelMatcher("job", "=~", "a.*")) == 'job=~"a.*"'
+
+
+@pytest.mark.parametrize("regex", ["(?=a)b", r"(a)\1", "(?<!a)b"])
+def test_regexes_go_refuses_are_refused(regex: str) -> None:
+    """Lookarounds and backreferences: Python's `re` has them, RE2 and Prometheus do not."""
+    with pytest.raises(ValueError, match="regex"):
+        LabelMatcher("job", "=~", regex)
+
+
+@pytest.mark.timeout(10)
+def test_a_catastrophic_regex_runs_in_linear_time() -> None:
+    """`(a+)+` against a's ending in a mismatch takes exponential time in a backtracking engine
+    (Python's `re`: hours at this length); RE2 answers at once."""
+    assert not LabelMatcher("job", "=~", "(a+)+").matches({"job": "a" * 5000 + "b"})
+    assert not LabelMatcher("job", "=~", "(x+x+)+y").matches({"job": "x" * 5000})
