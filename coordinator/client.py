@@ -10,6 +10,7 @@ singleton drops the subscription on its next delivery or liveness check.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import threading
@@ -348,6 +349,12 @@ class FiloPyClient:
         return Subscription(self, _ref(dataset))
 
 
+# How long a subscriber's inbox holds a resync that found a gap, waiting for the late batches
+# before it (Ray may run deliveries out of order): events that arrive within it all reach the
+# subscriber; past it the resync's snapshot replaces what is missing.
+RESYNC_GRACE_S = 2.0
+
+
 class ShardEventSink:
     """Receives the singleton's pushes for all of one client's subscriptions.
 
@@ -366,21 +373,36 @@ class ShardEventSink:
         if not delivery.messages:
             return
         subscription = delivery.messages[0].subscriber  # one batch, one subscription
-        ready = self._inboxes.setdefault(subscription, OrderedInbox()).push(delivery)
-        if ready:
-            self._messages.setdefault(subscription, []).extend(ready)
+        inbox = self._inboxes.setdefault(subscription, OrderedInbox(RESYNC_GRACE_S))
+        self._ready(subscription, inbox.push(delivery))
+
+    def _ready(self, subscription: str, messages: list[SubscriberMessage]) -> None:
+        if messages:
+            self._messages.setdefault(subscription, []).extend(messages)
             self._event(subscription).set()
 
     async def ping(self) -> bool:
         return True
 
     async def take(self, subscription: str, timeout_s: float) -> list[SubscriberMessage]:
-        """Everything delivered so far; waits up to `timeout_s` when nothing is there yet."""
-        if not self._messages.get(subscription):
-            try:
-                await asyncio.wait_for(self._event(subscription).wait(), timeout_s)
-            except TimeoutError:
+        """Everything delivered so far; waits up to `timeout_s` when nothing is there yet (and
+        applies a resync held for late batches once its grace is over)."""
+        deadline = time.monotonic() + timeout_s
+        while not self._messages.get(subscription):
+            inbox = self._inboxes.get(subscription)
+            if inbox is not None:
+                self._ready(subscription, inbox.expire())
+                if self._messages.get(subscription):
+                    break
+            now = time.monotonic()
+            wait = deadline - now
+            due = None if inbox is None else inbox.due()
+            if wait <= 0:
                 return []
+            if due is not None:
+                wait = min(wait, max(0.0, due - now) + 0.01)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._event(subscription).wait(), wait)
         out = self._messages.pop(subscription, [])
         self._event(subscription).clear()
         return out

@@ -12,10 +12,18 @@ of each dataset it follows), which supersedes every batch stamped before it. An 
 before a resync batch drops what it was waiting for and resumes from the resync; an inbox with no
 gap has already released everything the resync says, so it drops the resync instead (receivers
 see a repeated snapshot only when they may have missed something).
+
+A gap is usually only lateness (the batches before the resync are still on their way), and a
+resync that filled it at once would drop events that were about to arrive. So an inbox with a
+`grace_s` holds a resync that found a gap for that long: if the gap fills meanwhile the receiver
+gets every event and the resync is dropped; only past the grace does the resync supersede the
+gap (`expire()`, which a receiver calls when `due()` says so, or the next `push`).
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,34 +39,71 @@ class Delivery:
 
 
 class OrderedInbox:
-    def __init__(self) -> None:
+    def __init__(self, grace_s: float = 0.0, clock: Callable[[], float] = time.monotonic) -> None:
         self._stream: Stream | None = None
         self._next = 1
         self._early: dict[int, Delivery] = {}
         self._resyncs = 0
+        self._grace_s, self._clock = grace_s, clock
+        self._held: Delivery | None = None  # a resync that found a gap, within its grace
+        self._held_until = 0.0
 
     def push(self, delivery: Delivery) -> list[Any]:
         """The messages now ready, in order (possibly none, possibly several batches' worth)."""
         if self._stream is None or delivery.stream > self._stream:
-            self._stream, self._next, self._early = delivery.stream, 1, {}
+            self._stream, self._next, self._early, self._held = delivery.stream, 1, {}, None
         elif delivery.stream < self._stream or delivery.seq < self._next:
             return []  # from a superseded stream, a duplicate, or superseded by a resync
         ready: list[Any] = []
-        if delivery.resync and (delivery.seq > self._next or self._next == 1):
-            # A gap (lost or late batches) or a fresh stream: take the full state, drop what it
-            # supersedes; a batch before it that arrives later is dropped as superseded.
-            self._early = {s: d for s, d in self._early.items() if s > delivery.seq}
-            self._resyncs += 1
-            ready.extend(delivery.messages)
-            self._next = delivery.seq + 1
-        elif delivery.resync and delivery.seq == self._next:
+        if delivery.resync and delivery.seq > self._next:
+            # A gap: batches before it are late or lost. Hold the full state for the grace;
+            # past it, the resync replaces what is missing (`_supersede`).
+            if self._held is None:
+                self._held_until = self._clock() + self._grace_s
+            if self._held is None or delivery.seq > self._held.seq:
+                self._held = delivery
+        elif delivery.resync and self._next == 1:
+            ready.extend(self._supersede(delivery))  # a fresh stream starting with its state
+        elif delivery.resync:
             self._next += 1  # nothing missed: the receiver already holds this state
         else:
             self._early[delivery.seq] = delivery
-        while self._next in self._early:
-            ready.extend(self._early.pop(self._next).messages)
-            self._next += 1
+        ready.extend(self._release())
+        ready.extend(self.expire())
         return ready
+
+    def due(self) -> float | None:
+        """When a held resync supersedes its gap (the clock's time), if one is held."""
+        return None if self._held is None else self._held_until
+
+    def expire(self) -> list[Any]:
+        """Apply a held resync whose grace has run out; the messages now ready."""
+        if self._held is None or self._clock() < self._held_until:
+            return []
+        return self._supersede(self._held) + self._release()
+
+    def _supersede(self, resync: Delivery) -> list[Any]:
+        """Take the full state, drop what it supersedes; a batch before it that arrives later
+        is dropped as superseded."""
+        self._early = {s: d for s, d in self._early.items() if s > resync.seq}
+        self._held = None
+        self._resyncs += 1
+        self._next = resync.seq + 1
+        return list(resync.messages)
+
+    def _release(self) -> list[Any]:
+        ready: list[Any] = []
+        while True:
+            if self._next in self._early:
+                ready.extend(self._early.pop(self._next).messages)
+                self._next += 1
+            elif self._held is not None and self._held.seq == self._next:
+                self._held = None  # the gap filled in time: nothing missed, state known
+                self._next += 1
+            elif self._held is not None and self._held.seq < self._next:
+                self._held = None
+            else:
+                return ready
 
     @property
     def waiting(self) -> int:

@@ -160,3 +160,62 @@ def test_receivers_converge_on_the_senders_state_whatever_is_lost(
                 last_seen = max(mirror.values(), default=-1)
     assert mirror == state
     assert inbox.waiting == 0
+
+
+# ----- grace: a resync waits for batches that are only late ---------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_resync_overtaking_late_batches_waits_for_them_and_every_event_arrives() -> None:
+    """A brand-new subscriber: its snapshot (1) and events (2, 3) are late, the periodic resync
+    (4) arrives first. Within the grace, the late batches fill the gap: the subscriber sees
+    everything in order and the resync, now redundant, is dropped."""
+    seq, clock = Sequencer(incarnation=1.0), Clock()
+    snapshot, down, up = (seq.stamp("s", (m,)) for m in ("snapshot", "down", "up"))
+    resync = seq.stamp("s", ("resync",), resync=True)
+    inbox = OrderedInbox(grace_s=2.0, clock=clock)
+    assert inbox.push(resync) == []
+    assert inbox.due() == 102.0
+    clock.now = 101.0
+    assert inbox.expire() == []
+    assert inbox.push(down) == []
+    assert inbox.push(snapshot) == ["snapshot", "down"]
+    assert inbox.push(up) == ["up"]
+    assert inbox.due() is None and inbox.resyncs == 0
+    assert inbox.push(seq.stamp("s", ("next",))) == ["next"]
+
+
+def test_past_the_grace_the_resync_replaces_what_never_came() -> None:
+    seq, clock = Sequencer(incarnation=1.0), Clock()
+    first = seq.stamp("s", ("e1",))
+    seq.stamp("s", ("lost",))
+    resync = seq.stamp("s", ("snapshot",), resync=True)
+    after = seq.stamp("s", ("e4",))
+    inbox = OrderedInbox(grace_s=2.0, clock=clock)
+    assert inbox.push(first) == ["e1"]
+    assert inbox.push(resync) == []
+    assert inbox.push(after) == []  # behind the gap
+    clock.now = 102.0
+    assert inbox.expire() == ["snapshot", "e4"]
+    assert inbox.resyncs == 1 and inbox.due() is None and inbox.waiting == 0
+
+
+def test_a_later_resync_within_the_grace_replaces_the_held_one_without_postponing_it() -> None:
+    seq, clock = Sequencer(incarnation=1.0), Clock()
+    seq.stamp("s", ("lost",))
+    r1 = seq.stamp("s", ("state1",), resync=True)
+    r2 = seq.stamp("s", ("state2",), resync=True)
+    inbox = OrderedInbox(grace_s=2.0, clock=clock)
+    assert inbox.push(r1) == []
+    clock.now = 101.5
+    assert inbox.push(r2) == []
+    assert inbox.due() == 102.0
+    clock.now = 102.0
+    assert inbox.expire() == ["state2"]
