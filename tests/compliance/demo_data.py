@@ -35,23 +35,25 @@ class Series:
         return self.labels["__name__"]
 
 
-def scrape_times(end_s: int, instance: int) -> np.ndarray:
+def scrape_times(end_s: int, instance: int, span_s: int = SPAN_S) -> np.ndarray:
     """Millisecond scrape times of one instance over the span, ending before `end_s`."""
-    start_ms = (end_s - SPAN_S) * 1000
-    n = SPAN_S // SCRAPE_S
+    start_ms = (end_s - span_s) * 1000
+    n = span_s // SCRAPE_S
     rng = np.random.default_rng(1000 + instance)
     jitter = rng.integers(-40, 40, size=n)
     return start_ms + np.arange(n, dtype=np.int64) * SCRAPE_S * 1000 + 1234 * instance + jitter
 
 
-def generate(end_s: int) -> list[Series]:
-    """Every demo series, deterministic in `end_s`."""
-    return list(_generate(end_s))
+def generate(end_s: int, instances: int = len(INSTANCES), span_s: int = SPAN_S) -> list[Series]:
+    """Every demo series, deterministic in its arguments: the suite's three instances, or as
+    many as asked (`demo.promlabs.com:10000` and up; 94 series each) for benchmarks."""
+    return list(_generate(end_s, instances, span_s))
 
 
-def _generate(end_s: int) -> Iterator[Series]:
-    for i, instance in enumerate(INSTANCES):
-        ts = scrape_times(end_s, i)
+def _generate(end_s: int, instances: int, span_s: int) -> Iterator[Series]:
+    for i in range(instances):
+        instance = f"demo.promlabs.com:{10000 + i}"
+        ts = scrape_times(end_s, i, span_s)
         t = (ts - ts[0]) / 1000.0
         rng = np.random.default_rng(i)
         base = {"instance": instance, "job": JOB}

@@ -330,8 +330,11 @@ def prometheus3() -> str:
 
 
 @contextlib.contextmanager
-def reference(workdir: Path, series: list[demo_data.Series]) -> Iterator[str]:
-    """Prometheus 3 serving promtool-built blocks of `series`; yields its URL."""
+def reference(
+    workdir: Path, series: list[demo_data.Series], binary: str | None = None
+) -> Iterator[str]:
+    """Prometheus (3, built from source, unless `binary` says which) serving promtool-built
+    blocks of `series`; yields its URL."""
     promtool = shutil.which("promtool")
     if promtool is None:
         raise SystemExit("promtool not found: run scripts/system-deps.sh (Debian's prometheus)")
@@ -349,7 +352,7 @@ def reference(workdir: Path, series: list[demo_data.Series]) -> Iterator[str]:
     log = (workdir / "prometheus.log").open("wb")
     proc = subprocess.Popen(
         [
-            prometheus3(),
+            binary or prometheus3(),
             f"--config.file={config}",
             f"--storage.tsdb.path={tsdb}",
             "--storage.tsdb.retention.time=100y",
@@ -360,7 +363,7 @@ def reference(workdir: Path, series: list[demo_data.Series]) -> Iterator[str]:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 300  # a big TSDB takes a while to open
         while True:
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(f"{url}/-/ready", timeout=2).status_code == 200:
@@ -433,7 +436,7 @@ def filopy(workdir: Path, series: list[demo_data.Series], kafka: str) -> Iterato
             samples = rest.client.series_samples(name)
             return sum(len(ts) for per in samples.values() for ts in per.values()) >= expected
 
-        rest.wait_for(f"{expected} samples held", held, timeout_s=120)
+        rest.wait_for(f"{expected} samples held", held, timeout_s=600)
         yield f"{rest.url}/promql/{name}"
 
 

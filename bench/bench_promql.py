@@ -1,0 +1,152 @@
+"""PromQL latency side by side with Prometheus, on the same samples, interleaved in one run.
+
+Needs Kafka (`scripts/services.sh up kafka`) and Debian's prometheus/promtool
+(scripts/system-deps.sh). The demo series of tests/compliance/demo_data.py for `--instances`
+instances (94 series each; 20 by default: 1,880 series, 4.4M samples over 3 h 15 min at 5 s
+scrapes, ending a minute ago) go:
+- to Debian's Prometheus as promtool-built TSDB blocks (`create-blocks-from openmetrics`);
+- to a real two-node FiloPy cluster through its remote-write endpoint and Kafka (4 shards,
+  SQLite store), as tests/compliance/harness.py loads them.
+
+Each query then runs `--runs` times against both through their HTTP query APIs, alternating
+which goes first, after `--warmup` untimed runs each; the table gives p50 and p99 wall time of
+the HTTP call (request to parsed JSON) and the ratio FiloPy / Prometheus. Both answers are
+checked to hold the same number of series. Results: bench/results/promql.txt (`--out -` prints).
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.compliance import demo_data, harness  # noqa: E402
+
+# (name, query, range seconds or 0 for an instant query, step seconds)
+QUERIES = [
+    (
+        "rate, summed by instance",
+        "sum by (instance) (rate(demo_cpu_usage_seconds_total[5m]))",
+        0,
+        0,
+    ),
+    (
+        "histogram buckets' rates by le",
+        "sum by (le) (rate(demo_api_request_duration_seconds_bucket[5m]))",
+        0,
+        0,
+    ),
+    (
+        "histogram_quantile 0.9",
+        "histogram_quantile(0.9, sum by (le) (rate(demo_api_request_duration_seconds_bucket[5m])))",
+        0,
+        0,
+    ),
+    ("a gauge family, raw", "demo_memory_usage_bytes", 0, 0),
+    (
+        "3 h range at 60 s: rate by instance",
+        "sum by (instance) (rate(demo_cpu_usage_seconds_total[5m]))",
+        3 * 3600,
+        60,
+    ),
+    ("1 h range at 15 s: avg_over_time", "avg_over_time(demo_memory_usage_bytes[5m])", 3600, 15),
+]
+
+
+def ask(http: httpx.Client, base: str, query: str, end: float, rng: int, step: int) -> int:
+    """One query; the number of series answered."""
+    if rng:
+        params = {"query": query, "start": end - rng, "end": end, "step": step}
+        resp = http.post(f"{base}/api/v1/query_range", data=params)
+    else:
+        resp = http.post(f"{base}/api/v1/query", data={"query": query, "time": end})
+    body = resp.json()
+    if resp.status_code != 200 or body.get("status") != "success":
+        raise RuntimeError(f"{base}: {query}: {resp.status_code} {body}")
+    return len(body["data"]["result"])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--instances", type=int, default=20)
+    ap.add_argument("--runs", type=int, default=40)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--kafka", default="127.0.0.1:9092")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "promql.txt"))
+    args = ap.parse_args()
+    prometheus = shutil.which("prometheus") or "/usr/bin/prometheus"
+    version = subprocess.run(
+        [prometheus, "--version"], capture_output=True, text=True
+    ).stdout.splitlines()[0]
+
+    end_s = int(time.time()) // 60 * 60 - 60
+    span_s = 3 * 3600 + 900
+    series = demo_data.generate(end_s, instances=args.instances, span_s=span_s)
+    samples = sum(len(s.values) for s in series)
+    print(f"{len(series)} series, {samples} samples; loading both", file=sys.stderr)
+    lines: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="bench-promql-") as tmp:
+        work = Path(tmp)
+        (work / "ref").mkdir()
+        (work / "filopy").mkdir()
+        t0 = time.perf_counter()
+        with (
+            harness.reference(work / "ref", series, binary=prometheus) as ref,
+            harness.filopy(work / "filopy", series, args.kafka) as fp,
+            httpx.Client(timeout=120) as http,
+        ):
+            print(f"loaded in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+            end = float(end_s)
+            for name, query, rng, step in QUERIES:
+                times: dict[str, list[float]] = {"filopy": [], "prometheus": []}
+                counts = {}
+                for run in range(args.warmup + args.runs):
+                    order = [("filopy", fp), ("prometheus", ref)]
+                    if run % 2:
+                        order.reverse()
+                    for who, base in order:
+                        t = time.perf_counter()
+                        counts[who] = ask(http, base, query, end, rng, step)
+                        if run >= args.warmup:
+                            times[who].append(time.perf_counter() - t)
+                if counts["filopy"] != counts["prometheus"]:
+                    raise RuntimeError(f"{query}: series differ: {counts}")
+                f50, f99 = np.percentile(times["filopy"], [50, 99]) * 1000
+                p50, p99 = np.percentile(times["prometheus"], [50, 99]) * 1000
+                row = (
+                    f"{name:<38} {counts['filopy']:>6} {f50:>9.1f} {f99:>9.1f} {p50:>9.1f} "
+                    f"{p99:>9.1f} {f50 / p50:>7.2f} {f99 / p99:>7.2f}"
+                )
+                print(row, file=sys.stderr)
+                lines.append(row)
+
+    header = [
+        f"# PromQL latency, FiloPy vs {version} (bench/bench_promql.py)",
+        f"# {platform.node()}: {platform.processor() or platform.machine()}, "
+        f"{len(series)} series, {samples} samples (5 s scrapes, {span_s // 60} min), "
+        f"2 FiloPy nodes, 4 shards; {args.runs} interleaved runs per query after "
+        f"{args.warmup} warm-up; wall time of each HTTP query in ms",
+        f"# command: .venv/bin/python bench/bench_promql.py --instances {args.instances} "
+        f"--runs {args.runs}",
+        f"{'query':<38} {'series':>6} {'filopy50':>9} {'filopy99':>9} {'prom50':>9} "
+        f"{'prom99':>9} {'p50 x':>7} {'p99 x':>7}",
+    ]
+    text = "\n".join(header + lines) + "\n"
+    print(text)
+    if args.out != "-":
+        Path(args.out).write_text(text)
+
+
+if __name__ == "__main__":
+    main()
