@@ -29,6 +29,7 @@ the store answered, and the answer is that someone else's state wins.
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 from abc import ABC, abstractmethod
@@ -215,8 +216,26 @@ class ChunkRecord:
         return cls(part_key, int(ts[0]), int(ts[-1]), len(ts), data)
 
     def samples(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
-        """Decode: (int64 timestamps, float64 values)."""
-        return encoding.decode_chunk(self.data)
+        """Decode: (int64 timestamps, float64 values), read-only (shared by a cache)."""
+        try:
+            return _decoded(self.data)
+        except TypeError:  # an unhashable buffer: decode without the cache
+            return encoding.decode_chunk(self.data)
+
+
+# Decoded chunks, most recently used first: dashboards ask for the same recent windows again and
+# again, and decoding is most of a query's time on a node (bench/bench_promql.py, profiled).
+# Keyed by the chunk's bytes (a chunk never changes once encoded; a bytes object hashes once).
+# At most store.max_chunk_samples (400) samples of 16 bytes each: ~52 MB per process at most.
+DECODED_CHUNKS_CACHED = 8192
+
+
+@functools.lru_cache(maxsize=DECODED_CHUNKS_CACHED)
+def _decoded(data: bytes) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+    ts, vals = encoding.decode_chunk(data)
+    ts.flags.writeable = False
+    vals.flags.writeable = False
+    return ts, vals
 
 
 @dataclass(frozen=True, slots=True)
