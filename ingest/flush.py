@@ -391,25 +391,30 @@ def read_merged_many(
     end: int = INT64_MAX,
 ) -> list[tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]]:
     """`read_merged` for many series of one shard, with one ColumnStore read for all of them."""
-    snaps = [(sid, *memstore.snapshot(sid, start, end)) for sid in series_ids]
+    mem_starts, mem_ts, mem_vals, bounds = memstore.snapshot_many(series_ids, start, end)
     # Each series needs the ColumnStore only before its oldest in-memory sample.
-    until = {
-        memstore.part_key(sid): end if mem_start is None else min(end, mem_start - 1)
-        for sid, mem_start, _, _ in snaps
-    }
-    need = {key: last for key, last in until.items() if last >= start}
+    need: dict[str, int] = {}
+    for sid, mem_start in zip(series_ids, mem_starts, strict=True):
+        last = end if mem_start is None else min(end, mem_start - 1)
+        if last >= start:
+            need[memstore.part_key(sid)] = last
     chunks = column_store.read_chunks(ref, shard, need, start, max(need.values())) if need else {}
     out = []
-    for sid, _, mem_ts, mem_vals in snaps:
-        key = memstore.part_key(sid)
+    for i, sid in enumerate(series_ids):
+        lo, hi = int(bounds[i]), int(bounds[i + 1])
+        key = memstore.part_key(sid) if need else ""
+        stored = chunks.get(key, ()) if key in need else ()
+        if not stored:
+            out.append((mem_ts[lo:hi], mem_vals[lo:hi]))
+            continue
         ts_parts: list[npt.NDArray[np.int64]] = []
         val_parts: list[npt.NDArray[np.float64]] = []
-        for chunk in chunks.get(key, ()) if key in need else ():
+        for chunk in stored:
             ts, vals = chunk.samples()
             inside = (ts >= start) & (ts <= need[key])
             ts_parts.append(ts[inside])
             val_parts.append(vals[inside])
-        ts_parts.append(mem_ts)
-        val_parts.append(mem_vals)
+        ts_parts.append(mem_ts[lo:hi])
+        val_parts.append(mem_vals[lo:hi])
         out.append((np.concatenate(ts_parts), np.concatenate(val_parts)))
     return out

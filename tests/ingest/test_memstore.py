@@ -419,3 +419,34 @@ def test_stored_part_keys_skip_flushed_samples_and_keep_start_time() -> None:
     assert m.time_range(sid) == (50, 301)
     sealed = m.seal_group(m.group_of(sid))
     assert PartKeyRecord(encode_part_key(a), 50, 301) in sealed.part_keys
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    series=st.integers(1, 6),
+    rounds=st.lists(st.tuples(st.integers(1, 9), st.booleans(), st.booleans()), max_size=6),
+    window=st.tuples(st.integers(-50, 900), st.integers(0, 900)),
+)
+def test_snapshot_many_is_each_series_snapshot_concatenated(
+    series: int, rounds: list[tuple[int, bool, bool]], window: tuple[int, int]
+) -> None:
+    """Whatever was sealed, flushed or evicted: one read of many series is their single reads."""
+    m = _mem(retention_ms=200)
+    t0 = 0
+    for offset, (per, seal, evict) in enumerate(rounds):
+        _fill(m, series, per, t0=t0, offset=offset)
+        t0 += per * 10 + 5
+        if seal:
+            for g in range(m.groups_per_shard):
+                m.mark_flushed(m.seal_group(g))
+        if evict:
+            m.evict(now_ms=t0)
+    start, width = window
+    sids = list(range(m.num_series))[::-1]  # any order
+    starts, ts, vals, bounds = m.snapshot_many(sids, start, start + width)
+    assert len(bounds) == len(sids) + 1 and bounds[0] == 0 and bounds[-1] == len(ts)
+    for i, sid in enumerate(sids):
+        mem_start, want_ts, want_vals = m.snapshot(sid, start, start + width)
+        assert starts[i] == mem_start
+        assert ts[bounds[i] : bounds[i + 1]].tolist() == want_ts.tolist()
+        assert vals[bounds[i] : bounds[i + 1]].tolist() == want_vals.tolist()
