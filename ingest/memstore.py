@@ -31,7 +31,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -49,6 +49,7 @@ from filopy.store.api import (
     encode_part_key,
 )
 from ingest.batch import Labels, SampleBatch
+from ingest.gateway import KeyedBatch
 from ingest.series_index import SeriesIndex
 
 I64 = np.int64
@@ -187,6 +188,7 @@ class ShardMemstore:
         self.stats = MemstoreStats()
         self._lock = threading.RLock()
         self._index = SeriesIndex()  # series ids, labels, part keys, matcher lookup
+        self._by_key: dict[Hashable, int] = {}  # `KeyedBatch` key -> series id
         self._series: list[_Series] = []  # per series id
         self._group_series: list[list[int]] = [[] for _ in range(groups_per_shard)]
         # per series, NumPy so ingest updates them vectorised
@@ -268,7 +270,7 @@ class ShardMemstore:
         Vectorised per sample; Python loops only over the batch's series."""
         with self._lock:
             st = IngestStats(offset)
-            sids = self._resolve(batch.series, st)
+            sids = self._resolve(batch, st)
             if len(batch):
                 self._ingest_samples(batch, sids, offset, st)
             np.maximum(self._watermark, offset, out=self._watermark)
@@ -357,8 +359,28 @@ class ShardMemstore:
         self._open += len(sid)
         self._max_ts = max(self._max_ts, int(ts.max()))
 
-    def _resolve(self, series: Sequence[Labels], st: IngestStats) -> npt.NDArray[np.int64]:
-        """Series ids of a batch's label sets, creating new series; -1 for invalid labels."""
+    def _resolve(self, batch: SampleBatch, st: IngestStats) -> npt.NDArray[np.int64]:
+        """Series ids of a batch's label sets, creating new series; -1 for invalid labels.
+
+        A `KeyedBatch`'s keys (equal keys, equal labels) find known series with one C-level
+        dict lookup each instead of sorting and hashing their labels: a line-protocol or remote
+        write message carries one sample per series, so this is the per-sample cost."""
+        keys = batch.keys if isinstance(batch, KeyedBatch) else None
+        if not keys or len(keys) != len(batch.series):
+            return self._resolve_labels(batch.series, st)
+        out = np.fromiter(map(self._by_key.get, keys, itertools.repeat(-2)), I64, len(keys))
+        missing = np.flatnonzero(out == -2)
+        if len(missing):
+            found = self._resolve_labels([batch.series[i] for i in missing], st)
+            out[missing] = found
+            if len(self._by_key) + len(missing) > 2 * len(self._index) + 100_000:
+                self._by_key.clear()  # keys of series the decoders forgot: start afresh
+            for i, sid in zip(missing.tolist(), found.tolist(), strict=True):
+                if sid >= 0:
+                    self._by_key[keys[i]] = sid
+        return out
+
+    def _resolve_labels(self, series: Sequence[Labels], st: IngestStats) -> npt.NDArray[np.int64]:
         known = len(self._index)
         out = self._index.resolve(series)
         for sid in range(known, len(self._index)):

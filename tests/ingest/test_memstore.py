@@ -450,3 +450,28 @@ def test_snapshot_many_is_each_series_snapshot_concatenated(
         assert starts[i] == mem_start
         assert ts[bounds[i] : bounds[i + 1]].tolist() == want_ts.tolist()
         assert vals[bounds[i] : bounds[i + 1]].tolist() == want_vals.tolist()
+
+
+def test_keyed_batches_find_their_series_by_key_as_by_labels() -> None:
+    """Decoders' keys stand for label sets: series found by key are those found by labels,
+    a new key for known labels finds the known series, and bad label sets stay refused."""
+    from ingest.gateway import KeyedBatch
+
+    m = _mem()
+    plain = batch([(_labels(0), 10, 1.0), (_labels(1), 10, 2.0)])
+    m.ingest(plain, 0)
+    a, b, c = ("k-a", "k-b", "k-c")  # any hashable key
+
+    def keyed(series: list[dict], keys: list, t: int) -> KeyedBatch:
+        n = len(series)
+        idx = np.arange(n, dtype=np.int32)
+        return KeyedBatch(series, idx, np.full(n, t, np.int64), np.ones(n), keys=keys)
+
+    bad = {"_metric_": "cpu", "_ws_": "w", "_ns_": "n", "host": 5}  # not str -> str
+    st = m.ingest(keyed([_labels(1), _labels(2), bad], [a, b, c], 20), 1)
+    assert st.new_series == 1 and st.invalid_series == 1
+    st = m.ingest(keyed([_labels(2), _labels(1)], [b, "another key, same labels"], 30), 2)
+    assert st.new_series == 0 and st.ingested == 2
+    for i, want in ((0, [10]), (1, [10, 20, 30]), (2, [20, 30])):
+        assert m.samples(_sid(m, _labels(i)))[0].tolist() == want
+    assert m.num_series == 3
