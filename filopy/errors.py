@@ -7,7 +7,7 @@ Every error FiloPy raises descends from `FiloPyError` and from exactly one categ
 | `NotFound`        | the request names something that does not exist         | 404 `not_found`   |
 | `Conflict`        | it contradicts what exists (another definition, owner)  | 409 `conflict`    |
 | `Invalid`         | the request or data is wrong: fix it (a `ValueError`)   | 400 `bad_data`    |
-| `Unsupported`     | valid, but FiloPy does not do it                        | 400 `bad_data`    |
+| `Unsupported`     | valid, but FiloPy does not do it                        | 501 `unsupported` |
 | `Unavailable`     | Kafka, the store, a node or shards cannot answer: retry | 503 `unavailable` |
 | `ExecutionFailed` | a valid query failed on the data                        | 422 `execution`   |
 | `Internal`        | a broken invariant: a bug in FiloPy, not the caller's   | 500 `internal`    |

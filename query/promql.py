@@ -574,17 +574,19 @@ def depth_bound(text: str, limit: int = MAX_QUERY_DEPTH) -> int:
     return depth
 
 
-def parse(text: str, max_depth: int = MAX_QUERY_DEPTH) -> Expr:
+def parse(text: str, max_depth: int = MAX_QUERY_DEPTH, *, matrix_ok: bool = False) -> Expr:
     """Parse PromQL into FiloPy's AST; raise QueryError (bad_data / unsupported) otherwise.
 
-    A query nesting deeper than `max_depth` levels is refused (bad_data) before parsing."""
+    A query nesting deeper than `max_depth` levels is refused (bad_data) before parsing. A range
+    vector as the whole query is refused as unsupported unless `matrix_ok` (a range query's
+    caller refuses it as Prometheus does, as bad_data)."""
     depth_bound(text, max_depth)
     try:
         raw = pp.parse(text)
     except Exception as e:  # the Rust parser raises ValueError; be robust to others
         raise QueryError("bad_data", f"parse error: {e}") from None
     expr = _convert(raw)
-    if isinstance(expr, MatrixSelector | Subquery):
+    if isinstance(expr, MatrixSelector | Subquery) and not matrix_ok:
         raise _unsupported("range vector (matrix) query results")
     return expr
 

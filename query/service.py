@@ -249,7 +249,7 @@ class QueryService:
     ) -> QueryResult:
         ds = self.dataset(dataset)
         self._check_spread(ds, spread)
-        expr = resolve_at(parse(query), int(times[0]), int(times[-1]))
+        expr = resolve_at(parse(query, matrix_ok=range_query), int(times[0]), int(times[-1]))
         kind = value_type(expr)
         if range_query and kind not in ("scalar", "vector"):
             shown = "range vector" if kind == "matrix" else kind

@@ -43,6 +43,7 @@ UNAVAILABLE = "unavailable"
 TIMEOUT = "timeout"
 INTERNAL = "internal"
 EXECUTION = "execution"
+UNSUPPORTED = "unsupported"
 METHOD_NOT_ALLOWED = "method_not_allowed"
 
 # Each category's answer: (HTTP status, errorType). The bare root is raised only for a request
@@ -51,7 +52,7 @@ ANSWERS: dict[type[FiloPyError], tuple[int, str]] = {
     NotFound: (404, NOT_FOUND),
     Conflict: (409, CONFLICT),
     Invalid: (400, BAD_DATA),
-    Unsupported: (400, BAD_DATA),
+    Unsupported: (501, UNSUPPORTED),  # as Prometheus-compatible servers answer it
     Unavailable: (503, UNAVAILABLE),
     ExecutionFailed: (422, EXECUTION),
     Internal: (500, INTERNAL),

@@ -34,7 +34,7 @@ from query.values import Scalar, StepMatrix, String, Value
 R = TypeVar("R")
 # 400 bad query or parameter, 404 unknown dataset, 422 execution error, 503 shards unavailable.
 ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorBody} for code in (400, 404, 422, 503)
+    code: {"model": ErrorBody} for code in (400, 404, 422, 501, 503)
 }
 _DURATION = re.compile(r"(\d+(ms|[smhdwy]))+")
 _DURATION_PART = re.compile(r"(\d+)(ms|[smhdwy])")

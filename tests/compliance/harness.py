@@ -225,13 +225,13 @@ def compare(case: Case, mode: str, ref: Target, test: Target, end_s: float) -> O
         return Outcome(case.query, mode, "reference_error", f"{r.status} {r.error}")
     if case.should_fail and r.data is not None:
         return Outcome(case.query, mode, "reference_error", "should_fail, but it answered")
-    if t.data is None and t.status == 501:
-        return Outcome(case.query, mode, "unsupported", t.error)
-    if r.data is None:
-        if t.data is None and 400 <= t.status < 500:
+    if r.data is None:  # refused by both passes (the official tester does not look at codes)
+        if t.data is None and (400 <= t.status < 500 or t.status == 501):
             return Outcome(case.query, mode, "pass")
         why = "answered" if t.data is not None else f"{t.status} {t.error_type}: {t.error}"
         return Outcome(case.query, mode, "fail", f"{why}; expected a refusal ({r.error})")
+    if t.data is None and t.status == 501:
+        return Outcome(case.query, mode, "unsupported", t.error)
     if t.data is None:
         return Outcome(case.query, mode, "fail", f"{t.status} {t.error_type}: {t.error}")
     why = diff(r.data, t.data, ordered=mode == "instant" and "sort" in case.query)

@@ -287,3 +287,22 @@ def test_events_end_when_the_dataset_is_removed(rest, name: str) -> None:
         assert stream.next()[0] == "<end>"  # the server closed the stream
     finally:
         stream.close()
+
+
+@pytest.mark.parametrize(
+    ("query", "status", "error_type", "message"),
+    [
+        ("up + fill(0) down", 501, "unsupported", "fill modifiers"),
+        ("up[5m]", 501, "unsupported", "range vector"),
+        ("sum(up", 400, "bad_data", "parse error"),
+    ],
+)
+def test_promql_errors_answer_as_prometheus_does(
+    rest, dataset: str, query: str, status: int, error_type: str, message: str
+) -> None:
+    """Valid PromQL FiloPy does not evaluate is 501 `unsupported` (what the compliance tester
+    counts as unsupported), invalid PromQL a 400 `bad_data`."""
+    resp = rest.http.get(f"/promql/{dataset}/api/v1/query", params={"query": query})
+    body = resp.json()
+    assert (resp.status_code, body["status"], body["errorType"]) == (status, "error", error_type)
+    assert message in body["error"]

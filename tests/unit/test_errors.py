@@ -225,7 +225,8 @@ def test_the_rest_table_answers_every_category() -> None:
     assert set(CATEGORIES) <= set(ANSWERS)
     assert ANSWERS[NotFound] == (404, "not_found")
     assert ANSWERS[Conflict] == (409, "conflict")
-    assert ANSWERS[Invalid] == ANSWERS[Unsupported] == (400, "bad_data")
+    assert ANSWERS[Invalid] == (400, "bad_data")
+    assert ANSWERS[Unsupported] == (501, "unsupported")
     assert ANSWERS[Unavailable] == (503, "unavailable")
     assert ANSWERS[ExecutionFailed] == (422, "execution")
     assert ANSWERS[Internal] == (500, "internal")
@@ -274,7 +275,7 @@ def test_rest_answers_keep_their_statuses_types_and_messages() -> None:
     )
     assert _answer(StoreError("bad schema"))[2] == "the dataset store failed: bad schema"
     assert _answer(QueryError("bad_data", "parse error")) == (400, "bad_data", "parse error")
-    assert _answer(QueryError("unsupported", "no @")) == (400, "bad_data", "no @")
+    assert _answer(QueryError("unsupported", "no @")) == (501, "unsupported", "no @")
     assert _answer(QueryError("execution", "many-to-many")) == (422, "execution", "many-to-many")
     assert _answer(QueryError("unavailable", "shards down")) == (503, "unavailable", "shards down")
     assert _answer(ShardsUnavailable("m", {1: "Down"}))[:2] == (503, "unavailable")
