@@ -10,7 +10,9 @@ the Prometheus API; FiloPy adds `spread` (override the dataset's spread for rout
 
 from __future__ import annotations
 
+import importlib.metadata
 import math
+import platform
 import re
 import time
 from collections.abc import AsyncIterator, Callable
@@ -20,6 +22,7 @@ from typing import Any, TypeVar
 
 import anyio
 import numpy as np
+import promql_parser as pp
 from fastapi import APIRouter, Request
 from prometheus_client import CollectorRegistry, Histogram
 
@@ -27,7 +30,7 @@ from coordinator.client import FiloPyClient
 from filopy.rest.errors import BAD_DATA, ApiError, api_error
 from filopy.rest.models import ErrorBody
 from filopy.store.api import LabelMatcher
-from query.promql import QueryError, VectorSelector, parse
+from query.promql import QueryError, VectorSelector, depth_bound, parse
 from query.service import QueryResult, QueryService
 from query.values import Scalar, StepMatrix, String, Value
 
@@ -177,7 +180,48 @@ PARAMETERS: dict[str, list[dict[str, Any]]] = {
     "/labels": [_MATCH, _param("start", _TIME), _param("end", _TIME)],
     "/label/{name}/values": [_MATCH, _param("start", _TIME), _param("end", _TIME)],
     "/explain": [_QUERY, _OPTIONS[0]],
+    "/status/buildinfo": [],
+    "/metadata": [
+        _param("metric", "a metric name"),
+        _param("limit", "most metrics to return", {"type": "integer"}),
+        _param("limit_per_metric", "most entries per metric", {"type": "integer"}),
+    ],
+    "/query_exemplars": [_QUERY, _param("start", _TIME), _param("end", _TIME)],
+    "/format_query": [_QUERY],
 }
+
+# The Prometheus version whose query API FiloPy answers as (its window rules and functions are
+# Prometheus 3's): clients such as Grafana pick features by `version`. FiloPy's own version is in
+# `filopyVersion` (and `revision`).
+PROMETHEUS_API_VERSION = "3.0.0"
+
+
+def valid_promql(text: str) -> Any:
+    """The parser's tree of any valid PromQL (also what FiloPy does not evaluate); 400 else."""
+    try:
+        depth_bound(text)
+        return pp.parse(text)
+    except QueryError as e:
+        raise ApiError(400, BAD_DATA, f'invalid parameter "query": {e.message}') from None
+    except Exception as e:  # the Rust parser raises ValueError
+        raise ApiError(400, BAD_DATA, f'invalid parameter "query": {e}') from None
+
+
+def build_info() -> dict[str, str]:
+    """`/api/v1/status/buildinfo`'s data, in Prometheus' shape."""
+    try:
+        own = importlib.metadata.version("filopy")
+    except importlib.metadata.PackageNotFoundError:  # running from a source tree
+        own = "unknown"
+    return {
+        "version": PROMETHEUS_API_VERSION,
+        "revision": f"filopy-{own}",
+        "branch": "filopy",
+        "buildUser": "filopy",
+        "buildDate": "",
+        "goVersion": f"none (FiloPy {own}, Python {platform.python_version()})",
+        "filopyVersion": own,
+    }
 
 
 QUERY_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -370,6 +414,40 @@ def promql_router(
         values = sorted({labels[name] for labels in found if name in labels})
         return envelope(res, values)
 
+    async def buildinfo(request: Request, dataset: str | None = None) -> dict[str, Any]:
+        return {"status": "success", "data": build_info()}
+
+    async def metadata(request: Request, dataset: str | None = None) -> dict[str, Any]:
+        """Metric metadata (type, help, unit): FiloPy stores none, so the answer is valid and
+        empty, as Prometheus' for a metric it has no metadata of."""
+        p = await params(request)
+        for name in ("limit", "limit_per_metric"):
+            text = one(p, name)
+            if text not in (None, ""):
+                try:
+                    int(text)
+                except ValueError:
+                    raise ApiError(400, BAD_DATA, f'invalid parameter "{name}"') from None
+        return {"status": "success", "data": {}}
+
+    async def query_exemplars(request: Request, dataset: str | None = None) -> dict[str, Any]:
+        """Exemplars: FiloPy stores none (remote write drops them), so a valid query gets an
+        empty list; an invalid one or bad bounds are 400 as in Prometheus."""
+        p = await params(request)
+        text = required(p, "query")
+        for name in ("start", "end"):
+            value = one(p, name)
+            if value:
+                parse_time(value, name, open_ended=True)
+        valid_promql(text)
+        return {"status": "success", "data": []}
+
+    async def format_query(request: Request, dataset: str | None = None) -> dict[str, Any]:
+        """The query pretty-printed (`promql-parser`'s printer), for Grafana's "Format query";
+        any valid PromQL, also what FiloPy does not evaluate."""
+        p = await params(request)
+        return {"status": "success", "data": valid_promql(required(p, "query")).prettify()}
+
     async def explain(request: Request, dataset: str | None = None) -> dict[str, Any]:
         p = await params(request)
         text = required(p, "query")
@@ -386,6 +464,10 @@ def promql_router(
             ("/labels", labels, "Label names", ("GET", "POST")),
             ("/label/{name}/values", label_values, "Label values", ("GET",)),
             ("/explain", explain, "The plan: shard keys, spread, shards, nodes", ("GET", "POST")),
+            ("/status/buildinfo", buildinfo, "Build information (for Grafana)", ("GET",)),
+            ("/metadata", metadata, "Metric metadata (none stored: empty)", ("GET",)),
+            ("/query_exemplars", query_exemplars, "Exemplars (none stored)", ("GET", "POST")),
+            ("/format_query", format_query, "The query pretty-printed", ("GET", "POST")),
         ):
             for method in methods:
                 router.add_api_route(

@@ -306,3 +306,19 @@ def test_promql_errors_answer_as_prometheus_does(
     body = resp.json()
     assert (resp.status_code, body["status"], body["errorType"]) == (status, "error", error_type)
     assert message in body["error"]
+
+
+def test_grafanas_calls_answer_in_prometheus_shapes(rest, dataset: str) -> None:
+    base = f"/promql/{dataset}/api/v1"
+    info = rest.http.get(f"{base}/status/buildinfo").json()["data"]
+    assert info["version"].startswith("3.") and info["filopyVersion"]
+    assert rest.http.get(f"{base}/metadata", params={"metric": "up"}).json()["data"] == {}
+    assert rest.http.get(f"{base}/metadata", params={"limit": "x"}).status_code == 400
+    ex = rest.http.post(f"{base}/query_exemplars", data={"query": "up", "start": "1", "end": "2"})
+    assert ex.json() == {"status": "success", "data": []}
+    assert rest.http.post(f"{base}/query_exemplars", data={"query": "up{"}).status_code == 400
+    # Any valid PromQL formats, also what FiloPy does not evaluate (a fill modifier).
+    q = {"query": "sum by(a)(rate(x[5m]))+fill(0) y"}
+    assert rest.http.get(f"{base}/format_query", params=q).json()["data"].startswith("sum by (a)")
+    bad = rest.http.get(f"{base}/format_query", params={"query": "sum("})
+    assert (bad.status_code, bad.json()["errorType"]) == (400, "bad_data")

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -182,3 +185,41 @@ def test_every_metric_the_grafana_dashboard_queries_is_exported(rest, kafka_boot
         raise AssertionError(
             f"the dashboard queries metrics never exported: {missing[-1]}"
         ) from None
+
+
+def test_the_calls_grafana_makes_on_a_dashboard_load_all_answer(rest, kafka_bootstrap: str) -> None:
+    """scripts/grafana_calls.py, as a subprocess against a dataset holding data, replays what
+    Grafana's Prometheus data source asks (health check, buildinfo, label names and values,
+    metadata, a variable's series, a panel's query_range, exemplars, format_query) and checks
+    each answer's shape."""
+    name = f"ds{uuid.uuid4().hex[:8]}"
+    source = {"bootstrap_servers": kafka_bootstrap}
+    body = {"name": name, "num_shards": 2, "min_num_nodes": 2, "source": source}
+    assert rest.http.post("/api/v1/datasets", json=body).status_code == 201
+    rest.wait_for("all shards active", lambda: all_active(rest, name))
+    now_ns = time.time_ns()
+    lines = "\n".join(
+        f"http_requests,_ns_=app{i % 3},_ws_=demo,path=/p{i} value={i} {now_ns - k * 15 * 10**9}"
+        for i in range(6)
+        for k in range(8)
+    )
+    assert rest.http.post(f"/ingest/{name}/write", content=lines).status_code == 204
+    query = {"query": "count(http_requests)"}
+
+    def held() -> bool:
+        got = rest.http.get(f"/promql/{name}/api/v1/query", params=query).json()
+        return got["data"]["result"] and got["data"]["result"][0]["value"][1] == "6"
+
+    rest.wait_for("the samples queryable", held)
+    script = Path(__file__).resolve().parents[2] / "scripts" / "grafana_calls.py"
+    done = subprocess.run(
+        [sys.executable, str(script), f"{rest.url}/promql/{name}", "--label", "path"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "http_requests: 6 series, 6 values of path, 6 panel series" in done.stdout
+    for call in ("buildinfo", "metadata", "exemplars", "format_query", "query_range"):
+        assert call in done.stdout
+    rest.http.delete(f"/api/v1/datasets/{name}")
