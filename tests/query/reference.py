@@ -10,6 +10,7 @@ label sets an error only when they meet at one step, topk ties broken by label s
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -34,6 +35,49 @@ Vector = list[tuple[Labels, float]]
 
 ARITH = {"+", "-", "*", "/", "%", "^"}
 COMPARE = {"==", "!=", ">", "<", ">=", "<="}
+
+
+def variance(vals: Sequence[float]) -> float:
+    """The population variance, from its definition."""
+    mean = sum(vals) / len(vals)
+    return sum((v - mean) ** 2 for v in vals) / len(vals)
+
+
+def quantile(q: float, vals: Sequence[float]) -> float:
+    """Prometheus' quantile: linear interpolation between the closest ranks of the sorted
+    values; -Inf below 0, +Inf above 1."""
+    if q < 0:
+        return -math.inf
+    if q > 1:
+        return math.inf
+    ordered = sorted(vals)
+    rank = q * (len(ordered) - 1)
+    lower = math.floor(rank)
+    upper = min(len(ordered) - 1, lower + 1)
+    weight = rank - lower
+    return ordered[lower] * (1 - weight) + ordered[upper] * weight
+
+
+def _sgn(v: float) -> float:
+    return 1.0 if v > 0 else -1.0 if v < 0 else v
+
+
+# Elementwise functions, from their definitions (NaN where undefined, as Go's math).
+MATH = {
+    "exp": lambda v: math.exp(v) if v < 709 else math.inf,
+    "sqrt": lambda v: math.sqrt(v) if v >= 0 else math.nan,
+    "ln": lambda v: math.log(v) if v > 0 else (-math.inf if v == 0 else math.nan),
+    "log2": lambda v: math.log2(v) if v > 0 else (-math.inf if v == 0 else math.nan),
+    "log10": lambda v: math.log10(v) if v > 0 else (-math.inf if v == 0 else math.nan),
+    "sgn": _sgn,
+    "deg": lambda v: v * 180 / math.pi,
+    "rad": lambda v: v * math.pi / 180,
+    "sin": math.sin,
+    "cos": math.cos,
+    "atan": math.atan,
+    "sinh": math.sinh,
+    "tanh": math.tanh,
+}
 
 
 class RefError(Exception):
@@ -185,11 +229,15 @@ class Reference:
             vec = self.eval(call.args[0], t)
             assert isinstance(vec, list)
             return vec[0][1] if len(vec) == 1 else math.nan
-        if isinstance(call.args[0], MatrixSelector):
-            ms = call.args[0]
+        matrix = [a for a in call.args if isinstance(a, MatrixSelector)]
+        if matrix:
+            ms = matrix[0]
+            params = [a for a in call.args if a is not ms]
+            q = self.eval(params[0], t) if params else math.nan
+            assert isinstance(q, float)
             out = []
             for labels, window in self.select_range(ms, t):
-                v = self.range_function(f, window, t - ms.selector.offset_ms, ms.range_ms)
+                v = self.range_function(f, window, t - ms.selector.offset_ms, ms.range_ms, q)
                 if v is not None:
                     out.append((labels if f == "last_over_time" else without_name(labels), v))
             return check_unique(present(out))
@@ -213,6 +261,8 @@ class Reference:
                 r = math.nan if math.isnan(bound) else max(v, bound)
             elif f == "clamp_max":
                 r = math.nan if math.isnan(bound) else min(v, bound)
+            elif f in MATH:
+                r = MATH[f](v)
             else:
                 raise AssertionError(f)
             out.append((without_name(labels), r))
@@ -220,9 +270,20 @@ class Reference:
 
     @staticmethod
     def range_function(
-        f: str, window: list[tuple[int, float]], end: int, range_ms: int
+        f: str, window: list[tuple[int, float]], end: int, range_ms: int, q: float = math.nan
     ) -> float | None:
         vals = [v for _, v in window]
+        if f == "present_over_time":
+            return 1.0
+        if f in ("stddev_over_time", "stdvar_over_time"):
+            var = variance(vals)
+            return math.sqrt(var) if f == "stddev_over_time" else var
+        if f == "quantile_over_time":
+            return quantile(q, vals)
+        if f == "changes":
+            return float(sum(1 for a, b in itertools.pairwise(vals) if a != b))
+        if f == "resets":
+            return float(sum(1 for a, b in itertools.pairwise(vals) if b < a))
         if f == "count_over_time":
             return float(len(vals))
         if f == "sum_over_time":
@@ -237,6 +298,13 @@ class Reference:
             return vals[-1]
         if len(window) < 2:
             return None
+        if f == "idelta":
+            return window[-1][1] - window[-2][1]
+        if f == "deriv":  # least-squares slope, per second
+            xs = [ts / 1000.0 for ts, _ in window]
+            mx, my = sum(xs) / len(xs), sum(vals) / len(vals)
+            sxx = sum((x - mx) ** 2 for x in xs)
+            return sum((x - mx) * (y - my) for x, y in zip(xs, vals, strict=True)) / sxx
         if f == "irate":
             (t0, v0), (t1, v1) = window[-2], window[-1]
             if t1 == t0:
@@ -313,6 +381,16 @@ class Reference:
                 r = min(vals)
             elif agg.op == "max":
                 r = max(vals)
+            elif agg.op == "group":
+                r = 1.0
+            elif agg.op in ("stddev", "stdvar"):
+                r = variance(vals)
+                r = math.sqrt(r) if agg.op == "stddev" else r
+            elif agg.op == "quantile":
+                assert agg.param is not None
+                q = self.eval(agg.param, t)
+                assert isinstance(q, float)
+                r = quantile(q, vals)
             else:
                 raise AssertionError(agg.op)
             out.append((g, r))
