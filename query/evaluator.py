@@ -30,7 +30,7 @@ from query import aggregate as agg_mod
 from query import functions as fn
 from query import histogram
 from query import label_functions as labels_fn
-from query.aggregate import Partial
+from query.aggregate import Partial, label_key
 from query.binary import scalar_binop, set_op, vector_scalar, vector_vector
 from query.promql import (
     DATE_FUNCTIONS,
@@ -65,7 +65,9 @@ from query.pushdown import (
 )
 from query.values import (
     I64,
+    RangeVector,
     Scalar,
+    SeriesData,
     SeriesSource,
     StepMatrix,
     String,
@@ -99,6 +101,9 @@ class LocalBackend:
 
     def partial_aggregate(self, agg: Aggregate, times: I64, lookback_ms: int) -> Partial:
         return eval_partial(agg, self.source, times, lookback_ms)
+
+    def raw(self, sel: VectorSelector, start_ms: int, end_ms: int) -> list[SeriesData]:
+        return self.source.select(sel.matchers, start_ms, end_ms)
 
 
 def _as_times(times: npt.ArrayLike) -> I64:
@@ -394,3 +399,30 @@ def evaluate(
         elif isinstance(expr, Call) and expr.func in ("sort", "sort_desc"):
             order = "desc" if expr.func == "sort_desc" else "asc"
     return finalize(result, order)
+
+
+def eval_range_vector(
+    expr: MatrixSelector | Subquery, backend: Backend, time_ms: int, lookback_ms: int
+) -> RangeVector:
+    """An instant query of a range vector: each series' raw samples in the window (left-open),
+    as Prometheus answers `x[5m]`; a subquery's evaluated points likewise. `@` and `offset` as
+    for any selector (`resolve_at` fixed start()/end() already)."""
+    if isinstance(expr, Subquery):
+        batch = _Evaluator(np.array([time_ms], np.int64), lookback_ms, backend=backend)._subquery(
+            expr
+        )
+        b = batch.bounds
+        return RangeVector(
+            time_ms,
+            list(batch.labels),
+            [batch.ts[b[i] : b[i + 1]] for i in range(batch.n_series)],
+            [batch.vals[b[i] : b[i + 1]] for i in range(batch.n_series)],
+        )
+    sel = expr.selector
+    at = time_ms if sel.at is None else int(sel.at)
+    end = at - sel.offset_ms
+    found = [s for s in backend.raw(sel, end - expr.range_ms + 1, end) if len(s.ts)]
+    found.sort(key=lambda s: label_key(s.labels))
+    return RangeVector(
+        time_ms, [s.labels for s in found], [s.ts for s in found], [s.vals for s in found]
+    )

@@ -118,11 +118,12 @@ class ShardSource:
 class NodeQuery:
     """One node's part of a query, as sent over Ray (everything in it pickles)."""
 
-    kind: Literal["series_local", "partial", "series", "batch"]
+    kind: Literal["series_local", "partial", "series", "batch", "raw"]
     expr: Expr | None = None  # series_local: a series-local Expr; partial: a pushable Aggregate
     times: npt.NDArray[np.int64] | None = None
     lookback_ms: int = 300_000
-    matchers: tuple[tuple[LabelMatcher, ...], ...] = ()  # series: any of these selectors
+    # series: any of these selectors; raw: the samples in [start_ms, end_ms] of the first
+    matchers: tuple[tuple[LabelMatcher, ...], ...] = ()
     start_ms: int = INT64_MIN
     end_ms: int = INT64_MAX
     # batch: every part of one query this node evaluates, as (index, "series_local" or
@@ -157,6 +158,8 @@ def run_node_query(query: NodeQuery, source: ShardSource) -> NodeAnswer:
     elif query.kind == "partial":
         assert isinstance(query.expr, Aggregate) and query.times is not None
         result = eval_partial(query.expr, source, query.times, query.lookback_ms)
+    elif query.kind == "raw":
+        result = source.select(query.matchers[0], query.start_ms, query.end_ms)
     else:
         seen: dict[tuple[tuple[str, str], ...], dict[str, str]] = {}
         for matchers in query.matchers:

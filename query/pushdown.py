@@ -50,7 +50,7 @@ from query.promql import (
     Unary,
     VectorSelector,
 )
-from query.values import I64, StepMatrix, dedupe, finalize
+from query.values import I64, SeriesData, StepMatrix, dedupe, finalize
 
 __all__ = [
     "Backend",
@@ -71,6 +71,10 @@ class Backend(Protocol):
 
     def partial_aggregate(self, agg: Aggregate, times: I64, lookback_ms: int) -> Partial:
         """The partial state of a pushable aggregation (see `is_pushable`)."""
+        ...
+
+    def raw(self, sel: VectorSelector, start_ms: int, end_ms: int) -> list[SeriesData]:
+        """The samples in [start_ms, end_ms] of every series `sel` selects."""
         ...
 
 

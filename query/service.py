@@ -32,13 +32,15 @@ from filopy.shard_status import (
 )
 from filopy.store.api import LabelMatcher
 from query.aggregate import Partial
-from query.evaluator import eval_partial, eval_series_local, evaluate
+from query.evaluator import eval_partial, eval_range_vector, eval_series_local, evaluate
 from query.executor import NodeAnswer, NodeQuery, ShardsNotHere
 from query.promql import (
     Aggregate,
     Expr,
+    MatrixSelector,
     QueryError,
     Subquery,
+    VectorSelector,
     children,
     format_expr,
     parse,
@@ -48,7 +50,7 @@ from query.promql import (
 )
 from query.pushdown import concat_matrices, is_pushable, is_series_local, merge_partials
 from query.routing import SelectorRoute, route
-from query.values import MemorySource, Scalar, StepMatrix, Value
+from query.values import MemorySource, Scalar, SeriesData, StepMatrix, Value
 
 log = logging.getLogger("filopy.query")
 
@@ -249,7 +251,7 @@ class QueryService:
     ) -> QueryResult:
         ds = self.dataset(dataset)
         self._check_spread(ds, spread)
-        expr = resolve_at(parse(query, matrix_ok=range_query), int(times[0]), int(times[-1]))
+        expr = resolve_at(parse(query, matrix_ok=True), int(times[0]), int(times[-1]))
         kind = value_type(expr)
         if range_query and kind not in ("scalar", "vector"):
             shown = "range vector" if kind == "matrix" else kind
@@ -259,6 +261,8 @@ class QueryService:
                 "Vector",
             )
         run = _Run(self, ds, self.shard_map(dataset), spread, partial, lookback_ms)
+        if isinstance(expr, MatrixSelector | Subquery):  # an instant query of a range vector
+            return run.result(eval_range_vector(expr, run, int(times[0]), lookback_ms))
         run.prefetch(remote_parts(expr), times)  # every node part, one call per node
         value = evaluate(expr, run, times, lookback_ms)
         return run.result(value)
@@ -316,6 +320,10 @@ class _Run:
         if not done:
             return eval_series_local(expr, MemorySource([]), times, lookback_ms)
         return concat_matrices(done)
+
+    def raw(self, sel: VectorSelector, start_ms: int, end_ms: int) -> list[SeriesData]:
+        request = NodeQuery("raw", matchers=(sel.matchers,), start_ms=start_ms, end_ms=end_ms)
+        return [s for a in self.fan_out(self._shards_of(sel), lambda _: request) for s in a.result]
 
     def partial_aggregate(
         self, agg: Aggregate, times: npt.NDArray[np.int64], lookback_ms: int

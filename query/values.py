@@ -33,6 +33,7 @@ __all__ = [
     "F64",
     "I64",
     "MemorySource",
+    "RangeVector",
     "Scalar",
     "SeriesData",
     "SeriesSource",
@@ -104,7 +105,18 @@ class String:
     value: str
 
 
-Value = StepMatrix | Scalar | String
+@dataclass(frozen=True, eq=False)
+class RangeVector:
+    """Raw samples per series: the answer of an instant query of a range vector (`x[5m]`, or a
+    subquery), series i's samples `ts[i]`, `vals[i]` (ascending)."""
+
+    time: int
+    labels: list[dict[str, str]]
+    ts: list[I64]
+    vals: list[F64]
+
+
+Value = StepMatrix | Scalar | String | RangeVector
 
 
 class SeriesSource(Protocol):

@@ -32,7 +32,7 @@ from filopy.rest.models import ErrorBody
 from filopy.store.api import LabelMatcher
 from query.promql import QueryError, VectorSelector, depth_bound, parse
 from query.service import QueryResult, QueryService
-from query.values import Scalar, StepMatrix, String, Value
+from query.values import RangeVector, Scalar, StepMatrix, String, Value
 
 R = TypeVar("R")
 # 400 bad query or parameter, 404 unknown dataset, 422 execution error, 503 shards unavailable.
@@ -120,6 +120,20 @@ def result_json(value: Value) -> dict[str, Any]:
         return {
             "resultType": "scalar",
             "result": [_ts(int(value.times[-1])), format_value(float(value.values[-1]))],
+        }
+    if isinstance(value, RangeVector):
+        return {
+            "resultType": "matrix",
+            "result": [
+                {
+                    "metric": labels,
+                    "values": [
+                        [_ts(t), format_value(v)]
+                        for t, v in zip(ts.tolist(), vals.tolist(), strict=True)
+                    ],
+                }
+                for labels, ts, vals in zip(value.labels, value.ts, value.vals, strict=True)
+            ],
         }
     if isinstance(value, String):
         return {"resultType": "string", "result": [_ts(int(value.times[-1])), value.value]}

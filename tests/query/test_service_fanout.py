@@ -23,7 +23,7 @@ from query.evaluator import LocalBackend, evaluate
 from query.executor import NodeAnswer, NodeQuery, ScanStats, ShardsNotHere, run_node_query
 from query.promql import QueryError
 from query.service import NodeUnavailable, QueryService, ShardsUnavailable
-from query.values import MemorySource, Scalar, SeriesData, StepMatrix
+from query.values import MemorySource, RangeVector, Scalar, SeriesData, StepMatrix
 
 DS = Dataset(name="fake", num_shards=4)
 T = 1_700_000_000_000
@@ -241,3 +241,29 @@ def test_a_range_query_of_a_string_is_refused_naming_its_type(query: str, shown:
     with pytest.raises(QueryError) as err:
         svc.range(DS.name, query, T, T + 60_000, 15_000)
     assert err.value.kind == "bad_data" and f'"{shown}" for range query' in err.value.message
+
+
+def test_an_instant_query_of_a_range_vector_answers_each_series_raw_window() -> None:
+    """`a[2m]`: every node's raw samples in the left-open window, labels kept, sorted by labels;
+    with offset and @ the window moves; a subquery answers its evaluated points."""
+    nodes = FakeNodes(NODES)
+    svc = service(active_map(), nodes)
+    t = T + 300_000  # a sample falls exactly on t - 2m: left out (left-open), t: kept
+    got = svc.instant(DS.name, "a[2m]", t).value
+    assert isinstance(got, RangeVector)
+    every = sorted(
+        (s for ss in SERIES.values() for s in ss if s.labels["__name__"] == "a"),
+        key=lambda s: sorted(s.labels.items()),
+    )
+    assert got.labels == [s.labels for s in every]
+    for s, ts, vals in zip(every, got.ts, got.vals, strict=True):
+        inside = (s.ts > t - 120_000) & (s.ts <= t)
+        assert ts.tolist() == s.ts[inside].tolist() and vals.tolist() == s.vals[inside].tolist()
+    assert sorted(node for node, *_ in nodes.calls) == ["n1", "n2"]
+    moved = svc.instant(DS.name, f"a[2m] offset 1m @ {(t + 60_000) / 1000}", T).value
+    assert [x.tolist() for x in moved.ts] == [x.tolist() for x in got.ts]
+    sub = svc.instant(DS.name, "sum(a)[1m:30s]", t).value
+    assert isinstance(sub, RangeVector) and sub.labels == [{}]
+    # Evaluation times are multiples of the step (from the epoch) inside the left-open window.
+    assert sub.ts[0].tolist() == [x for x in range(t - 59_999, t + 1) if x % 30_000 == 0]
+    assert len(sub.ts[0]) == 2

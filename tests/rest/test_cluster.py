@@ -293,7 +293,7 @@ def test_events_end_when_the_dataset_is_removed(rest, name: str) -> None:
     ("query", "status", "error_type", "message"),
     [
         ("up + fill(0) down", 501, "unsupported", "fill modifiers"),
-        ("up[5m]", 501, "unsupported", "range vector"),
+        ('{a="1" or b="2"}', 501, "unsupported", "'or' between label matchers"),
         ("sum(up", 400, "bad_data", "parse error"),
     ],
 )
