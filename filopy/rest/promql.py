@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import importlib.metadata
 import math
+import os
 import platform
 import re
+import socket
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import anyio
@@ -27,7 +30,7 @@ from fastapi import APIRouter, Request
 from prometheus_client import CollectorRegistry, Histogram
 
 from coordinator.client import FiloPyClient
-from filopy.rest.errors import BAD_DATA, ApiError, api_error
+from filopy.rest.errors import BAD_DATA, UNSUPPORTED, ApiError, api_error
 from filopy.rest.models import ErrorBody
 from filopy.store.api import LabelMatcher
 from query.promql import QueryError, VectorSelector, depth_bound, parse
@@ -35,7 +38,8 @@ from query.service import QueryResult, QueryService
 from query.values import RangeVector, Scalar, StepMatrix, String, Value
 
 R = TypeVar("R")
-# 400 bad query or parameter, 404 unknown dataset, 422 execution error, 503 shards unavailable.
+# 400 bad query or parameter, 404 unknown dataset, 422 execution error, 501 valid PromQL
+# FiloPy does not evaluate, 503 shards unavailable.
 ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody} for code in (400, 404, 422, 501, 503)
 }
@@ -109,6 +113,8 @@ def parse_matchers(text: str) -> tuple[LabelMatcher, ...]:
     try:
         expr = parse(text)
     except QueryError as e:
+        if e.kind == "unsupported":  # a valid selector FiloPy does not evaluate: 501
+            raise ApiError(501, UNSUPPORTED, f'parameter "match[]": {e}') from None
         raise ApiError(400, BAD_DATA, f'invalid parameter "match[]": {e}') from None
     if not isinstance(expr, VectorSelector):
         raise ApiError(400, BAD_DATA, f'invalid parameter "match[]": {text!r} is not a selector')
@@ -179,6 +185,9 @@ _MATCH = _param(
     "match[]", "series selector (repeatable)", {"type": "array", "items": {"type": "string"}}
 )
 _QUERY = _param("query", "PromQL expression", required=True)
+_LIMIT = _param(
+    "limit", "most entries to return, 0: all (a warning says when cut)", {"type": "integer"}
+)
 # The parameters each endpoint reads (query string, or a form body on POST), for the OpenAPI
 # document: the handlers read them from the request so that GET and POST share one route.
 PARAMETERS: dict[str, list[dict[str, Any]]] = {
@@ -190,11 +199,19 @@ PARAMETERS: dict[str, list[dict[str, Any]]] = {
         _param("step", "seconds or a duration such as 1m", required=True),
         *_OPTIONS,
     ],
-    "/series": [{**_MATCH, "required": True}, _param("start", _TIME), _param("end", _TIME)],
-    "/labels": [_MATCH, _param("start", _TIME), _param("end", _TIME)],
-    "/label/{name}/values": [_MATCH, _param("start", _TIME), _param("end", _TIME)],
+    "/series": [
+        {**_MATCH, "required": True},
+        _param("start", _TIME),
+        _param("end", _TIME),
+        _LIMIT,
+    ],
+    "/labels": [_MATCH, _param("start", _TIME), _param("end", _TIME), _LIMIT],
+    "/label/{name}/values": [_MATCH, _param("start", _TIME), _param("end", _TIME), _LIMIT],
     "/explain": [_QUERY, _OPTIONS[0]],
     "/status/buildinfo": [],
+    "/status/runtimeinfo": [],
+    "/status/config": [],
+    "/status/flags": [],
     "/metadata": [
         _param("metric", "a metric name"),
         _param("limit", "most metrics to return", {"type": "integer"}),
@@ -238,6 +255,59 @@ def build_info() -> dict[str, str]:
     }
 
 
+# Go's GOMEMLIMIT when none is set (math.MaxInt64), which Prometheus reports as is.
+_NO_MEMORY_LIMIT = 2**63 - 1
+
+
+def rfc3339(t: float) -> str:
+    """A time as Go's time.Time marshals to JSON (RFC 3339, UTC, `Z`)."""
+    return datetime.fromtimestamp(t, UTC).isoformat().replace("+00:00", "Z")
+
+
+def runtime_info(started: float) -> dict[str, Any]:
+    """`/api/v1/status/runtimeinfo`'s data, in Prometheus' shape. FiloPy has no Prometheus
+    configuration to reload and is not a Go program: the Go fields say so with neutral values
+    (threads for goroutines, CPUs for GOMAXPROCS, no memory limit, empty GOGC/GODEBUG)."""
+    return {
+        "startTime": rfc3339(started),
+        "CWD": os.getcwd(),
+        "hostname": socket.gethostname(),
+        "serverTime": rfc3339(time.time()),
+        "reloadConfigSuccess": True,
+        "lastConfigTime": rfc3339(started),
+        "corruptionCount": 0,
+        "goroutineCount": threading.active_count(),
+        "GOMAXPROCS": os.cpu_count() or 1,
+        "GOMEMLIMIT": _NO_MEMORY_LIMIT,
+        "GOGC": "",
+        "GODEBUG": "",
+        "storageRetention": "",
+    }
+
+
+# `/api/v1/status/config`: FiloPy has no Prometheus configuration (no scrape jobs, rules or
+# alerting); this is a valid, empty YAML document saying where its configuration is.
+CONFIG_YAML = (
+    "# FiloPy has no Prometheus configuration: no scrape, rule or alerting configuration.\n"
+    "# Datasets are defined through /api/v1/datasets; the server's settings are filopy.toml.\n"
+)
+
+
+def limit_of(text: str | None) -> int:
+    """Prometheus' `limit` parameter: a non-negative integer, 0 (or none) for no limit."""
+    if text in (None, ""):
+        return 0
+    try:
+        limit = int(text)
+    except ValueError:
+        raise ApiError(
+            400, BAD_DATA, f'invalid parameter "limit": {text!r} is not an integer'
+        ) from None
+    if limit < 0:
+        raise ApiError(400, BAD_DATA, 'invalid parameter "limit": limit must be non-negative')
+    return limit
+
+
 QUERY_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
@@ -258,6 +328,7 @@ def promql_router(
 ) -> APIRouter:
     router = APIRouter(tags=["query (Prometheus API)"])
     timeout_s = client.timeout_s
+    started = time.time()
     latency = query_latency(registry or CollectorRegistry())
 
     @asynccontextmanager
@@ -345,6 +416,13 @@ def promql_router(
             body["warnings"] = res.warnings
         return body
 
+    def limited(res: QueryResult, data: list[Any], limit: int) -> dict[str, Any]:
+        """The envelope of at most `limit` entries (0: all), with Prometheus' warning if cut."""
+        body = envelope(res, data[:limit] if limit else data)
+        if limit and len(data) > limit:
+            body["warnings"] = [*body.get("warnings", []), "results truncated due to limit"]
+        return body
+
     async def query(request: Request, dataset: str | None = None) -> dict[str, Any]:
         async with timed("query"):
             return await _query(request, dataset)
@@ -406,30 +484,44 @@ def promql_router(
 
     async def series(request: Request, dataset: str | None = None) -> dict[str, Any]:
         p = await params(request)
+        limit = limit_of(one(p, "limit"))
         ds = await dataset_of(p, dataset)
         res = await _series(p, ds, need_match=True)
-        return envelope(res, res.value)
+        assert isinstance(res.value, list)
+        return limited(res, res.value, limit)
 
     async def labels(request: Request, dataset: str | None = None) -> dict[str, Any]:
         p = await params(request)
+        limit = limit_of(one(p, "limit"))
         ds = await dataset_of(p, dataset)
         res = await _series(p, ds, need_match=False)
         names = sorted({k for labels in res.value for k in labels})  # type: ignore[union-attr]
-        return envelope(res, names)
+        return limited(res, names, limit)
 
     async def label_values(
         request: Request, name: str, dataset: str | None = None
     ) -> dict[str, Any]:
         p = await params(request)
+        limit = limit_of(one(p, "limit"))
         ds = await dataset_of(p, dataset)
         res = await _series(p, ds, need_match=False)
         found = res.value
         assert isinstance(found, list)
         values = sorted({labels[name] for labels in found if name in labels})
-        return envelope(res, values)
+        return limited(res, values, limit)
 
     async def buildinfo(request: Request, dataset: str | None = None) -> dict[str, Any]:
         return {"status": "success", "data": build_info()}
+
+    async def runtimeinfo(request: Request, dataset: str | None = None) -> dict[str, Any]:
+        return {"status": "success", "data": runtime_info(started)}
+
+    async def config(request: Request, dataset: str | None = None) -> dict[str, Any]:
+        return {"status": "success", "data": {"yaml": CONFIG_YAML}}
+
+    async def flags(request: Request, dataset: str | None = None) -> dict[str, Any]:
+        """Prometheus' command-line flags: FiloPy has none of them."""
+        return {"status": "success", "data": {}}
 
     async def metadata(request: Request, dataset: str | None = None) -> dict[str, Any]:
         """Metric metadata (type, help, unit): FiloPy stores none, so the answer is valid and
@@ -440,8 +532,8 @@ def promql_router(
             if text not in (None, ""):
                 try:
                     int(text)
-                except ValueError:
-                    raise ApiError(400, BAD_DATA, f'invalid parameter "{name}"') from None
+                except ValueError:  # Prometheus' own words
+                    raise ApiError(400, BAD_DATA, f"{name} must be a number") from None
         return {"status": "success", "data": {}}
 
     async def query_exemplars(request: Request, dataset: str | None = None) -> dict[str, Any]:
@@ -449,10 +541,11 @@ def promql_router(
         empty list; an invalid one or bad bounds are 400 as in Prometheus."""
         p = await params(request)
         text = required(p, "query")
-        for name in ("start", "end"):
-            value = one(p, name)
-            if value:
-                parse_time(value, name, open_ended=True)
+        start_text, end_text = one(p, "start"), one(p, "end")
+        start = parse_time(start_text, "start", open_ended=True) if start_text else MIN_TIME_MS
+        end = parse_time(end_text, "end", open_ended=True) if end_text else MAX_TIME_MS
+        if end < start:
+            raise ApiError(400, BAD_DATA, "end timestamp must not be before start timestamp")
         valid_promql(text)
         return {"status": "success", "data": []}
 
@@ -479,6 +572,9 @@ def promql_router(
             ("/label/{name}/values", label_values, "Label values", ("GET",)),
             ("/explain", explain, "The plan: shard keys, spread, shards, nodes", ("GET", "POST")),
             ("/status/buildinfo", buildinfo, "Build information (for Grafana)", ("GET",)),
+            ("/status/runtimeinfo", runtimeinfo, "Runtime information", ("GET",)),
+            ("/status/config", config, "Configuration (none: an empty YAML)", ("GET",)),
+            ("/status/flags", flags, "Command-line flags (none)", ("GET",)),
             ("/metadata", metadata, "Metric metadata (none stored: empty)", ("GET",)),
             ("/query_exemplars", query_exemplars, "Exemplars (none stored)", ("GET", "POST")),
             ("/format_query", format_query, "The query pretty-printed", ("GET", "POST")),
