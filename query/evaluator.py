@@ -197,13 +197,13 @@ class _Evaluator:
 
     def _subquery(self, sq: Subquery) -> fn.SampleBatch:
         """The subquery's expression evaluated once at every time any step's window needs:
-        multiples of its step from just after the earliest window's start (as Prometheus
+        multiples of its step after the earliest window's (left-open) start (as Prometheus
         aligns them) to the latest window's end; its values become the samples."""
         step = sq.step_ms or DEFAULT_SUBQUERY_STEP_MS
         times = self._at(sq.at)
         lower = int(times.min()) - sq.offset_ms - sq.range_ms
         start = (lower // step) * step
-        if start < lower:
+        if start <= lower:  # windows are left-open: the earliest window excludes its start
             start += step
         end = int(times.max()) - sq.offset_ms
         if (end - start) // step + 1 > MAX_SUBQUERY_POINTS:
