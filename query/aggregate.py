@@ -128,14 +128,16 @@ def partial_of(
     times: I64,
     labels: Sequence[Mapping[str, str]],
     values: F64,
+    present: npt.NDArray[np.bool_],
     grouping: Sequence[str],
     without: bool,
 ) -> Partial:
-    """The partial state of aggregating the rows of an instant-vector matrix."""
+    """The partial state of aggregating the rows of an instant-vector matrix (`present`: where
+    a row has a value, which may be NaN: a NaN value makes sum and avg NaN, and min/max NaN
+    only if every value is NaN, as in Prometheus)."""
     groups, ids = group_ids(labels, grouping, without)
-    present = ~np.isnan(values)
     if op in ("min", "max"):
-        row_values = values
+        row_values = np.where(present, values, np.nan)
     elif op in ("count", "group"):
         row_values = np.zeros_like(values)
     else:
@@ -190,56 +192,62 @@ def finish_values(p: Partial) -> F64:
 def select_k(
     labels: Sequence[Mapping[str, str]],
     values: F64,
+    present: npt.NDArray[np.bool_],
     k: I64,
     grouping: Sequence[str],
     without: bool,
     bottom: bool,
-) -> F64:
-    """topk/bottomk: per group and step keep the k largest (smallest) values, NaN elsewhere.
+) -> npt.NDArray[np.bool_]:
+    """topk/bottomk: per group and step, which cells are among the k largest (smallest) values
+    (NaN values rank after every number, as in Prometheus).
 
     Ties are broken by label set, so results are deterministic (Prometheus leaves them to its
     heap order). `k` is per step; k < 1 keeps nothing.
     """
-    out = np.full_like(values, np.nan)
+    keep = np.zeros(values.shape, bool)
     if len(labels) == 0:
-        return out
+        return keep
     _, ids = group_ids(labels, grouping, without)
     by_labels = sorted(range(len(labels)), key=lambda i: label_key(labels[i]))
     order_rows = np.array(by_labels, dtype=np.int64)
     for g in np.unique(ids):
         rows = order_rows[ids[order_rows] == g]  # in label order, for stable tie-breaking
-        sub = values[rows]
-        rank_key = np.where(np.isnan(sub), np.inf, sub if bottom else -sub)
-        order = np.argsort(rank_key, axis=0, kind="stable")
+        sub, has = values[rows], present[rows]
+        nan = np.isnan(sub)
+        rank_key = np.where(nan, np.inf, sub if bottom else -sub)
+        category = np.where(has, nan.astype(np.int64), 2)  # numbers, then NaN, then nothing
+        index = np.broadcast_to(np.arange(len(rows))[:, None], sub.shape)
+        order = np.lexsort((index, rank_key, category), axis=0)
         rank = np.empty_like(order)
         np.put_along_axis(rank, order, np.arange(len(rows))[:, None], axis=0)
-        keep = (rank < k[None, :]) & ~np.isnan(sub)
-        out[rows] = np.where(keep, sub, np.nan)
-    return out
+        keep[rows] = (rank < k[None, :]) & has
+    return keep
 
 
 def quantile(
     labels: Sequence[Mapping[str, str]],
     values: F64,
+    present: npt.NDArray[np.bool_],
     q: F64,
     grouping: Sequence[str],
     without: bool,
-) -> tuple[list[dict[str, str]], F64]:
+) -> tuple[list[dict[str, str]], F64, npt.NDArray[np.bool_]]:
     """The q-quantile of each group per step (Prometheus's interpolation between the closest
     ranks; -Inf for q < 0, +Inf for q > 1, NaN for q NaN or an empty group).
 
-    Every step's column is sorted by (group, value) at once (NaN, "no value", sorts last), so
-    group g's values at a step are the first n[g] of its block of rows."""
+    Every step's column is sorted by (group, presence, value) at once, so group g's values at a
+    step are the first n[g] of its block of rows (NaN values before the numbers, as Go sorts)."""
     groups, ids = group_ids(labels, grouping, without)
     n_groups, n_steps = len(groups), values.shape[1]
     if n_groups == 0:
-        return groups, np.empty((0, n_steps))
-    present = ~np.isnan(values)
+        return groups, np.empty((0, n_steps)), np.zeros((0, n_steps), bool)
     n = np.zeros((n_groups, n_steps))
     np.add.at(n, ids, present)
     size = np.bincount(ids, minlength=n_groups)
     block = (np.cumsum(size) - size)[:, None]
-    order = np.lexsort((values, np.broadcast_to(ids[:, None], values.shape)), axis=0)
+    number = ~np.isnan(values)
+    gid = np.broadcast_to(ids[:, None], values.shape)
+    order = np.lexsort((values, number, ~present, gid), axis=0)
     ranked = np.take_along_axis(values, order, axis=0)
     with np.errstate(invalid="ignore"):
         rank = q[None, :] * (n - 1)
@@ -253,7 +261,7 @@ def quantile(
     out = np.where(ok, out, np.nan)
     out = np.where((n > 0) & (q[None, :] < 0), -np.inf, out)
     out = np.where((n > 0) & (q[None, :] > 1), np.inf, out)
-    return groups, out
+    return groups, out, n > 0
 
 
 def format_value(v: float) -> str:
@@ -269,6 +277,7 @@ def format_value(v: float) -> str:
 def count_values(
     labels: Sequence[Mapping[str, str]],
     values: F64,
+    present: npt.NDArray[np.bool_],
     label: str,
     grouping: Sequence[str],
     without: bool,
@@ -276,7 +285,6 @@ def count_values(
     """count_values: per step, the number of series of each group with each value, the value
     (formatted) set as label `label` before grouping (a `by` grouping always keeps it)."""
     n_steps = values.shape[1]
-    present = ~np.isnan(values)
     rows, steps = np.nonzero(present)
     if len(rows) == 0:
         return [], np.empty((0, n_steps))

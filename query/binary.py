@@ -6,8 +6,8 @@ duplicate-match errors), and because the pushdown analysis folds constant subexp
 the same arithmetic (`scalar_binop`). Semantics follow Prometheus 3, vectorised over steps:
 
 * arithmetic and `bool` comparisons drop `__name__`; filtering comparisons keep it;
-* NaN means "no value": NaN-valued results (0/0, Inf-Inf, NaN scalars applied to vectors) are
-  absent rather than NaN samples;
+* NaN is a value: 0/0, Inf-Inf and NaN scalars applied to vectors give NaN samples; a
+  comparison with NaN is false, so a filter drops it and `bool` gives 0;
 * a step where either side of a vector/vector operation is empty is skipped, as Prometheus does;
   a match group with several series on the "one" side is an "execution" error.
 """
@@ -73,16 +73,13 @@ def scalar_binop(op: str, a: F64, b: F64) -> F64:
 
 def vector_scalar(op: str, vec: StepMatrix, s: F64, swap: bool, return_bool: bool) -> StepMatrix:
     lv = vec.values
-    present = ~np.isnan(lv)
     a, b = (s[None, :], lv) if swap else (lv, s[None, :])
     if op in ARITHMETIC_OPS:
-        values = np.where(present, _arith(op, a, b), np.nan)
-        return drop_name(StepMatrix(vec.times, vec.labels, values))
+        return drop_name(vec.with_values(_arith(op, a, b)))
     hit = _compare(op, a, b)
     if return_bool:
-        values = np.where(present, hit.astype(np.float64), np.nan)
-        return drop_name(StepMatrix(vec.times, vec.labels, values))
-    return StepMatrix(vec.times, vec.labels, np.where(hit & present, lv, np.nan))
+        return drop_name(vec.with_values(hit.astype(np.float64)))
+    return StepMatrix(vec.times, vec.labels, lv, hit & vec.present)
 
 
 def _signature(labels: Mapping[str, str], matching: VectorMatching) -> tuple[tuple[str, str], ...]:
@@ -123,16 +120,16 @@ def set_op(op: str, lhs: StepMatrix, rhs: StepMatrix, m: VectorMatching) -> Step
     lid, rid = ids[: len(lhs)], ids[len(lhs) :]
     n = len(lhs.times)
     r_has = np.zeros((len(sigs), n), bool)
-    np.logical_or.at(r_has, rid, ~np.isnan(rhs.values))
+    np.logical_or.at(r_has, rid, rhs.present)
     if op == "and":
-        return StepMatrix(lhs.times, lhs.labels, np.where(r_has[lid], lhs.values, np.nan))
+        return StepMatrix(lhs.times, lhs.labels, lhs.values, lhs.present & r_has[lid])
     if op == "unless":
-        return StepMatrix(lhs.times, lhs.labels, np.where(r_has[lid], np.nan, lhs.values))
+        return StepMatrix(lhs.times, lhs.labels, lhs.values, lhs.present & ~r_has[lid])
     l_has = np.zeros((len(sigs), n), bool)
-    np.logical_or.at(l_has, lid, ~np.isnan(lhs.values))
-    extra = np.where(l_has[rid], np.nan, rhs.values)
-    values = np.concatenate([lhs.values, extra]).reshape(-1, n)
-    return dedupe(StepMatrix(lhs.times, lhs.labels + rhs.labels, values))
+    np.logical_or.at(l_has, lid, lhs.present)
+    values = np.concatenate([lhs.values, rhs.values]).reshape(-1, n)
+    present = np.concatenate([lhs.present, rhs.present & ~l_has[rid]]).reshape(-1, n)
+    return dedupe(StepMatrix(lhs.times, lhs.labels + rhs.labels, values, present))
 
 
 def vector_vector(
@@ -145,7 +142,7 @@ def vector_vector(
     many, one = (rhs, lhs) if swapped else (lhs, rhs)
     if len(many) == 0 or len(one) == 0:
         return StepMatrix.empty(times)
-    many_has, one_has = ~np.isnan(many.values), ~np.isnan(one.values)
+    many_has, one_has = many.present, one.present
     # Prometheus skips a step entirely when either side is empty there.
     active = many_has.any(axis=0) & one_has.any(axis=0)
 
@@ -174,17 +171,17 @@ def vector_vector(
     pi = np.array([p[0] for p in pairs], dtype=np.int64)
     pr = np.array([p[1] for p in pairs], dtype=np.int64)
     mv, ov = many.values[pi], one.values[pr]
-    valid = ~np.isnan(mv) & ~np.isnan(ov)  # the one side is unique wherever both are present
+    valid = many_has[pi] & one_has[pr]  # the one side is unique wherever both are present
     left, right = (ov, mv) if swapped else (mv, ov)
     if op in ARITHMETIC_OPS:
         keep = valid
-        values = np.where(valid, _arith(op, left, right), np.nan)
+        values = _arith(op, left, right)
     elif return_bool:
         keep = valid
-        values = np.where(valid, _compare(op, left, right).astype(np.float64), np.nan)
+        values = _compare(op, left, right).astype(np.float64)
     else:  # a filter keeps the left operand's value (the "one" side's, for group_right)
         keep = _compare(op, left, right) & valid
-        values = np.where(keep, left, np.nan)
+        values = left
     labels = [_result_labels(many.labels[i], one.labels[r], op, m, return_bool) for i, r in pairs]
 
     if m.card == "one-to-one":
@@ -210,4 +207,4 @@ def vector_vector(
             raise execution_error(
                 "multiple matches for labels: grouping labels must ensure unique results"
             )
-    return dedupe(StepMatrix(times, labels, values))
+    return dedupe(StepMatrix(times, labels, values, keep))

@@ -14,9 +14,11 @@ Semantics follow Prometheus 3:
   `__name__`, except last_over_time and filtering comparisons, which keep it;
 * label sets made equal by dropping `__name__` are merged into one series, and are an
   "execution" error if they have values at the same step (Prometheus's per-step check);
-* NaN means "no value" in every step matrix, so NaN-valued results (0/0, Inf-Inf, NaN scalars
-  applied to vectors) are absent rather than NaN samples, and NaN raw samples are ignored.
-  Scalars are always present and may be NaN (e.g. `scalar()` of no series);
+* NaN is a value: a stored NaN sample is read like any other, and NaN results (0/0, asin(2),
+  histogram_quantile of an empty histogram) are returned; a step matrix's `present` mask, not
+  NaN, says where a series has a value. Prometheus's staleness marker ends a series (an instant
+  selector that finds it as the latest sample has no value; range functions skip it). Scalars
+  are always present and may be NaN (e.g. `scalar()` of no series);
 * topk/bottomk ties are broken by label set; instant topk/bottomk and sort/sort_desc results
   are ordered by value (ties by label set), every other vector result by label set.
 """
@@ -161,8 +163,8 @@ class _Evaluator:
             case VectorSelector():
                 times = self._at(expr.at)
                 batch = self._load(expr, self.lookback_ms, times)
-                values = fn.instant_values(batch, times, expr.offset_ms, self.lookback_ms)
-                return StepMatrix(self.times, batch.labels, values)
+                values, present = fn.instant_values(batch, times, expr.offset_ms, self.lookback_ms)
+                return StepMatrix(self.times, batch.labels, values, present)
             case MatrixSelector():
                 raise QueryError("unsupported", "unsupported: range vector (matrix) query results")
             case Call():
@@ -176,7 +178,7 @@ class _Evaluator:
                 if isinstance(v, Scalar):
                     return Scalar(self.times, -v.values)
                 assert isinstance(v, StepMatrix)
-                return drop_name(StepMatrix(self.times, v.labels, -v.values))
+                return drop_name(v.with_values(-v.values))
         raise QueryError("unsupported", f"unsupported: expression {expr!r}")
 
     def _at(self, at: int | str | None) -> I64:
@@ -217,7 +219,7 @@ class _Evaluator:
         if isinstance(inner, Scalar):
             inner = StepMatrix(grid, [{}], inner.values.reshape(1, -1))
         assert isinstance(inner, StepMatrix), f"a subquery of {sq.expr}"
-        present = ~np.isnan(inner.values)  # row-major: each series' times in order
+        present = inner.present  # row-major: each series' times in order
         ts = np.broadcast_to(grid, inner.values.shape)[present]
         bounds = np.concatenate([[0], np.cumsum(present.sum(axis=1))]).astype(np.int64)
         return fn.SampleBatch(inner.labels, ts.astype(np.int64), inner.values[present], bounds)
@@ -234,20 +236,19 @@ class _Evaluator:
                 times = self._at(ms.selector.at)
                 batch = self._load(ms.selector, ms.range_ms, times)
                 offset_ms = ms.selector.offset_ms
-            values = fn.range_function(func, batch, times, ms.range_ms, offset_ms, param)
-            out = StepMatrix(self.times, batch.labels, values)
+            values, present = fn.range_function(func, batch, times, ms.range_ms, offset_ms, param)
+            out = StepMatrix(self.times, batch.labels, values, present)
             return out if func == "last_over_time" else drop_name(out)
         if func in MATH_FUNCTIONS:
             v = self.vector(args[0])
             params = [self.scalar(a).values for a in args[1:]]
-            return drop_name(
-                StepMatrix(self.times, v.labels, fn.math_function(func, v.values, params))
-            )
+            values, present = fn.math_function(func, v.values, v.present, params)
+            return drop_name(StepMatrix(self.times, v.labels, values, present))
         if func in DATE_FUNCTIONS:
             if not args:  # of the evaluation time, as `func(vector(time()))`
                 secs = fn.unix_seconds(self.times).reshape(1, -1)
                 return StepMatrix(self.times, [{}], fn.date_function(func, secs))
-            v = self.vector(args[0])
+            v = self.vector(args[0])  # nothing for a non-finite value (a deliberate difference)
             return drop_name(StepMatrix(self.times, v.labels, fn.date_function(func, v.values)))
         match func:
             case "time":
@@ -256,14 +257,14 @@ class _Evaluator:
                 return Scalar(self.times, np.full(len(self.times), np.pi))
             case "vector":
                 s = self.scalar(args[0])
-                return StepMatrix(self.times, [{}], s.values.reshape(1, -1).copy())
+                values = s.values.reshape(1, -1).copy()
+                return StepMatrix(self.times, [{}], values, np.ones(values.shape, bool))
             case "scalar":
                 v = self.vector(args[0])
-                has = ~np.isnan(v.values)
-                single = has.sum(axis=0) == 1
+                single = v.present.sum(axis=0) == 1
                 if len(v) == 0:
                     return Scalar(self.times, np.full(len(self.times), np.nan))
-                picked = np.fmax.reduce(v.values, axis=0)
+                picked = np.fmax.reduce(v.values, axis=0)  # absent cells are NaN
                 return Scalar(self.times, np.where(single, picked, np.nan))
             case "timestamp":
                 return self._timestamp(args[0])
@@ -276,8 +277,10 @@ class _Evaluator:
             case "histogram_quantile":
                 q = self.scalar(args[0]).values
                 v = self.vector(args[1])
-                out_labels, values = histogram.histogram_quantile(v.labels, v.values, q)
-                return dedupe(StepMatrix(self.times, out_labels, values))
+                out_labels, values, present = histogram.histogram_quantile(
+                    v.labels, v.values, v.present, q
+                )
+                return dedupe(StepMatrix(self.times, out_labels, values, present))
         raise QueryError("unsupported", f"unsupported: function '{func}'")
 
     def _timestamp(self, arg: Expr) -> StepMatrix:
@@ -285,17 +288,17 @@ class _Evaluator:
         if isinstance(arg, VectorSelector):
             times = self._at(arg.at)
             batch = self._load(arg, self.lookback_ms, times)
-            ts = fn.instant_timestamps(batch, times, arg.offset_ms, self.lookback_ms)
-            return drop_name(StepMatrix(self.times, batch.labels, ts))
+            ts, present = fn.instant_timestamps(batch, times, arg.offset_ms, self.lookback_ms)
+            return drop_name(StepMatrix(self.times, batch.labels, ts, present))
         v = self.vector(arg)
-        stamps = np.where(np.isnan(v.values), np.nan, (self.times / 1000.0)[None, :])
-        return drop_name(StepMatrix(self.times, v.labels, stamps))
+        stamps = np.broadcast_to((self.times / 1000.0)[None, :], v.values.shape)
+        return drop_name(v.with_values(stamps))
 
     def _absent(self, call: Call) -> StepMatrix:
         """1 at the steps where the argument has no series, labelled from its equality
         matchers (a selector's) as Prometheus does."""
         counted = self.vector(absent_count(call))
-        present = (~np.isnan(counted.values)).any(axis=0)
+        present = counted.present.any(axis=0)
         arg = call.args[0]
         sel = arg.selector if isinstance(arg, MatrixSelector) else arg
         lab = labels_fn.absent_labels(sel.matchers) if isinstance(sel, VectorSelector) else {}
@@ -309,7 +312,7 @@ class _Evaluator:
             new = labels_fn.label_replace(v.labels, dst, replacement, src, regex)
         else:
             new = labels_fn.label_join(v.labels, strings[0], strings[1], strings[2:])
-        return dedupe(StepMatrix(self.times, new, v.values))
+        return dedupe(v.with_values(v.values, new))
 
     def _aggregate(self, agg: Aggregate) -> StepMatrix:
         inner = self.vector(agg.expr)
@@ -320,21 +323,32 @@ class _Evaluator:
             if bad.any():
                 raise execution_error(f"Scalar value {k_raw[bad][0]} overflows int64")
             k = np.trunc(k_raw).astype(np.int64)
-            values = agg_mod.select_k(
-                inner.labels, inner.values, k, agg.grouping, agg.without, agg.op == "bottomk"
+            keep = agg_mod.select_k(
+                inner.labels,
+                inner.values,
+                inner.present,
+                k,
+                agg.grouping,
+                agg.without,
+                agg.op == "bottomk",
             )
-            return StepMatrix(self.times, inner.labels, values)
+            return StepMatrix(self.times, inner.labels, inner.values, keep)
         if agg.op == "quantile":
             assert agg.param is not None
             q = self.scalar(agg.param).values
-            groups, values = agg_mod.quantile(
-                inner.labels, inner.values, q, agg.grouping, agg.without
+            groups, values, present = agg_mod.quantile(
+                inner.labels, inner.values, inner.present, q, agg.grouping, agg.without
             )
-            return StepMatrix(self.times, groups, values)
+            return StepMatrix(self.times, groups, values, present)
         if agg.op == "count_values":
             assert isinstance(agg.param, StringLiteral)
             groups, values = agg_mod.count_values(
-                inner.labels, inner.values, agg.param.value, agg.grouping, agg.without
+                inner.labels,
+                inner.values,
+                inner.present,
+                agg.param.value,
+                agg.grouping,
+                agg.without,
             )
             return StepMatrix(self.times, groups, values)
         if agg.op not in agg_mod.PUSHABLE_OPS or agg.param is not None:
@@ -421,7 +435,11 @@ def eval_range_vector(
     sel = expr.selector
     at = time_ms if sel.at is None else int(sel.at)
     end = at - sel.offset_ms
-    found = [s for s in backend.raw(sel, end - expr.range_ms + 1, end) if len(s.ts)]
+    found = []
+    for s in backend.raw(sel, end - expr.range_ms + 1, end):
+        live = ~fn.is_stale(s.vals)  # staleness markers are not samples of a range vector
+        if live.any():
+            found.append(SeriesData(s.labels, s.ts[live], s.vals[live]))
     found.sort(key=lambda s: label_key(s.labels))
     return RangeVector(
         time_ms, [s.labels for s in found], [s.ts for s in found], [s.vals for s in found]

@@ -1,13 +1,16 @@
 """Sample windows of many series at many steps, and the PromQL functions computed on them.
 
 Everything here works on a `SampleBatch` (all selected series concatenated into flat arrays) and
-returns a values array of shape (n_series, n_steps) with NaN where a step has no value. Windows are
-found for all (series, step) pairs with one `searchsorted` over series-tagged keys, and window
-reductions loop only over the offset within a window, so no Python loop runs per sample, per
-series or per step.
+returns a values array of shape (n_series, n_steps) and the mask of where a step has a value
+(NaN is a value: a stored NaN sample, or `sqrt(-1)`; where there is none the values hold NaN).
+Windows are found for all (series, step) pairs with one `searchsorted` over series-tagged keys,
+and window reductions loop only over the offset within a window, so no Python loop runs per
+sample, per series or per step.
 
 Windows are left-open, as in Prometheus 3: an instant selector sees samples in
 (t - offset - lookback, t - offset], a range selector in (t - offset - range, t - offset].
+Prometheus's staleness marker (`STALE_NAN`, one NaN bit pattern) ends a series: an instant
+selector whose latest sample is one has no value, and range functions never see one.
 """
 
 from __future__ import annotations
@@ -21,6 +24,17 @@ import numpy.typing as npt
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
+Mask = npt.NDArray[np.bool_]
+
+# Prometheus's staleness marker (value.StaleNaN): a sample that says "this series ended".
+STALE_NAN_BITS = 0x7FF0000000000002
+STALE_NAN = float(np.array([STALE_NAN_BITS], np.uint64).view(np.float64)[0])
+
+
+def is_stale(vals: npt.ArrayLike) -> Mask:
+    """Where `vals` holds the staleness marker (by bit pattern: other NaNs are values)."""
+    return np.asarray(vals, dtype=np.float64).view(np.uint64) == STALE_NAN_BITS
+
 
 # Largest search key: series are processed in chunks so that keys stay below it.
 _KEY_LIMIT = 1 << 62
@@ -47,28 +61,36 @@ class SampleBatch:
 
     @classmethod
     def from_series(cls, series: Iterable[_SeriesLike], start_ms: int, end_ms: int) -> SampleBatch:
-        """Concatenate the samples in [start_ms, end_ms] of each series.
-
-        NaN samples are dropped: FiloPy has no staleness markers, and NaN means "no value" in
-        every result, so a NaN sample is treated as absent rather than as a value.
-        """
+        """Concatenate the samples in [start_ms, end_ms] of each series (NaN samples and
+        staleness markers included: instant selectors need the markers, `without_stale` drops
+        them for range functions)."""
         labels: list[dict[str, str]] = []
         ts_parts: list[I64] = []
         val_parts: list[F64] = []
         for s in series:
             ts = np.asarray(s.ts, dtype=np.int64)
             vals = np.asarray(s.vals, dtype=np.float64)
-            keep = (ts >= start_ms) & (ts <= end_ms) & ~np.isnan(vals)
-            if not keep.any():
+            a = int(np.searchsorted(ts, start_ms, side="left"))
+            b = int(np.searchsorted(ts, end_ms, side="right"))
+            if b <= a:
                 continue
             labels.append(dict(s.labels))
-            ts_parts.append(ts[keep])
-            val_parts.append(vals[keep])
+            ts_parts.append(ts[a:b])
+            val_parts.append(vals[a:b])
         sizes = np.array([len(t) for t in ts_parts], dtype=np.int64)
         bounds = np.concatenate([np.zeros(1, np.int64), np.cumsum(sizes)])
         if ts_parts:
             return cls(labels, np.concatenate(ts_parts), np.concatenate(val_parts), bounds)
         return cls(labels, np.empty(0, np.int64), np.empty(0, np.float64), bounds)
+
+    def without_stale(self) -> SampleBatch:
+        """The batch without staleness markers (what range functions see); series left with no
+        sample keep their (empty) place, so rows still line up with `labels`."""
+        stale = is_stale(self.vals)
+        if not stale.any():
+            return self
+        kept = np.concatenate([[0], np.cumsum(~stale)])[self.bounds]
+        return SampleBatch(self.labels, self.ts[~stale], self.vals[~stale], kept.astype(np.int64))
 
 
 def window_bounds(batch: SampleBatch, upper: I64, width: int) -> tuple[I64, I64]:
@@ -115,22 +137,21 @@ def window_offsets(lo: I64, hi: I64) -> Iterator[tuple[I64, I64]]:
 
 
 def window_reduce(vals: F64, lo: I64, hi: I64, how: str) -> F64:
-    """Sum, min or max of `vals[lo:hi]` for every window (empty windows give the identity).
+    """Sum, min or max of `vals[lo:hi]` for every window (empty windows give 0 or NaN).
 
     Windows are folded one sample offset at a time, over all windows still that long: the work
     is the number of window samples, and each window is summed left to right, so its result
     never depends on which other series share the batch (as it would with padded blocks).
     """
-    fill = {"sum": 0.0, "min": np.inf, "max": -np.inf}[how]
-    out = np.full(lo.size, fill)
+    out = np.full(lo.size, 0.0 if how == "sum" else np.nan)
     for rows, idx in window_offsets(lo, hi):
         x = vals[idx]
         if how == "sum":
             out[rows] += x
-        elif how == "min":
-            out[rows] = np.minimum(out[rows], x)
+        elif how == "min":  # fmin/fmax: a NaN sample counts only if all are NaN (Prometheus)
+            out[rows] = np.fmin(out[rows], x)
         else:
-            out[rows] = np.maximum(out[rows], x)
+            out[rows] = np.fmax(out[rows], x)
     return out.reshape(lo.shape)
 
 
@@ -142,20 +163,29 @@ def _kahan_inc(inc: F64, total: F64, comp: F64) -> tuple[F64, F64]:
     return t, np.where(np.isinf(t), 0.0, c)
 
 
-def instant_values(batch: SampleBatch, times: I64, offset_ms: int, lookback_ms: int) -> F64:
-    """The latest sample in (t - offset - lookback, t - offset] per series and step."""
+def instant_values(
+    batch: SampleBatch, times: I64, offset_ms: int, lookback_ms: int
+) -> tuple[F64, Mask]:
+    """The latest sample in (t - offset - lookback, t - offset] per series and step, and where
+    there is one (a staleness marker there means none)."""
     lo, hi = window_bounds(batch, times - offset_ms, lookback_ms)
     if len(batch.vals) == 0:
-        return np.full(lo.shape, np.nan)
-    return np.where(hi > lo, batch.vals[np.maximum(hi - 1, 0)], np.nan)
+        return np.full(lo.shape, np.nan), np.zeros(lo.shape, bool)
+    latest = batch.vals[np.maximum(hi - 1, 0)]
+    present = (hi > lo) & ~is_stale(latest)
+    return np.where(present, latest, np.nan), present
 
 
-def instant_timestamps(batch: SampleBatch, times: I64, offset_ms: int, lookback_ms: int) -> F64:
+def instant_timestamps(
+    batch: SampleBatch, times: I64, offset_ms: int, lookback_ms: int
+) -> tuple[F64, Mask]:
     """The timestamp (unix seconds) of the sample `instant_values` picks, per series and step."""
     lo, hi = window_bounds(batch, times - offset_ms, lookback_ms)
     if len(batch.ts) == 0:
-        return np.full(lo.shape, np.nan)
-    return np.where(hi > lo, batch.ts[np.maximum(hi - 1, 0)] / 1000.0, np.nan)
+        return np.full(lo.shape, np.nan), np.zeros(lo.shape, bool)
+    last = np.maximum(hi - 1, 0)
+    present = (hi > lo) & ~is_stale(batch.vals[last])
+    return np.where(present, batch.ts[last] / 1000.0, np.nan), present
 
 
 def range_function(
@@ -165,31 +195,55 @@ def range_function(
     range_ms: int,
     offset_ms: int,
     param: F64 | None = None,
-) -> F64:
-    """`func` over the range window (t - offset - range, t - offset] per series and step;
-    `param` is the per-step scalar of quantile_over_time and predict_linear."""
+) -> tuple[F64, Mask]:
+    """`func` over the range window (t - offset - range, t - offset] per series and step, and
+    where it has a value; `param` is the per-step scalar of quantile_over_time and
+    predict_linear. Staleness markers are not samples here."""
+    batch = batch.without_stale()
     upper = times - offset_ms
     lo, hi = window_bounds(batch, upper, range_ms)
     count = hi - lo
     if len(batch.vals) == 0:
-        return np.full(lo.shape, np.nan)
+        return np.full(lo.shape, np.nan), np.zeros(lo.shape, bool)
+    if func in ("deriv", "predict_linear", "rate", "increase", "delta"):
+        present = count >= 2
+    elif func in ("irate", "idelta"):
+        i1, i0 = np.maximum(hi - 1, 0), np.maximum(hi - 2, 0)
+        present = (count >= 2) & (batch.ts[i1] != batch.ts[i0])
+    else:
+        present = count > 0
+    values = _range_values(func, batch, lo, hi, upper, range_ms, param, times)
+    return np.where(present, values, np.nan), present
+
+
+def _range_values(
+    func: str,
+    batch: SampleBatch,
+    lo: I64,
+    hi: I64,
+    upper: I64,
+    range_ms: int,
+    param: F64 | None,
+    times: I64,
+) -> F64:
     vals = batch.vals
+    count = hi - lo
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         match func:
             case "count_over_time":
-                return np.where(count > 0, count.astype(np.float64), np.nan)
+                return count.astype(np.float64)
             case "present_over_time":
-                return np.where(count > 0, 1.0, np.nan)
+                return np.ones(lo.shape)
             case "sum_over_time":
-                return np.where(count > 0, window_reduce(vals, lo, hi, "sum"), np.nan)
+                return window_reduce(vals, lo, hi, "sum")
             case "avg_over_time":
-                return np.where(count > 0, window_reduce(vals, lo, hi, "sum") / count, np.nan)
+                return window_reduce(vals, lo, hi, "sum") / count
             case "min_over_time":
-                return np.where(count > 0, window_reduce(vals, lo, hi, "min"), np.nan)
+                return window_reduce(vals, lo, hi, "min")
             case "max_over_time":
-                return np.where(count > 0, window_reduce(vals, lo, hi, "max"), np.nan)
+                return window_reduce(vals, lo, hi, "max")
             case "last_over_time":
-                return np.where(count > 0, vals[np.maximum(hi - 1, 0)], np.nan)
+                return vals[np.maximum(hi - 1, 0)]
             case "stddev_over_time" | "stdvar_over_time":
                 var = _window_variance(vals, lo, hi)
                 return np.sqrt(var) if func == "stddev_over_time" else var
@@ -254,7 +308,7 @@ def _window_quantile(vals: F64, lo: I64, hi: I64, q: F64) -> F64:
         first = np.concatenate([[0], np.cumsum(sizes)[:-1]])  # each window's start in `flat`
         owner = np.repeat(np.arange(len(w)), sizes)
         flat = vals[lo_f[w][owner] + (np.arange(len(owner)) - first[owner])]
-        flat = flat[np.lexsort((flat, owner))]
+        flat = flat[np.lexsort((flat, ~np.isnan(flat), owner))]  # NaN first, as Go sorts
         n = sizes.astype(np.float64)
         qw = q_f[w]
         rank = qw * (n - 1)
@@ -277,7 +331,9 @@ def _count_steps(batch: SampleBatch, lo: I64, hi: I64, func: str) -> F64:
     vals = batch.vals
     flag = np.zeros(len(vals), np.int64)
     if len(vals) > 1:
-        step = vals[1:] != vals[:-1] if func == "changes" else vals[1:] < vals[:-1]
+        a, b = vals[:-1], vals[1:]
+        with np.errstate(invalid="ignore"):  # two NaNs in a row are no change (Prometheus)
+            step = (b != a) & ~(np.isnan(a) & np.isnan(b)) if func == "changes" else b < a
         flag[1:] = step
         starts = batch.bounds[:-1]
         flag[starts[starts < len(vals)]] = 0  # a series' first sample has no predecessor
@@ -409,9 +465,21 @@ _UNARY = {
 }
 
 
-def math_function(func: str, values: F64, params: Sequence[F64] = ()) -> F64:
-    """Elementwise functions of an instant vector; `params` are the per-step scalars of
-    clamp_min/clamp_max (the bound), clamp (min, max) and round (to_nearest)."""
+def math_function(
+    func: str, values: F64, present: Mask, params: Sequence[F64] = ()
+) -> tuple[F64, Mask]:
+    """Elementwise functions of an instant vector, and where the result has a value (where the
+    argument has one; clamp has none at steps where max < min); `params` are the per-step
+    scalars of clamp_min/clamp_max (the bound), clamp (min, max) and round (to_nearest)."""
+    if func == "clamp":
+        low, high = (p[None, :] for p in params)
+        present = present & ~(high < low)
+        out = np.maximum(low, np.minimum(high, values))
+        return np.where(present, out, np.nan), present
+    return np.where(present, _math_values(func, values, params), np.nan), present
+
+
+def _math_values(func: str, values: F64, params: Sequence[F64]) -> F64:
     rows = [p[None, :] for p in params]
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         if func in _UNARY:
@@ -430,9 +498,6 @@ def math_function(func: str, values: F64, params: Sequence[F64] = ()) -> F64:
                 return np.maximum(values, rows[0])
             case "clamp_max":
                 return np.minimum(values, rows[0])
-            case "clamp":  # nothing at a step where max < min
-                low, high = rows
-                return np.where(high < low, np.nan, np.maximum(low, np.minimum(high, values)))
     raise ValueError(f"not a math function: {func}")
 
 

@@ -8,7 +8,8 @@ an upper bound are added up, counts are made monotonic (differences below a rela
 treated as float noise and flattened, decreases are flattened), and the rank is interpolated
 linearly inside the bucket that reaches it, from 0 for the first bucket if its bound is
 positive. A histogram with no +Inf bucket, fewer than two buckets or no observations at a step
-gives nothing there; q < 0 gives -Inf, q > 1 gives +Inf.
+gives NaN there (a value, as in Prometheus); q < 0 gives -Inf, q > 1 gives +Inf. A histogram
+has a result at every step where any of its buckets has a value.
 """
 
 from __future__ import annotations
@@ -61,15 +62,16 @@ def _almost_equal(a: F64, b: F64) -> npt.NDArray[np.bool_]:
 
 
 def histogram_quantile(
-    labels: Sequence[Mapping[str, str]], values: F64, q: F64
-) -> tuple[list[dict[str, str]], F64]:
+    labels: Sequence[Mapping[str, str]], values: F64, present: npt.NDArray[np.bool_], q: F64
+) -> tuple[list[dict[str, str]], F64, npt.NDArray[np.bool_]]:
     """The q-quantile (q per step) of each histogram: output labels (without `le` and the
-    metric name; the caller merges or rejects sets made equal) and values per step."""
+    metric name; the caller merges or rejects sets made equal), values per step and where
+    there is one."""
     n_steps = values.shape[1]
     bounds = [parse_bound(lab.get("le", "")) for lab in labels]
     rows = [i for i, b in enumerate(bounds) if b is not None]  # others are ignored
     if not rows:
-        return [], np.empty((0, n_steps))
+        return [], np.empty((0, n_steps)), np.zeros((0, n_steps), bool)
     keys = [{k: v for k, v in labels[i].items() if k != "le"} for i in rows]
     hists, hist_of = distinct(keys)
     # One bucket per (histogram, bound); rows sharing one are added up where present.
@@ -84,11 +86,11 @@ def histogram_quantile(
     )
     n_buckets = len(bucket_index)
     sub = values[rows]
-    present = ~np.isnan(sub)
+    has = present[rows]
     sums = np.zeros((n_buckets, n_steps))
-    np.add.at(sums, bucket_of, np.where(present, sub, 0.0))
+    np.add.at(sums, bucket_of, np.where(has, sub, 0.0))
     seen = np.zeros((n_buckets, n_steps), bool)
-    np.logical_or.at(seen, bucket_of, present)
+    np.logical_or.at(seen, bucket_of, has)
     counts = np.where(seen, sums, np.nan)
     bucket_hist = np.empty(n_buckets, np.int64)
     bucket_ub = np.empty(n_buckets)
@@ -104,9 +106,11 @@ def histogram_quantile(
     c[bucket_hist[order], pos] = counts[order]
     u = np.full((len(hists), width), np.nan)
     u[bucket_hist[order], pos] = bucket_ub[order]
+    hist_has = np.zeros((len(hists), n_steps), bool)
+    np.logical_or.at(hist_has, bucket_hist, seen)
     out = _bucket_quantile(c, u, q)
     out_labels = [{k: v for k, v in h.items() if k != "__name__"} for h in hists]
-    return out_labels, out
+    return out_labels, out, hist_has
 
 
 def _bucket_quantile(c: F64, u: F64, q: F64) -> F64:

@@ -157,13 +157,16 @@ def concat_matrices(parts: Sequence[StepMatrix]) -> StepMatrix:
         raise ValueError("can only concatenate matrices of the same steps")
     labels = [lab for p in parts for lab in p.labels]
     values = np.concatenate([p.values for p in parts]).reshape(-1, len(times))
-    return finalize(dedupe(StepMatrix(times, labels, values)))
+    present = np.concatenate([p.present for p in parts]).reshape(-1, len(times))
+    return finalize(dedupe(StepMatrix(times, labels, values, present)))
 
 
 def partial_from_matrix(agg: Aggregate, m: StepMatrix) -> Partial:
     """The partial state of `agg` over an already evaluated inner vector (groups with no value
     at any step are left out)."""
-    p = agg_mod.partial_of(agg.op, m.times, m.labels, m.values, agg.grouping, agg.without)
+    p = agg_mod.partial_of(
+        agg.op, m.times, m.labels, m.values, m.present, agg.grouping, agg.without
+    )
     live = np.flatnonzero(p.counts.any(axis=1))
     return p if len(live) == len(p.labels) else p.rows(live)
 
@@ -176,4 +179,5 @@ def merge_partials(parts: Sequence[Partial]) -> Partial:
 def finish(partial: Partial) -> StepMatrix:
     """The aggregation result of a (merged) partial state."""
     values = agg_mod.finish_values(partial)
-    return finalize(StepMatrix(partial.times, list(partial.labels), values))
+    present = partial.counts > 0
+    return finalize(StepMatrix(partial.times, list(partial.labels), values, present))

@@ -185,7 +185,8 @@ class QueryService:
         times = np.arange(start_ms, end_ms + 1, step_ms, dtype=np.int64)
         res = self._run(dataset, query, times, spread, partial, lookback_ms, range_query=True)
         if isinstance(res.value, Scalar):  # a range query's answer is a matrix, as Prometheus'
-            value = StepMatrix(res.value.times, [{}], res.value.values[None, :])
+            values = res.value.values[None, :]  # every step (a NaN scalar is a value)
+            value = StepMatrix(res.value.times, [{}], values, np.ones(values.shape, bool))
             res = dataclasses.replace(res, value=value)
         return res
 

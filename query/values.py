@@ -6,8 +6,10 @@ step matrix without importing the evaluator:
 
 * `SeriesData` is one series' raw samples, read from a `SeriesSource` (`MemorySource` holds them
   in memory);
-* `StepMatrix` is an instant vector at each evaluation step, NaN where a series has no value
-  (NaN means "no value" in every step matrix); `Scalar` and `String` are the other result types;
+* `StepMatrix` is an instant vector at each evaluation step: `present` says where a series has a
+  value, and `values` holds it (NaN where there is none). NaN is a value, as in Prometheus
+  (`0/0`, `asin(2)`, a stored NaN sample): a present cell may hold NaN, and only `present` says
+  whether a sample is there. `Scalar` and `String` are the other result types;
 * `dedupe`, `drop_name` and `finalize` are the normalisations every vector result goes through:
   label sets made equal (e.g. by dropping `__name__`) are merged into one series and are an
   "execution" error if they have values at the same step (Prometheus's per-step check); results
@@ -26,12 +28,13 @@ import numpy.typing as npt
 
 from filopy.store.api import LabelMatcher
 from query import aggregate as agg_mod
-from query.aggregate import label_key
+from query.aggregate import LabelKey, label_key
 from query.promql import QueryError
 
 __all__ = [
     "F64",
     "I64",
+    "Mask",
     "MemorySource",
     "RangeVector",
     "Scalar",
@@ -49,6 +52,7 @@ __all__ = [
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
+Mask = npt.NDArray[np.bool_]
 
 # ---------------------------------------------------------------------------------- data types
 
@@ -70,18 +74,28 @@ class SeriesData:
 
 @dataclass(frozen=True, eq=False)
 class StepMatrix:
-    """An instant vector at each evaluation step: `values[i, j]` is series i at `times[j]`,
-    NaN where the series has no value at that step."""
+    """An instant vector at each evaluation step: series i has a value at `times[j]` where
+    `present[i, j]`, and that value is `values[i, j]` (which may be NaN: NaN is a value).
+
+    `present` defaults to "where `values` is not NaN", for results that cannot hold NaN values;
+    absent cells always hold NaN in `values`, so NaN-skipping reductions (`fmax`) see only
+    present cells."""
 
     times: I64
     labels: list[dict[str, str]]
     values: F64
+    present: Mask = None  # type: ignore[assignment]  # set by __post_init__
 
     def __post_init__(self) -> None:
-        if self.values.shape != (len(self.labels), len(self.times)):
-            raise ValueError(
-                f"values shape {self.values.shape} != ({len(self.labels)}, {len(self.times)})"
-            )
+        shape = (len(self.labels), len(self.times))
+        if self.values.shape != shape:
+            raise ValueError(f"values shape {self.values.shape} != {shape}")
+        if self.present is None:
+            object.__setattr__(self, "present", ~np.isnan(self.values))
+        else:
+            if self.present.shape != shape:
+                raise ValueError(f"present shape {self.present.shape} != {shape}")
+            object.__setattr__(self, "values", np.where(self.present, self.values, np.nan))
 
     @classmethod
     def empty(cls, times: I64) -> StepMatrix:
@@ -89,6 +103,12 @@ class StepMatrix:
 
     def __len__(self) -> int:
         return len(self.labels)
+
+    def with_values(self, values: F64, labels: list[dict[str, str]] | None = None) -> StepMatrix:
+        """The same cells present, holding new values (e.g. a function of the old ones)."""
+        return StepMatrix(
+            self.times, self.labels if labels is None else labels, values, self.present
+        )
 
 
 @dataclass(frozen=True, eq=False)
@@ -161,35 +181,47 @@ def dedupe(m: StepMatrix) -> StepMatrix:
     groups, ids = agg_mod.distinct(m.labels)
     if len(groups) == len(m.labels):
         return m
-    present = np.zeros((len(groups), len(m.times)), np.int64)
-    np.add.at(present, ids, ~np.isnan(m.values))
-    clash = np.argwhere(present > 1)
+    count = np.zeros((len(groups), len(m.times)), np.int64)
+    np.add.at(count, ids, m.present)
+    clash = np.argwhere(count > 1)
     if len(clash):
         raise execution_error(
             "vector cannot contain metrics with the same labelset: "
             + fmt_labels(groups[int(clash[0][0])])
         )
     merged = np.full((len(groups), len(m.times)), np.nan)
-    np.fmax.at(merged, ids, m.values)  # at most one non-NaN per cell
-    return StepMatrix(m.times, groups, merged)
+    rows, cols = np.nonzero(m.present)  # at most one present cell per merged cell
+    merged[ids[rows], cols] = m.values[rows, cols]
+    return StepMatrix(m.times, groups, merged, count > 0)
 
 
 def drop_name(m: StepMatrix) -> StepMatrix:
     if not any("__name__" in lab for lab in m.labels):
         return m
     labels = [{k: v for k, v in lab.items() if k != "__name__"} for lab in m.labels]
-    return dedupe(StepMatrix(m.times, labels, m.values))
+    return dedupe(m.with_values(m.values, labels))
 
 
 def finalize(m: StepMatrix, order_by_value: str | None = None) -> StepMatrix:
-    """Drop series without any value; order by label set (or by value, for instant topk)."""
-    keep = [i for i in range(len(m.labels)) if not np.isnan(m.values[i]).all()]
+    """Drop series without any value; order by label set (or by value, for instant topk and
+    sort, NaN values last)."""
+    keep = np.flatnonzero(m.present.any(axis=1)).tolist()
     if order_by_value is None:
         keep.sort(key=lambda i: label_key(m.labels[i]))
     else:
         sign = -1.0 if order_by_value == "desc" else 1.0
-        keep.sort(key=lambda i: (sign * float(np.nanmax(m.values[i])), label_key(m.labels[i])))
+        first = m.values[:, 0] if len(m.times) else np.zeros(len(m.labels))
+
+        def by_value(i: int) -> tuple[bool, float, LabelKey]:
+            v = float(first[i])
+            return (v != v, 0.0 if v != v else sign * v, label_key(m.labels[i]))
+
+        keep.sort(key=by_value)
     rows = np.array(keep, dtype=np.int64)
+    n = len(m.times)
     return StepMatrix(
-        m.times, [m.labels[i] for i in keep], m.values[rows].reshape(-1, len(m.times))
+        m.times,
+        [m.labels[i] for i in keep],
+        m.values[rows].reshape(-1, n),
+        m.present[rows].reshape(-1, n),
     )

@@ -150,14 +150,18 @@ def result_json(value: Value) -> dict[str, Any]:
             "resultType": "vector",
             "result": [
                 {"metric": labels, "value": [t, format_value(float(row[0]))]}
-                for labels, row in zip(value.labels, value.values, strict=True)
-                if not math.isnan(row[0])  # NaN marks "no sample at this step"
+                for labels, row, has in zip(value.labels, value.values, value.present, strict=True)
+                if has[0]
             ],
         }
     times = [_ts(int(t)) for t in value.times]
     result = []
-    for labels, row in zip(value.labels, value.values, strict=True):
-        points = [[t, format_value(float(v))] for t, v in zip(times, row, strict=True) if v == v]
+    for labels, row, has in zip(value.labels, value.values, value.present, strict=True):
+        points = [
+            [t, format_value(float(v))]
+            for t, v, h in zip(times, row.tolist(), has.tolist(), strict=True)
+            if h
+        ]
         if points:
             result.append({"metric": labels, "values": points})
     return {"resultType": "matrix", "result": result}

@@ -4,8 +4,10 @@ It shares nothing with the engine (query/evaluator.py and the modules it uses) b
 every step is evaluated on its own, straight from the Prometheus definitions (engine.go /
 functions.go), with Python loops over all samples.
 An instant vector is a list of (labels, value). It follows the same documented conventions as
-the engine: left-open windows, NaN samples ignored and NaN results treated as absent, duplicate
-label sets an error only when they meet at one step, topk ties broken by label set.
+the engine: left-open windows, NaN a value like any other (stored, returned, propagated; ordered
+before every number by sorts, after every number by topk/bottomk; skipped by min/max unless all
+are NaN), the staleness marker ending a series, duplicate label sets an error only when they meet
+at one step, topk ties broken by label set.
 """
 
 from __future__ import annotations
@@ -43,14 +45,30 @@ def variance(vals: Sequence[float]) -> float:
     return sum((v - mean) ** 2 for v in vals) / len(vals)
 
 
+STALE_BITS = 0x7FF0000000000002
+
+
+def is_stale(v: float) -> bool:
+    """Prometheus' staleness marker, by its bit pattern (other NaNs are values)."""
+    return int(np.array([v], np.float64).view(np.uint64)[0]) == STALE_BITS
+
+
+def nan_skipping(pick: object, vals: Sequence[float]) -> float:
+    """min or max as Prometheus folds them: a NaN is replaced by any number that follows."""
+    numbers = [v for v in vals if not math.isnan(v)]
+    return pick(numbers) if numbers else math.nan  # type: ignore[operator]
+
+
 def quantile(q: float, vals: Sequence[float]) -> float:
     """Prometheus' quantile: linear interpolation between the closest ranks of the sorted
-    values; -Inf below 0, +Inf above 1."""
+    values (NaN sorts first, as Go's sort); -Inf below 0, +Inf above 1."""
+    if math.isnan(q):
+        return math.nan
     if q < 0:
         return -math.inf
     if q > 1:
         return math.inf
-    ordered = sorted(vals)
+    ordered = sorted(vals, key=lambda v: (not math.isnan(v), v))
     rank = q * (len(ordered) - 1)
     lower = math.floor(rank)
     upper = min(len(ordered) - 1, lower + 1)
@@ -64,7 +82,7 @@ def _sgn(v: float) -> float:
 
 # Elementwise functions, from their definitions (NaN where undefined, as Go's math).
 MATH = {
-    "exp": lambda v: math.exp(v) if v < 709 else math.inf,
+    "exp": lambda v: math.inf if v >= 709 else math.exp(v),
     "sqrt": lambda v: math.sqrt(v) if v >= 0 else math.nan,
     "ln": lambda v: math.log(v) if v > 0 else (-math.inf if v == 0 else math.nan),
     "log2": lambda v: math.log2(v) if v > 0 else (-math.inf if v == 0 else math.nan),
@@ -102,7 +120,8 @@ def check_unique(vec: Vector) -> Vector:
 
 
 def present(vec: Vector) -> Vector:
-    return [(labels, v) for labels, v in vec if not math.isnan(v)]
+    """Every element: a NaN result is a value (kept as a named step for readability)."""
+    return vec
 
 
 def arith(op: str, a: float, b: float) -> float:
@@ -137,10 +156,8 @@ class Reference:
     def __init__(
         self, series: Sequence[tuple[Labels, Sequence[tuple[int, float]]]], lookback_ms: int
     ):
-        # NaN samples are ignored, as by the engine.
         self.series = [
-            (dict(labels), [(int(t), float(v)) for t, v in samples if not math.isnan(v)])
-            for labels, samples in series
+            (dict(labels), [(int(t), float(v)) for t, v in samples]) for labels, samples in series
         ]
         self.lookback_ms = lookback_ms
 
@@ -170,7 +187,17 @@ class Reference:
         assert isinstance(vec, list)
         if isinstance(expr, Aggregate) and expr.op in ("topk", "bottomk"):
             sign = -1.0 if expr.op == "topk" else 1.0
-            return [key(lb) for lb, v in sorted(vec, key=lambda e: (sign * e[1], key(e[0])))]
+            return [
+                key(lb)
+                for lb, v in sorted(
+                    vec,
+                    key=lambda e: (
+                        math.isnan(e[1]),
+                        0.0 if math.isnan(e[1]) else sign * e[1],
+                        key(e[0]),
+                    ),
+                )
+            ]
         return sorted(key(lb) for lb, _ in vec)
 
     # ------------------------------------------------------------------------------ nodes
@@ -204,7 +231,7 @@ class Reference:
             for ts, v in samples:
                 if end - self.lookback_ms < ts <= end:
                     latest = v
-            if latest is not None:
+            if latest is not None and not is_stale(latest):
                 out.append((labels, latest))
         return out
 
@@ -212,7 +239,9 @@ class Reference:
         end = t - ms.selector.offset_ms
         out = []
         for labels, samples in self.matching_series(ms.selector):
-            window = [(ts, v) for ts, v in samples if end - ms.range_ms < ts <= end]
+            window = [
+                (ts, v) for ts, v in samples if end - ms.range_ms < ts <= end and not is_stale(v)
+            ]
             if window:
                 out.append((labels, window))
         return out
@@ -249,7 +278,7 @@ class Reference:
             if f == "abs":
                 r = abs(v)
             elif f in ("ceil", "floor", "round"):
-                if math.isinf(v):
+                if math.isinf(v) or math.isnan(v):
                     r = v
                 elif f == "ceil":
                     r = float(math.ceil(v))
@@ -280,8 +309,14 @@ class Reference:
             return math.sqrt(var) if f == "stddev_over_time" else var
         if f == "quantile_over_time":
             return quantile(q, vals)
-        if f == "changes":
-            return float(sum(1 for a, b in itertools.pairwise(vals) if a != b))
+        if f == "changes":  # two NaNs in a row are no change
+            return float(
+                sum(
+                    1
+                    for a, b in itertools.pairwise(vals)
+                    if a != b and not (math.isnan(a) and math.isnan(b))
+                )
+            )
         if f == "resets":
             return float(sum(1 for a, b in itertools.pairwise(vals) if b < a))
         if f == "count_over_time":
@@ -291,9 +326,9 @@ class Reference:
         if f == "avg_over_time":
             return float(sum(vals)) / len(vals)
         if f == "min_over_time":
-            return min(vals)
+            return nan_skipping(min, vals)
         if f == "max_over_time":
-            return max(vals)
+            return nan_skipping(max, vals)
         if f == "last_over_time":
             return vals[-1]
         if len(window) < 2:
@@ -366,7 +401,14 @@ class Reference:
             k = int(k_value)
             sign = -1.0 if agg.op == "topk" else 1.0
             for _, members in groups.values():
-                ranked = sorted(members, key=lambda e: (sign * e[1], key(e[0])))
+                ranked = sorted(
+                    members,
+                    key=lambda e: (
+                        math.isnan(e[1]),
+                        0.0 if math.isnan(e[1]) else sign * e[1],
+                        key(e[0]),
+                    ),
+                )
                 out.extend(ranked[: max(k, 0)])
             return out
         for g, members in groups.values():
@@ -378,9 +420,9 @@ class Reference:
             elif agg.op == "count":
                 r = float(len(vals))
             elif agg.op == "min":
-                r = min(vals)
+                r = nan_skipping(min, vals)
             elif agg.op == "max":
-                r = max(vals)
+                r = nan_skipping(max, vals)
             elif agg.op == "group":
                 r = 1.0
             elif agg.op in ("stddev", "stdvar"):

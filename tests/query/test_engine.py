@@ -13,6 +13,7 @@ from filopy.store.api import LabelMatcher
 from query import functions
 from query.aggregate import Partial
 from query.evaluator import LocalBackend, eval_series_local, evaluate, range_times
+from query.functions import STALE_NAN
 from query.promql import Aggregate, Expr, QueryError, parse
 from query.pushdown import Backend, concat_matrices, is_pushable, is_series_local
 from query.values import MemorySource, Scalar, SeriesData, StepMatrix, String
@@ -212,10 +213,10 @@ ERROR_QUERIES = [
 
 def engine_rows(result: StepMatrix) -> dict:
     rows: dict = {}
-    for labels, row in zip(result.labels, result.values, strict=True):
+    for labels, row, has in zip(result.labels, result.values, result.present, strict=True):
         assert key(labels) not in rows, f"duplicate series {labels}"
         rows[key(labels)] = {
-            int(t): float(v) for t, v in zip(result.times, row, strict=True) if not np.isnan(v)
+            int(t): float(v) for t, v, h in zip(result.times, row, has, strict=True) if h
         }
     return rows
 
@@ -225,7 +226,8 @@ def assert_same(expected: dict, got: dict, query: str) -> None:
     for k, exp in expected.items():
         assert set(got[k]) == set(exp), f"{query}: steps differ for {k}"
         for t, v in exp.items():
-            assert math.isclose(got[k][t], v, rel_tol=1e-9, abs_tol=1e-9), (
+            same_nan = math.isnan(v) and math.isnan(got[k][t])
+            assert same_nan or math.isclose(got[k][t], v, rel_tol=1e-9, abs_tol=1e-9), (
                 query,
                 k,
                 t,
@@ -250,7 +252,7 @@ def check(query: str, times: Sequence[int]) -> None:
         return
     assert isinstance(got, StepMatrix), got
     np.testing.assert_array_equal(got.times, times)
-    assert all(not np.isnan(row).all() for row in got.values), "empty series returned"
+    assert got.present.any(axis=1).all(), "empty series returned"
     assert isinstance(expected, dict)
     assert_same(expected, engine_rows(got), query)
     if len(times) == 1:
@@ -505,16 +507,33 @@ def test_round_takes_halves_up() -> None:
     assert got == {"2.5": 3.0, "-2.5": -2.0, "0.5": 1.0, "1.4999": 1.0, "-0.7": -1.0}
 
 
-def test_nan_samples_are_ignored() -> None:
+def test_nan_samples_are_values() -> None:
     s = counter([1.0, math.nan], [0, 30])
-    assert only(at("c", [s], 40_000)) == 1.0
-    assert only(at("count_over_time(c[1m])", [s], 40_000)) == 1
+    assert math.isnan(only(at("c", [s], 40_000)))
+    assert only(at("count_over_time(c[1m])", [s], 40_000)) == 2
+    assert math.isnan(only(at("sum_over_time(c[1m])", [s], 40_000)))
+    assert only(at("max_over_time(c[1m])", [s], 40_000)) == 1.0  # NaN loses to any number
 
 
-def test_nan_results_are_absent() -> None:
+def test_nan_results_are_values() -> None:
     s = counter([0.0], [0])
-    assert len(at("c / 0", [s], 0)) == 0
-    assert only(at("c / 0 + 1 > bool 0", [counter([1.0], [0])], 0)) == 1.0
+    assert math.isnan(only(at("c / 0", [s], 0)))
+    assert only(at("c / 0 > bool 0", [s], 0)) == 0.0  # a comparison with NaN is false
+    assert len(at("c / 0 > 0", [s], 0)) == 0  # ... so a filter drops it
+    two = [counter([0.0], [0], i="a"), counter([2.0], [0], i="b")]
+    assert math.isnan(only(at("sum(c / 0)", two, 0)))
+    assert math.isnan(only(at("avg(c / c)", two, 0)))
+    assert only(at("min(c / c)", two, 0)) == 1.0
+
+
+def test_staleness_marker_ends_a_series() -> None:
+    s = counter([1.0, STALE_NAN, 3.0], [0, 30, 60])
+    assert len(at("c", [s], 40_000)) == 0  # the latest sample is the marker: nothing
+    assert only(at("c", [s], 20_000)) == 1.0
+    assert only(at("c", [s], 70_000)) == 3.0
+    assert only(at("count_over_time(c[2m])", [s], 70_000)) == 2  # markers are not samples
+    assert len(at("count_over_time(c[15s])", [s], 40_000)) == 0
+    assert len(at("timestamp(c)", [s], 40_000)) == 0
 
 
 def test_scalar_and_vector_functions() -> None:
