@@ -391,6 +391,26 @@ def read_merged_many(
     end: int = INT64_MAX,
 ) -> list[tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]]:
     """`read_merged` for many series of one shard, with one ColumnStore read for all of them."""
+    ts, vals, bounds = read_merged_batch(
+        memstore, column_store, ref, shard, series_ids, start, end
+    )
+    b = bounds.tolist()
+    return [(ts[b[i] : b[i + 1]], vals[b[i] : b[i + 1]]) for i in range(len(series_ids))]
+
+
+def read_merged_batch(
+    memstore: ShardMemstore,
+    column_store: ColumnStore,
+    ref: DatasetRef,
+    shard: int,
+    series_ids: Sequence[int],
+    start: int = INT64_MIN,
+    end: int = INT64_MAX,
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.int64]]:
+    """The samples in [start, end] of many series of one shard, stored and in memory, as one
+    columnar batch: series i's at `[bounds[i]:bounds[i + 1]]`. One ColumnStore read for all
+    of them, and none of the per-series work when memory holds the whole window (the common
+    case of a dashboard's recent windows)."""
     mem_starts, mem_ts, mem_vals, bounds = memstore.snapshot_many(series_ids, start, end)
     # Each series needs the ColumnStore only before its oldest in-memory sample.
     need: dict[str, int] = {}
@@ -399,22 +419,22 @@ def read_merged_many(
         if last >= start:
             need[memstore.part_key(sid)] = last
     chunks = column_store.read_chunks(ref, shard, need, start, max(need.values())) if need else {}
-    out = []
+    if not any(chunks.values()):
+        return mem_ts, mem_vals, bounds
+    ts_parts: list[npt.NDArray[np.int64]] = []
+    val_parts: list[npt.NDArray[np.float64]] = []
+    sizes = np.diff(bounds)
     for i, sid in enumerate(series_ids):
         lo, hi = int(bounds[i]), int(bounds[i + 1])
-        key = memstore.part_key(sid) if need else ""
-        stored = chunks.get(key, ()) if key in need else ()
-        if not stored:
-            out.append((mem_ts[lo:hi], mem_vals[lo:hi]))
-            continue
-        ts_parts: list[npt.NDArray[np.int64]] = []
-        val_parts: list[npt.NDArray[np.float64]] = []
-        for chunk in stored:
+        key = memstore.part_key(sid)
+        for chunk in chunks.get(key, ()) if key in need else ():
             ts, vals = chunk.samples()
             inside = (ts >= start) & (ts <= need[key])
             ts_parts.append(ts[inside])
             val_parts.append(vals[inside])
+            sizes[i] += len(ts_parts[-1])
         ts_parts.append(mem_ts[lo:hi])
         val_parts.append(mem_vals[lo:hi])
-        out.append((np.concatenate(ts_parts), np.concatenate(val_parts)))
-    return out
+    out_bounds = np.zeros(len(series_ids) + 1, np.int64)
+    np.cumsum(sizes, out=out_bounds[1:])
+    return np.concatenate(ts_parts), np.concatenate(val_parts), out_bounds

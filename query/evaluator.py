@@ -194,7 +194,10 @@ class _Evaluator:
             raise RuntimeError("raw samples are only read by a node's evaluator (no source)")
         lower = int(times.min()) - sel.offset_ms - width_ms
         upper = int(times.max()) - sel.offset_ms
-        series = self.source.select(sel.matchers, lower + 1, upper)  # windows are left-open
+        select_batch = getattr(self.source, "select_batch", None)
+        if select_batch is not None:  # a columnar source (a node's shards)
+            return select_batch(sel.matchers, lower + 1, upper)  # windows are left-open
+        series = self.source.select(sel.matchers, lower + 1, upper)
         return fn.SampleBatch.from_series(series, lower + 1, upper)
 
     def _subquery(self, sq: Subquery) -> fn.SampleBatch:

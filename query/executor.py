@@ -19,9 +19,10 @@ from filopy.dataset import Dataset
 from filopy.errors import Unavailable
 from filopy.store import ColumnStore
 from filopy.store.api import INT64_MAX, INT64_MIN, LabelMatcher
-from ingest.flush import read_merged_many
+from ingest.flush import read_merged_batch
 from ingest.memstore import ShardMemstore
 from query.evaluator import eval_partial, eval_series_local
+from query.functions import SampleBatch
 from query.promql import Aggregate, Expr
 from query.routing import PROMETHEUS_METRIC
 from query.values import SeriesData
@@ -66,10 +67,10 @@ class ShardSource:
         ]
 
     def _labels(self, labels: Mapping[str, str]) -> dict[str, str]:
+        out = dict(labels)
         metric = self.dataset.metric_column
-        out = {k: v for k, v in labels.items() if k != metric}
-        if metric in labels:
-            out[PROMETHEUS_METRIC] = labels[metric]
+        if metric in out:
+            out[PROMETHEUS_METRIC] = out.pop(metric)
         return out
 
     def _matching(
@@ -87,24 +88,43 @@ class ShardSource:
     def select(
         self, matchers: Sequence[LabelMatcher], start_ms: int, end_ms: int
     ) -> list[SeriesData]:
+        batch = self.select_batch(matchers, start_ms, end_ms)
+        b = batch.bounds.tolist()
+        return [
+            SeriesData(labels, batch.ts[b[i] : b[i + 1]], batch.vals[b[i] : b[i + 1]])
+            for i, labels in enumerate(batch.labels)
+        ]
+
+    def select_batch(
+        self, matchers: Sequence[LabelMatcher], start_ms: int, end_ms: int
+    ) -> SampleBatch:
+        """`select` as one columnar batch (what the evaluator reads): no per-series arrays."""
         start_ms, end_ms = max(start_ms, INT64_MIN), min(end_ms, INT64_MAX)
         by_shard: dict[int, list[tuple[ShardMemstore, int]]] = {}
         for shard, mem, sid in self._matching(matchers, start_ms, end_ms):
             by_shard.setdefault(shard, []).append((mem, sid))
-        out: list[SeriesData] = []
+        labels: list[dict[str, str]] = []
+        ts_parts, val_parts, size_parts = [], [], []
         for shard, series in by_shard.items():
             mem = series[0][0]
             sids = [sid for _, sid in series]
-            merged = read_merged_many(
+            ts, vals, bounds = read_merged_batch(
                 mem, self._columns, self.dataset.ref, shard, sids, start_ms, end_ms
             )
-            for sid, (ts, vals) in zip(sids, merged, strict=True):
-                if not len(ts):
-                    continue
-                self.stats.series += 1
-                self.stats.samples += len(ts)
-                out.append(SeriesData(self._labels(mem.labels(sid)), ts, vals))
-        return out
+            sizes = np.diff(bounds)
+            held = np.flatnonzero(sizes)
+            labels.extend(self._labels(mem.labels(sids[i])) for i in held.tolist())
+            ts_parts.append(ts)
+            val_parts.append(vals)
+            size_parts.append(sizes[held])
+        if not labels:
+            return SampleBatch([], np.empty(0, np.int64), np.empty(0), np.zeros(1, np.int64))
+        sizes = np.concatenate(size_parts)
+        bounds = np.zeros(len(sizes) + 1, np.int64)
+        np.cumsum(sizes, out=bounds[1:])
+        self.stats.series += len(labels)
+        self.stats.samples += int(bounds[-1])
+        return SampleBatch(labels, np.concatenate(ts_parts), np.concatenate(val_parts), bounds)
 
     def series(
         self, matchers: Sequence[LabelMatcher], start_ms: int, end_ms: int

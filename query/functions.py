@@ -22,19 +22,11 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from filopy.staleness import is_stale
+
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 Mask = npt.NDArray[np.bool_]
-
-# Prometheus's staleness marker (value.StaleNaN): a sample that says "this series ended".
-STALE_NAN_BITS = 0x7FF0000000000002
-STALE_NAN = float(np.array([STALE_NAN_BITS], np.uint64).view(np.float64)[0])
-
-
-def is_stale(vals: npt.ArrayLike) -> Mask:
-    """Where `vals` holds the staleness marker (by bit pattern: other NaNs are values)."""
-    return np.asarray(vals, dtype=np.float64).view(np.uint64) == STALE_NAN_BITS
-
 
 # Largest search key: series are processed in chunks so that keys stay below it.
 _KEY_LIMIT = 1 << 62

@@ -143,7 +143,10 @@ class SeriesSource(Protocol):
     def select(
         self, matchers: Sequence[LabelMatcher], start_ms: int, end_ms: int
     ) -> Iterable[SeriesData]:
-        """Every series matching all `matchers`, with its samples in [start_ms, end_ms]."""
+        """Every series matching all `matchers`, with its samples in [start_ms, end_ms].
+
+        A source may also offer `select_batch` (same arguments, a `query.functions.SampleBatch`
+        of the series with samples): the evaluator then reads that columnar batch instead."""
         ...
 
 
@@ -196,10 +199,18 @@ def dedupe(m: StepMatrix) -> StepMatrix:
 
 
 def drop_name(m: StepMatrix) -> StepMatrix:
-    if not any("__name__" in lab for lab in m.labels):
+    """The matrix without `__name__`, rows made equal by it merged (`dedupe`)."""
+    names = {lab.get("__name__") for lab in m.labels}
+    if names == {None} or not names:
         return m
-    labels = [{k: v for k, v in lab.items() if k != "__name__"} for lab in m.labels]
-    return dedupe(m.with_values(m.values, labels))
+    labels = []
+    for lab in m.labels:
+        lab = dict(lab)  # a C-level copy and a pop: several times a comprehension's speed
+        lab.pop("__name__", None)
+        labels.append(lab)
+    out = m.with_values(m.values, labels)
+    # Rows have distinct label sets, so with one name among them none become equal.
+    return out if len(names) == 1 else dedupe(out)
 
 
 def finalize(m: StepMatrix, order_by_value: str | None = None) -> StepMatrix:

@@ -54,6 +54,7 @@ from filopy.ingest_http.core import (
     WriteResult,
     show_labels,
 )
+from filopy.staleness import STALE_NAN
 from ingest.bad_records import DEFAULT_TS_RANGE, BadRecord, Decoded, clip, series_problem
 from ingest.batch import Labels, SampleBatch
 
@@ -503,9 +504,7 @@ class Converter:
             self.summaries(points, name, metric.name, resource)
 
     def _start(self, pt: Any, metric: str, resource: _Resource) -> Labels | None:
-        """A point's base labels, or None if it is skipped (no recorded value) or refused."""
-        if pt.flags & NO_RECORDED_VALUE:
-            return None
+        """A point's base labels, or None if it is refused."""
         base = self.base_labels(pt.attributes, resource)
         if isinstance(base, str):
             self.points.refuse(
@@ -537,10 +536,13 @@ class Converter:
             if base is None:
                 continue
             which = pt.WhichOneof("value")
-            if which is None:
+            if pt.flags & NO_RECORDED_VALUE:
+                value = STALE_NAN  # the series ended, as Prometheus's receiver writes it
+            elif which is None:
                 self.points.refuse(NO_VALUE, 1, f"metric {metric!r}: a data point with no value")
                 continue
-            value = float(pt.as_double if which == "as_double" else pt.as_int)
+            else:
+                value = float(pt.as_double if which == "as_double" else pt.as_int)
             base[mc] = name
             self._accept(pt, base, [base], [value], metric, resource)
 
@@ -570,6 +572,8 @@ class Converter:
                 widest = -1
             series.append({**base, "le": "+Inf", mc: bucket})
             vals.append(count)
+            if pt.flags & NO_RECORDED_VALUE:  # every series of the histogram ended
+                vals = [STALE_NAN] * len(vals)
             self._accept(pt, base, series, vals, metric, resource, widest)
 
     def summaries(self, points: Any, name: str, metric: str, resource: _Resource) -> None:
@@ -584,6 +588,8 @@ class Converter:
             for q in pt.quantile_values:
                 series.append({**base, "quantile": format_float(q.quantile), mc: name})
                 vals.append(q.value)
+            if pt.flags & NO_RECORDED_VALUE:
+                vals = [STALE_NAN] * len(vals)
             self._accept(pt, base, series, vals, metric, resource, None)
 
     def target_info(self, resource: _Resource) -> None:

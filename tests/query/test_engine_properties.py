@@ -93,6 +93,7 @@ def aggregations(draw: st.DrawFn) -> Aggregate:
 def assert_matrices_close(got: StepMatrix, want: StepMatrix) -> None:
     assert got.labels == want.labels
     np.testing.assert_array_equal(got.times, want.times)
+    np.testing.assert_array_equal(got.present, want.present)
     np.testing.assert_array_equal(np.isnan(got.values), np.isnan(want.values))
     np.testing.assert_allclose(got.values, want.values, rtol=1e-9, atol=1e-9)
 
