@@ -391,9 +391,7 @@ def read_merged_many(
     end: int = INT64_MAX,
 ) -> list[tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]]:
     """`read_merged` for many series of one shard, with one ColumnStore read for all of them."""
-    ts, vals, bounds = read_merged_batch(
-        memstore, column_store, ref, shard, series_ids, start, end
-    )
+    ts, vals, bounds = read_merged_batch(memstore, column_store, ref, shard, series_ids, start, end)
     b = bounds.tolist()
     return [(ts[b[i] : b[i + 1]], vals[b[i] : b[i + 1]]) for i in range(len(series_ids))]
 
