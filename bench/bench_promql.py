@@ -8,15 +8,17 @@ scrapes, ending a minute ago) go:
 - to a real two-node FiloPy cluster through its remote-write endpoint and Kafka (4 shards,
   SQLite store), as tests/compliance/harness.py loads them.
 
-Each query then runs `--runs` times against both through their HTTP query APIs, alternating
-which goes first, after `--warmup` untimed runs each; the table gives p50 and p99 wall time of
-the HTTP call (request to parsed JSON) and the ratio FiloPy / Prometheus. Both answers are
-checked to hold the same number of series. Results: bench/results/promql.txt (`--out -` prints).
+Each query then runs `--runs` times against both through their HTTP query APIs, from a client
+process of its own, alternating which goes first, after `--warmup` untimed runs each; the
+table gives p50 and p99 wall time of the HTTP call (request to parsed JSON) and the ratio
+FiloPy / Prometheus. Both answers are checked to hold the same number of series. Results:
+bench/results/promql.txt (`--out -` prints).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import platform
 import shutil
 import subprocess
@@ -24,6 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -77,7 +80,38 @@ def ask(http: httpx.Client, base: str, query: str, end: float, rng: int, step: i
     return len(body["data"]["result"])
 
 
+def measure(fp: str, ref: str, end: float, runs: int, warmup: int) -> list[Any]:
+    """Every query against both, interleaved: [(name, series, {who: [seconds]})]."""
+    out = []
+    with httpx.Client(timeout=120) as http:
+        for name, query, rng, step in QUERIES:
+            times: dict[str, list[float]] = {"filopy": [], "prometheus": []}
+            counts = {}
+            for run in range(warmup + runs):
+                order = [("filopy", fp), ("prometheus", ref)]
+                if run % 2:
+                    order.reverse()
+                for who, base in order:
+                    t = time.perf_counter()
+                    counts[who] = ask(http, base, query, end, rng, step)
+                    if run >= warmup:
+                        times[who].append(time.perf_counter() - t)
+            if counts["filopy"] != counts["prometheus"]:
+                raise RuntimeError(f"{query}: series differ: {counts}")
+            out.append((name, counts["filopy"], times))
+    return out
+
+
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--client":
+        cp = argparse.ArgumentParser()
+        cp.add_argument("--client", nargs=3, metavar=("FILOPY", "PROMETHEUS", "END"))
+        cp.add_argument("--runs", type=int)
+        cp.add_argument("--warmup", type=int)
+        ca = cp.parse_args()
+        fp, ref, end = ca.client
+        print(json.dumps(measure(fp, ref, float(end), ca.runs, ca.warmup)))
+        return
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--instances", type=int, default=20)
     ap.add_argument("--runs", type=int, default=40)
@@ -104,28 +138,20 @@ def main() -> None:
         with (
             harness.reference(work / "ref", series, binary=prometheus) as ref,
             harness.filopy(work / "filopy", series, args.kafka) as fp,
-            httpx.Client(timeout=120) as http,
         ):
             print(f"loaded in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
-            end = float(end_s)
-            for name, query, rng, step in QUERIES:
-                times: dict[str, list[float]] = {"filopy": [], "prometheus": []}
-                counts = {}
-                for run in range(args.warmup + args.runs):
-                    order = [("filopy", fp), ("prometheus", ref)]
-                    if run % 2:
-                        order.reverse()
-                    for who, base in order:
-                        t = time.perf_counter()
-                        counts[who] = ask(http, base, query, end, rng, step)
-                        if run >= args.warmup:
-                            times[who].append(time.perf_counter() - t)
-                if counts["filopy"] != counts["prometheus"]:
-                    raise RuntimeError(f"{query}: series differ: {counts}")
+            # The timing client runs in its own process: in this one it would share the GIL
+            # with FiloPy's REST server (a thread here), which a real client never does.
+            client = [sys.executable, __file__, "--client", fp, ref, str(end_s)]
+            client += ["--runs", str(args.runs), "--warmup", str(args.warmup)]
+            done = subprocess.run(client, capture_output=True, text=True, check=False)
+            if done.returncode:
+                raise RuntimeError(f"the timing client failed: {done.stderr}")
+            for name, count, times in json.loads(done.stdout):
                 f50, f99 = np.percentile(times["filopy"], [50, 99]) * 1000
                 p50, p99 = np.percentile(times["prometheus"], [50, 99]) * 1000
                 row = (
-                    f"{name:<38} {counts['filopy']:>6} {f50:>9.1f} {f99:>9.1f} {p50:>9.1f} "
+                    f"{name:<38} {count:>6} {f50:>9.1f} {f99:>9.1f} {p50:>9.1f} "
                     f"{p99:>9.1f} {f50 / p50:>7.2f} {f99 / p99:>7.2f}"
                 )
                 print(row, file=sys.stderr)
