@@ -138,7 +138,8 @@ class _Series:
         self.vals = _NO_VALS
         self.n = 0
         self.hint = _INITIAL_CAPACITY
-        self.chunks: list[_MemChunk] = []  # few per series: a list is smaller than a deque
+        # few per series: a list (smaller than a deque), () while none (no list per idle series)
+        self.chunks: list[_MemChunk] | tuple[()] = ()
 
     def grow(self, need: int) -> None:
         cap = max(need, 2 * len(self.ts), self.hint)
@@ -432,7 +433,7 @@ class ShardMemstore:
         return self._index.part_key(series_id)
 
     def labels(self, series_id: int) -> Labels:
-        return dict(self._index.labels(series_id))
+        return self._index.labels(series_id)
 
     def group_of(self, series_id: int) -> int:
         return self._series[series_id].group
@@ -575,7 +576,9 @@ class ShardMemstore:
                 for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True):
                     rec = ChunkRecord.from_samples(part_key, ts[a:b], vals[a:b])
                     mem = _MemChunk(sid, rec)
-                    ser.chunks.append(mem)
+                    if not ser.chunks:
+                        ser.chunks = []
+                    ser.chunks.append(mem)  # type: ignore[union-attr]
                     sealed.chunks.append(rec)
                     sealed._mem.append(mem)
                 sealed.part_keys.append(
@@ -624,9 +627,12 @@ class ShardMemstore:
             elif not (over and self.memory_samples() > target):
                 break
             heapq.heappop(heap)
-            chunks = self._series[mem.sid].chunks
+            ser = self._series[mem.sid]
+            chunks = ser.chunks
             assert chunks[0] is mem, "flushed chunks are evicted oldest first"
-            del chunks[0]
+            del chunks[0]  # type: ignore[union-attr]
+            if not chunks:
+                ser.chunks = ()
             self._flushed_in_memory -= mem.record.num_samples
             freed += mem.record.num_samples
         self.stats.evicted_samples += freed

@@ -5,15 +5,21 @@ its own data: series ids are handed out here, 0, 1, 2... in creation order, and 
 keeps its per-series sample state in arrays and lists indexed by them. The index holds
 
 * each series' label set (canonical: no empty values; names and values interned, one copy of
-  each string per shard) and its part key (`encode_part_key`), with part key -> id;
-* a cache of the raw label sets seen in batches -> id, so a repeated series costs one lookup;
-* an inverted index label -> value -> ids, which answers PromQL's label matchers.
+  each string per shard) as a tuple `(names, value, value, ...)` whose tuple of label names is
+  shared by every series with the same names, and its part key (`encode_part_key`), with part
+  key -> id;
+* a cache of the raw label sets seen in batches, by hash -> id (checked against the series'
+  labels on a hit), so a repeated series costs one lookup;
+* an inverted index label -> value -> ids: compact arrays of int32 ids, ascending (ids only
+  grow), which answers PromQL's label matchers with NumPy set operations.
 
-Not thread-safe: the memstore calls it under its lock.
+Its size is what a series costs in memory beyond its samples: about 480 bytes for a 7-label
+series (`bench/bench_series_memory.py`). Not thread-safe: the memstore calls it under its lock.
 """
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 
 import numpy as np
@@ -25,25 +31,33 @@ from ingest.batch import Labels
 __all__ = ["SeriesIndex"]
 
 _FEW_CANDIDATES = 64  # below this, matchers filter the candidates' labels directly
+I64 = npt.NDArray[np.int64]
+
+
+def _ids(posting: array) -> I64:
+    """A posting list as int64 ids (ascending)."""
+    return np.frombuffer(posting, dtype=np.int32).astype(np.int64)
 
 
 class SeriesIndex:
     """Label sets of a shard's series by id, looked up by labels, part key or matchers."""
 
     def __init__(self) -> None:
-        self._labels: list[Labels] = []  # per id
+        self._labels: list[tuple] = []  # type: ignore[type-arg]  # per id: (names, *values)
+        self._names: dict[tuple[str, ...], tuple[str, ...]] = {}  # one copy of each name set
         self._part_keys: list[str] = []  # per id
         self._by_key: dict[str, int] = {}
-        self._by_raw: dict[tuple[tuple[str, str], ...], int] = {}  # raw labels -> id
+        self._by_raw: dict[int, int] = {}  # hash of sorted raw label items -> id
         self._strings: dict[str, str] = {}  # one copy of each label name and value
-        self._postings: dict[str, dict[str, set[int]]] = {}
+        self._postings: dict[str, dict[str, array]] = {}  # label -> value -> int32 ids
 
     def __len__(self) -> int:
         return len(self._labels)
 
     def labels(self, series_id: int) -> Labels:
-        """The series' canonical label set (the index's own dict: do not modify)."""
-        return self._labels[series_id]
+        """The series' canonical label set (a new dict)."""
+        names, *values = self._labels[series_id]
+        return dict(zip(names, values, strict=True))
 
     def part_key(self, series_id: int) -> str:
         return self._part_keys[series_id]
@@ -54,14 +68,30 @@ class SeriesIndex:
     def add(self, labels: Labels, part_key: str) -> int:
         """Index a new series (canonical `labels`, its `part_key` not indexed yet); its id."""
         sid = len(self._labels)
+        if sid >= 2**31 - 1:
+            raise ValueError("a shard holds at most 2**31 - 1 series")
         intern = self._intern
-        labels = {intern(k): intern(v) for k, v in labels.items()}
-        self._labels.append(labels)
+        values: list[str] = []
+        for k, v in labels.items():
+            k, v = intern(k), intern(v)
+            values.append(v)
+            by_value = self._postings.setdefault(k, {})
+            posting = by_value.get(v)
+            if posting is None:
+                by_value[v] = array("i", (sid,))
+            else:
+                posting.append(sid)
+        names = tuple(labels)
+        names = self._names.setdefault(names, tuple(intern(k) for k in names))
+        self._labels.append((names, *values))
         self._part_keys.append(part_key)
         self._by_key[part_key] = sid
-        for k, v in labels.items():
-            self._postings.setdefault(k, {}).setdefault(v, set()).add(sid)
         return sid
+
+    def _same(self, sid: int, labels: Labels) -> bool:
+        """Whether raw `labels` (empty values allowed) are series `sid`'s."""
+        canon = {k: v for k, v in labels.items() if v != ""}
+        return canon == self.labels(sid)
 
     def resolve(self, series: Sequence[Labels]) -> npt.NDArray[np.int64]:
         """Ids of a batch's label sets, adding new series (with the next ids, in batch order);
@@ -72,22 +102,23 @@ class SeriesIndex:
         cache = self._by_raw
         for i, labels in enumerate(series):
             try:
-                key = tuple(sorted(labels.items()))
-                sid = cache.get(key)
+                h = hash(tuple(sorted(labels.items())))
             except (TypeError, AttributeError):
                 out[i] = -1
                 continue
+            sid = cache.get(h)
+            if sid is not None and self._same(sid, labels):
+                out[i] = sid
+                continue
+            try:
+                part_key = encode_part_key(labels)
+            except (ValueError, TypeError):
+                out[i] = -1
+                continue
+            sid = self._by_key.get(part_key)
             if sid is None:
-                try:
-                    part_key = encode_part_key(labels)
-                except (ValueError, TypeError):
-                    out[i] = -1
-                    continue
-                sid = self._by_key.get(part_key)
-                if sid is None:
-                    sid = self.add({k: v for k, v in labels.items() if v != ""}, part_key)
-                intern = self._intern
-                cache[tuple((intern(k), intern(v)) for k, v in key)] = sid
+                sid = self.add({k: v for k, v in labels.items() if v != ""}, part_key)
+            cache[h] = sid  # a colliding hash just costs the other series this slow path
             out[i] = sid
         return out
 
@@ -101,29 +132,33 @@ class SeriesIndex:
         label once rather than each series; `=` matchers (most selective) go first, and once the
         candidates are few, the remaining matchers filter them directly."""
         ordered = sorted(matchers, key=lambda m: (m.op is not MatchOp.EQ, m.value == ""))
-        cands: set[int] | None = None
+        cands: I64 | None = None
         for m in ordered:
             if cands is not None and len(cands) <= _FEW_CANDIDATES:
-                labels = self._labels
-                cands = {s for s in cands if m.matches(labels[s])}
+                keep = [m.matches(self.labels(s)) for s in cands.tolist()]
+                cands = cands[np.array(keep, dtype=bool)]
             else:
                 hit = self._matching(m)
-                cands = hit if cands is None else cands & hit
-            if not cands:
+                cands = hit if cands is None else np.intersect1d(cands, hit, assume_unique=True)
+            if not len(cands):
                 return []
         if cands is None:
             return list(range(len(self._labels)))
-        return sorted(cands)
+        return cands.tolist()
 
-    def _matching(self, m: LabelMatcher) -> set[int]:
+    def _matching(self, m: LabelMatcher) -> I64:
+        """Ascending ids of the series `m` matches."""
         values = self._postings.get(m.label, {})
         if m.op is MatchOp.EQ and m.value != "":
-            return set(values.get(m.value, ()))
-        hit: set[int] = set()
-        for v, ids in values.items():
-            if m.matches({m.label: v}):
-                hit |= ids
+            posting = values.get(m.value)
+            return _ids(posting) if posting is not None else np.empty(0, np.int64)
+        # A series has one value per label: the postings of distinct values are disjoint.
+        hits = [_ids(ids) for v, ids in values.items() if m.matches({m.label: v})]
         if m.matches({}):  # a missing label counts as "": add the series without the label
-            having: set[int] = set().union(*values.values()) if values else set()
-            hit |= set(range(len(self._labels))) - having
-        return hit
+            having = np.zeros(len(self._labels), bool)
+            for ids in values.values():
+                having[_ids(ids)] = True
+            hits.append(np.flatnonzero(~having))
+        if not hits:
+            return np.empty(0, np.int64)
+        return np.sort(np.concatenate(hits)) if len(hits) > 1 else hits[0]
