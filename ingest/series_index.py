@@ -4,10 +4,10 @@ Kept apart from the memstore's samples (`ingest.memstore`) because it is a separ
 its own data: series ids are handed out here, 0, 1, 2... in creation order, and the memstore
 keeps its per-series sample state in arrays and lists indexed by them. The index holds
 
-* each series' label set (canonical: no empty values; names and values interned, one copy of
-  each string per shard) as a tuple `(names, value, value, ...)` whose tuple of label names is
-  shared by every series with the same names, and its part key (`encode_part_key`), with part
-  key -> id;
+* each series' label set (canonical: no empty values, sorted by name; names and values
+  interned, one copy of each string per shard) as a tuple `(names, value, value, ...)` whose
+  tuple of label names is shared by every series with the same names, and its part key
+  (`encode_part_key`), with part key -> id;
 * a cache of the raw label sets seen in batches, by hash -> id (checked against the series'
   labels on a hit), so a repeated series costs one lookup;
 * an inverted index label -> value -> ids: compact arrays of int32 ids, ascending (ids only
@@ -72,6 +72,7 @@ class SeriesIndex:
             raise ValueError("a shard holds at most 2**31 - 1 series")
         intern = self._intern
         values: list[str] = []
+        labels = dict(sorted(labels.items()))  # sorted names: `resolve` checks hits cheaply
         for k, v in labels.items():
             k, v = intern(k), intern(v)
             values.append(v)
@@ -102,14 +103,17 @@ class SeriesIndex:
         cache = self._by_raw
         for i, labels in enumerate(series):
             try:
-                h = hash(tuple(sorted(labels.items())))
+                key = tuple(sorted(labels.items()))
+                h = hash(key)
             except (TypeError, AttributeError):
                 out[i] = -1
                 continue
             sid = cache.get(h)
-            if sid is not None and self._same(sid, labels):
-                out[i] = sid
-                continue
+            if sid is not None:
+                flat = self._labels[sid]  # a hash is no proof: check the labels (~0.5 us)
+                if key == tuple(zip(flat[0], flat[1:], strict=True)) or self._same(sid, labels):
+                    out[i] = sid
+                    continue
             try:
                 part_key = encode_part_key(labels)
             except (ValueError, TypeError):
