@@ -13,6 +13,7 @@ functions accept either signed or unsigned forms since only the low bits matter.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 
 import xxhash
@@ -42,8 +43,15 @@ def _int32(x: int) -> int:
 def hash32(data: str | bytes) -> int:
     """XXHash32 of the UTF-8 bytes with FiloDB's seed, as a signed 32-bit int."""
     if isinstance(data, str):
-        data = data.encode("utf-8")
+        return _hash32_str(data)
     return _int32(xxhash.xxh32_intdigest(data, HASH_SEED))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _hash32_str(text: str) -> int:
+    """`hash32` of a string, cached: label names and most values repeat across series, so a
+    new series mostly hashes strings seen before."""
+    return _int32(xxhash.xxh32_intdigest(text.encode("utf-8"), HASH_SEED))
 
 
 def combine_hash(h1: int, h2: int) -> int:
@@ -161,11 +169,19 @@ def resolve_spread(dataset: Dataset, labels: Mapping[str, str], override: int | 
     return spread
 
 
-def shard_for_series(dataset: Dataset, labels: Mapping[str, str], spread: int | None = None) -> int:
-    """The ingestion shard of a full series label set."""
+def shard_for_series(
+    dataset: Dataset,
+    labels: Mapping[str, str],
+    spread: int | None = None,
+    partition_hash: int | None = None,
+) -> int:
+    """The ingestion shard of a full series label set (`partition_hash`: its
+    `partition_key_hash`, if the caller has it already)."""
+    if partition_hash is None:
+        partition_hash = partition_key_hash(labels, dataset)
     return ingestion_shard(
         shard_key_hash(labels, dataset),
-        partition_key_hash(labels, dataset),
+        partition_hash,
         resolve_spread(dataset, labels, spread),
         dataset.num_shards,
     )

@@ -62,14 +62,22 @@ DEFAULT_RETENTION_MS = 2 * 3_600_000
 DEFAULT_MAX_SAMPLES = 50_000_000
 EVICT_TO = 0.9  # over the bound, evict down to this fraction of it so eviction is not per ingest
 _INITIAL_CAPACITY = 8
+_PENDING_MAX = 1 << 16  # pending samples moved into series buffers at once (`_settle`)
 
 
-def flush_group_of(labels: Mapping[str, str], dataset: Dataset, groups_per_shard: int) -> int:
+def flush_group_of(
+    labels: Mapping[str, str],
+    dataset: Dataset,
+    groups_per_shard: int,
+    partition_hash: int | None = None,
+) -> int:
     """A series' flush group: |partition key hash| mod groups, as FiloDB (Java `abs(h % n)`).
 
     `labels` must be canonical (no empty values), so that `{a="", b="x"}` and `{b="x"}`, which
     are one series, land in one group."""
-    return abs(partition_key_hash(labels, dataset)) % groups_per_shard
+    if partition_hash is None:
+        partition_hash = partition_key_hash(labels, dataset)
+    return abs(partition_hash) % groups_per_shard
 
 
 @dataclass(slots=True)
@@ -214,6 +222,14 @@ class ShardMemstore:
         self._max_ts = NONE_TS
         # memory accounting, in samples
         self._open = 0
+        # Accepted samples not yet in their series' buffers (`_settle`): a message with one
+        # sample per series (remote write, line protocol) is appended here as three columns,
+        # and moved into the buffers many messages at a time, so the per-series Python work is
+        # shared by many samples instead of paid by each.
+        self._pending = 0
+        self._pending_sid = np.empty(0, I64)
+        self._pending_ts = np.empty(0, I64)
+        self._pending_vals = np.empty(0, F64)
         self._sealed_unflushed = 0
         self._flushed_in_memory = 0
         self._evictable: list[tuple[int, int, _MemChunk]] = []  # heap (end_time, seq, chunk)
@@ -350,6 +366,27 @@ class ShardMemstore:
         first = self._first_ts[seg_sid]
         self._first_ts[seg_sid] = np.where(first == NONE_TS, ts[starts], first)
         self._last_ts[seg_sid] = ts[ends - 1]
+        if self._pending == 0 and len(sid) >= _PENDING_MAX:  # long runs per series: direct
+            self._append_runs(seg_sid, starts, ends, ts, vals)
+        else:
+            self._append_pending(sid, ts, vals)
+        st.ingested = len(sid)
+        misrouted = self._misrouted[seg_sid]
+        if misrouted.any():
+            st.misrouted = int((ends - starts)[misrouted].sum())
+            st.first_misrouted = int(seg_sid[np.argmax(misrouted)])
+        self._open += len(sid)
+        self._max_ts = max(self._max_ts, int(ts.max()))
+
+    def _append_runs(
+        self,
+        seg_sid: npt.NDArray[np.int64],
+        starts: npt.NDArray[np.int64],
+        ends: npt.NDArray[np.int64],
+        ts: npt.NDArray[np.int64],
+        vals: npt.NDArray[np.float64],
+    ) -> None:
+        """Append each series' run `[starts[i], ends[i])` of `ts`/`vals` to its buffer."""
         series = self._series
         for s, a, b in zip(seg_sid.tolist(), starts.tolist(), ends.tolist(), strict=True):
             ser = series[s]
@@ -360,13 +397,41 @@ class ShardMemstore:
             ser.ts[n:m] = ts[a:b]
             ser.vals[n:m] = vals[a:b]
             ser.n = m
-        st.ingested = len(sid)
-        misrouted = self._misrouted[seg_sid]
-        if misrouted.any():
-            st.misrouted = int((ends - starts)[misrouted].sum())
-            st.first_misrouted = int(seg_sid[np.argmax(misrouted)])
-        self._open += len(sid)
-        self._max_ts = max(self._max_ts, int(ts.max()))
+
+    def _append_pending(
+        self, sid: npt.NDArray[np.int64], ts: npt.NDArray[np.int64], vals: npt.NDArray[np.float64]
+    ) -> None:
+        n, k = self._pending, len(sid)
+        if n + k > len(self._pending_sid):
+            cap = max(n + k, 2 * len(self._pending_sid), 4096)
+            self._pending_sid = _grown(self._pending_sid, cap, 0)
+            self._pending_ts = _grown(self._pending_ts, cap, 0)
+            self._pending_vals = _grown(self._pending_vals, cap, 0.0)
+        self._pending_sid[n : n + k] = sid
+        self._pending_ts[n : n + k] = ts
+        self._pending_vals[n : n + k] = vals
+        self._pending = n + k
+        if self._pending >= _PENDING_MAX:
+            self._settle()
+
+    def _settle(self) -> None:
+        """Move the pending samples into their series' buffers (before anything reads them).
+        A series' pending samples are in arrival order, which is time order (each was newer
+        than the series' last sample when accepted), and the sort keeps that order."""
+        n = self._pending
+        if not n:
+            return
+        sid = self._pending_sid[:n]
+        order = np.argsort(sid, kind="stable")
+        sid = sid[order]
+        ts, vals = self._pending_ts[:n][order], self._pending_vals[:n][order]
+        new_seg = np.empty(n, bool)
+        new_seg[0] = True
+        np.not_equal(sid[1:], sid[:-1], out=new_seg[1:])
+        starts = np.flatnonzero(new_seg)
+        ends = np.append(starts[1:], n)
+        self._append_runs(sid[starts], starts, ends, ts, vals)
+        self._pending = 0
 
     def _resolve(self, batch: SampleBatch, st: IngestStats) -> npt.NDArray[np.int64]:
         """Series ids of a batch's label sets, creating new series; -1 for invalid labels.
@@ -401,7 +466,8 @@ class ShardMemstore:
         """Sample state for a series the index has just added (ids are dense, in order)."""
         assert sid == len(self._series)
         labels = self._index.labels(sid)
-        group = flush_group_of(labels, self.dataset, self.groups_per_shard)
+        ph = partition_key_hash(labels, self.dataset)  # for the group and the shard check
+        group = flush_group_of(labels, self.dataset, self.groups_per_shard, ph)
         if sid >= len(self._group):
             cap = max(1024, 2 * len(self._group))
             self._first_ts = _grown(self._first_ts, cap, NONE_TS)
@@ -411,7 +477,7 @@ class ShardMemstore:
             self._misrouted = _grown(self._misrouted, cap, False)
         self._first_ts[sid] = self._last_ts[sid] = self._store_end[sid] = NONE_TS
         self._group[sid] = group
-        self._misrouted[sid] = shard_for_series(self.dataset, labels) != self.shard
+        self._misrouted[sid] = shard_for_series(self.dataset, labels, None, ph) != self.shard
         self._series.append(_Series(group))
         self._group_series[group].append(sid)
 
@@ -464,6 +530,7 @@ class ShardMemstore:
         """`(memory_start, ts, values)` taken atomically, so a query can read the ColumnStore
         for exactly the times before `memory_start` even while chunks are being evicted."""
         with self._lock:
+            self._settle()
             ser = self._series[series_id]
             mem_start = self._memory_start(ser)
             records = [
@@ -496,6 +563,7 @@ class ShardMemstore:
         owners: list[int] = []  # per part, the series it belongs to
         window = np.array([start, end], I64)
         with self._lock:
+            self._settle()
             for i, sid in enumerate(series_ids):
                 ser = self._series[sid]
                 chunks = ser.chunks
@@ -539,6 +607,7 @@ class ShardMemstore:
         """Time of the series' oldest in-memory sample (None if none): memory holds every
         accepted sample of the series from there on, the ColumnStore everything before."""
         with self._lock:
+            self._settle()
             return self._memory_start(self._series[series_id])
 
     @staticmethod
@@ -563,6 +632,7 @@ class ShardMemstore:
 
         The chunks stay in memory (unflushed, not evictable) until `mark_flushed`."""
         with self._lock:
+            self._settle()
             sealed = SealedGroup(group, int(self._watermark[group]))
             span, most = self.chunk_span_ms, self.max_chunk_samples
             for sid in self._group_series[group]:
@@ -651,6 +721,7 @@ class ShardMemstore:
     def memory_bytes(self) -> int:
         """Approximate bytes of sample data: buffer capacity and encoded chunk bytes."""
         with self._lock:
+            self._settle()
             total = 0
             for ser in self._series:
                 total += ser.ts.nbytes + ser.vals.nbytes
@@ -679,7 +750,7 @@ def chunk_cuts(ts: npt.NDArray[np.int64], span_ms: int, max_samples: int) -> npt
     return np.append(starts, n)
 
 
-def _grown(a: np.ndarray, cap: int, fill: int) -> np.ndarray:
+def _grown(a: np.ndarray, cap: int, fill: float) -> np.ndarray:
     out = np.full(cap, fill, a.dtype)
     out[: len(a)] = a
     return out
