@@ -33,6 +33,8 @@ duplicate wins; ordering and deduplication are the ingester's policy.
 
 from __future__ import annotations
 
+import itertools
+import math
 import threading
 from dataclasses import dataclass
 
@@ -418,6 +420,8 @@ def encode_chunk(timestamps: npt.ArrayLike, values: npt.ArrayLike) -> bytes:
         raise ValueError(
             f"timestamps must be strictly increasing: ts[{i}]={ts[i]} after ts[{i - 1}]={ts[i - 1]}"
         )
+    if n < _SMALL:
+        return _encode_small(ts, x)
     out = bytearray((VERSION,))
     _uvarint(n, out)
     order, seeds, plan = _best_diffs(ts, range(1, 3))
@@ -432,6 +436,179 @@ def encode_chunk(timestamps: npt.ArrayLike, values: npt.ArrayLike) -> bytes:
         if len(xor) < len(vals):
             vals = xor
     out += vals
+    return bytes(out)
+
+
+# ------------------------------------------------------------------------------ small chunks
+#
+# A flush of a 15 s scrape every minute seals chunks of about 4 samples, and the NumPy encoder
+# costs 100-300 us per chunk whatever its size (hundreds of NumPy calls on tiny arrays). Below
+# `_SMALL` samples (where the format allows no patches anyway) the same layout is written with
+# Python ints instead, each choice made by exact size: 3-10x faster, never larger.
+
+_SMALL = 8
+_I64_SPAN = 1 << 64
+_POW10_PY = [10.0**e for e in range(_MAX_EXP + 1)]
+
+
+def _wrap64(v: int) -> int:
+    """`v` as int64 arithmetic leaves it (two's complement wrap-around)."""
+    v &= _MASK64
+    return v - _I64_SPAN if v >> 63 else v
+
+
+def _small_ints(v: list[int], out: bytearray) -> None:
+    """An int stream of a few int64 values, as `_write_plan(_plan(v, patch=False))` lays it
+    out."""
+    if not v:
+        _uvarint(0, out)
+        _svarint(0, out)
+        return
+    base = min(v)
+    u = [(x - base) & _MASK64 for x in v]
+    g = 0
+    for x in u:
+        g = math.gcd(g, x)
+    if g > 1:
+        u = [x // g for x in u]
+    width = max(u).bit_length()
+    payload = b""
+    if width:
+        acc = 0
+        for i, x in enumerate(u):
+            acc |= x << (i * width)
+        payload = acc.to_bytes((len(u) * width + 7) // 8, "little")
+    packed = _maybe_zstd(payload) if width % 8 == 0 else None
+    _uvarint(width | (packed is not None) << 7 | (g > 1) << 8, out)
+    _svarint(base, out)
+    if g > 1:
+        _uvarint(g, out)
+    if packed is not None:
+        _uvarint(len(packed), out)
+        out += packed
+    else:
+        out += payload
+
+
+def _small_diffs(v: list[int], orders: range) -> bytearray:
+    """`u8 order | seeds | int stream` for the order (of `orders`) that packs smallest."""
+    best = bytearray()
+    for order in orders:
+        d = list(v)
+        seeds = []
+        for _ in range(order):
+            if not d:
+                break
+            seeds.append(d[0])
+            d = [_wrap64(b - a) for a, b in itertools.pairwise(d)]
+        out = bytearray((order,))
+        for sd in seeds:
+            _svarint(sd, out)
+        _small_ints(d, out)
+        if not best or len(out) < len(best):
+            best = out
+    return best
+
+
+def _decimals(v: float) -> int:
+    """Digits after the point in `v`'s shortest round-tripping decimal (`repr`), e.g. 2 for
+    12.25, 0 for 1500.0, 5 for 1e-05: the smallest exponent that can make it an integer."""
+    mant, _, exp = repr(v).partition("e")
+    frac = mant.partition(".")[2].rstrip("0")
+    return max(0, len(frac) - int(exp or 0))
+
+
+def _small_decimal(vals: list[float], bits: list[int], e: int) -> tuple[list[int], list[int], bool]:
+    """At exponent e: the integers k, the exception positions, and whether any value fit
+    the exact range at all."""
+    p = _POW10_PY[e]
+    ks, exc, any_ok = [], [], False
+    for i, v in enumerate(vals):
+        scaled = v * p
+        if math.isfinite(v) and abs(scaled) < _MAX_EXACT:
+            any_ok = True
+            k = round(scaled)
+            ks.append(k)
+            if k / p == v and (v != 0 or bits[i] == 0):
+                continue
+        else:
+            ks.append(0)
+        exc.append(i)
+    return ks, exc, any_ok
+
+
+def _small_values(x: FloatArray) -> bytearray:
+    bits = x.view(U64).tolist()
+    vals = x.tolist()
+    best: tuple[int, list[int], list[int]] | None = None  # e, k, exception positions
+    hopeless = sum(
+        1 for v, b in zip(vals, bits, strict=True) if not math.isfinite(v) or b == 1 << 63
+    )
+    # A value is exact at exponent e only from its shortest decimal's digits d on (a smaller e
+    # would give a shorter round-tripping decimal) and while |v| * 10**e < 2**53: values that
+    # fail at e = d are exceptions at every e. So the fewest exceptions possible are known, and
+    # the digits every other value needs are the first exponent to try.
+    floor, need = hopeless, 0
+    for v in vals:
+        if math.isfinite(v):
+            d = _decimals(v)
+            if d > _MAX_EXP or abs(v) * _POW10_PY[d] >= _MAX_EXACT:
+                floor += 1
+            else:
+                need = max(need, d)
+    if floor < len(vals):
+        ks, exc, any_ok = _small_decimal(vals, bits, need)
+        if any_ok and len(exc) == floor:
+            best = (need, ks, exc)
+    for e in range(_MAX_EXP + 1) if best is None and floor < len(vals) else ():
+        ks, exc, any_ok = _small_decimal(vals, bits, e)
+        if not any_ok:
+            break
+        if best is None or len(exc) < len(best[2]):
+            best = (e, ks, exc)
+            if len(exc) == floor:
+                break
+    out = bytearray()
+    if best is not None:
+        e, ks, exc = best
+        if exc:  # an exception takes its predecessor's integer (0 before any)
+            exc_set, prev = set(exc), 0
+            for i in range(len(ks)):
+                if i in exc_set:
+                    ks[i] = prev
+                else:
+                    prev = ks[i]
+        head = _small_diffs(ks, range(3))
+        out += bytes((_DECIMAL, e))
+        out += head
+        _uvarint(len(exc), out)
+        if exc:
+            out += _small_diffs(exc, range(1, 2))[1:]  # order 1, not written: the reader knows
+            for i in exc:
+                out += bits[i].to_bytes(8, "little")
+    if best is None or len(out) > 4 * len(vals):
+        u = bits
+        xo = [u[0]] + [a ^ b for a, b in itertools.pairwise(u)]
+        planes = bytes(
+            (w >> (8 * plane)) & 0xFF for plane in range(8) for w in xo
+        )  # byte plane 0 of every value, then plane 1, ...
+        packed = _maybe_zstd(planes)
+        if packed is None:
+            xor = bytearray((_XOR, 0)) + planes
+        else:
+            xor = bytearray((_XOR, 1))
+            _uvarint(len(packed), xor)
+            xor += packed
+        if not out or len(xor) < len(out):
+            out = xor
+    return out
+
+
+def _encode_small(ts: IntArray, x: FloatArray) -> bytes:
+    out = bytearray((VERSION,))
+    _uvarint(len(ts), out)
+    out += _small_diffs(ts.tolist(), range(1, 3))
+    out += _small_values(x)
     return bytes(out)
 
 

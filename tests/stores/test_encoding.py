@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from filopy.store import ChunkRecord, decode_chunk, encode_chunk
+from filopy.store import ChunkRecord, decode_chunk, encode_chunk, encoding
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 U64_MAX = (1 << 64) - 1
@@ -85,6 +85,24 @@ def test_any_samples_round_trip_bit_exactly(chunk: tuple[np.ndarray, np.ndarray]
 @given(scrape_like_chunks())
 def test_scrape_like_samples_round_trip_bit_exactly(chunk: tuple[np.ndarray, np.ndarray]) -> None:
     _assert_round_trip(*chunk)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(arbitrary_chunks(), scrape_like_chunks()).filter(lambda c: len(c[0]) < 8))
+def test_small_chunks_round_trip_and_are_no_larger_than_the_numpy_encoding(
+    chunk: tuple[np.ndarray, np.ndarray],
+) -> None:
+    """Below 8 samples (a minute's flush of 15 s scrapes) the encoder writes the same layout
+    from Python ints: any such chunk decodes bit-exactly, and never takes more bytes than the
+    vectorised encoder would."""
+    small = _assert_round_trip(*chunk)
+    threshold = encoding._SMALL
+    try:
+        encoding._SMALL = 0  # the vectorised encoder, for comparison
+        vectorised = _assert_round_trip(*chunk)
+    finally:
+        encoding._SMALL = threshold
+    assert len(small) <= len(vectorised)
 
 
 def test_special_values_and_extreme_timestamps() -> None:
