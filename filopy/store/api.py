@@ -6,7 +6,9 @@ Two stores, one interface each, two backends (SQLite and Cassandra) with identic
   checkpoints. Checkpoint commits are fenced by the epoch: only the shard's current owner can
   advance them.
 * `ColumnStore`: per-shard part keys (a series' labels with its first/last sample time) and encoded
-  chunks of samples, written in batches for many series and read back by time range.
+  chunks of samples, written in batches for many series and read back by time range; and per
+  flush group, snapshots of the open (not yet sealed) buffers at a checkpoint offset, which make
+  the checkpoint cover samples that are not in chunks yet (docs/memstore.md).
 
 The public methods here validate their arguments once, for every backend, then call the backend's
 `_method`. Times are int64 milliseconds since the epoch; ranges are inclusive at both ends.
@@ -252,6 +254,13 @@ class ShardEpoch:
 def _check_shard(shard: int) -> None:
     if not isinstance(shard, int) or not 0 <= shard <= INT32_MAX:
         raise ValueError(f"shard must be an int in [0, {INT32_MAX}], got {shard!r}")
+
+
+def _check_group_offset(group: int, offset: int) -> None:
+    if not 0 <= group <= INT32_MAX:
+        raise ValueError(f"flush group must be in [0, {INT32_MAX}], got {group}")
+    if not -1 <= offset <= INT64_MAX:
+        raise ValueError(f"offset must be >= -1, got {offset}")
 
 
 def _check_ref(ref: DatasetRef) -> str:
@@ -502,6 +511,46 @@ class ColumnStore(_Closable):
         found = self._read_chunks(_check_ref(ref), shard, keys, lo, start, end)
         return {k: sorted(v, key=lambda c: c.start_time) for k, v in sorted(found.items()) if v}
 
+    def write_open_snapshot(
+        self, ref: DatasetRef, shard: int, group: int, offset: int, epoch: int, data: bytes
+    ) -> None:
+        """Store a flush group's open buffers as of checkpoint `offset`, written by `epoch`.
+
+        Written before the checkpoint is committed, so a committed checkpoint always has its
+        snapshot. Idempotent: the same (group, offset, epoch) is only ever written with the same
+        bytes. Several epochs may hold a snapshot at one offset (a deposed owner's late write);
+        `read_open_snapshot` takes the newest epoch's."""
+        _check_shard(shard)
+        _check_group_offset(group, offset)
+        if epoch < 1:
+            raise ValueError(f"epoch must be >= 1, got {epoch}")
+        self._write_open_snapshot(_check_ref(ref), shard, group, offset, epoch, bytes(data))
+
+    def read_open_snapshot(
+        self, ref: DatasetRef, shard: int, group: int, offset: int
+    ) -> bytes | None:
+        """The snapshot of `group` at `offset` (newest epoch's), None if there is none."""
+        _check_shard(shard)
+        _check_group_offset(group, offset)
+        return self._read_open_snapshot(_check_ref(ref), shard, group, offset)
+
+    def drop_open_snapshots(self, ref: DatasetRef, shard: int, group: int, below: int) -> None:
+        """Forget the group's snapshots at offsets below `below` (superseded by a newer
+        committed checkpoint)."""
+        _check_shard(shard)
+        _check_group_offset(group, below)
+        self._drop_open_snapshots(_check_ref(ref), shard, group, below)
+
+    @abstractmethod
+    def _write_open_snapshot(
+        self, name: str, shard: int, group: int, offset: int, epoch: int, data: bytes
+    ) -> None: ...
+    @abstractmethod
+    def _read_open_snapshot(self, name: str, shard: int, group: int, offset: int) -> bytes | None:
+        """Newest epoch's complete snapshot at (group, offset)."""
+
+    @abstractmethod
+    def _drop_open_snapshots(self, name: str, shard: int, group: int, below: int) -> None: ...
     @abstractmethod
     def _write_part_keys(self, name: str, shard: int, records: list[PartKeyRecord]) -> None: ...
     @abstractmethod

@@ -70,6 +70,7 @@ _KEYSPACE_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,47}$")
 _CAS_ATTEMPTS = 16  # a claim or commit retried after losing a race to a concurrent LWT
 _BATCH_BYTES = 32 * 1024  # below Cassandra's batch_size_fail_threshold (50 KiB by default)
 _BATCH_ROWS = 100
+_SNAPSHOT_PAGE = 256 * 1024  # bytes of an open-buffer snapshot per row
 _LWT, _DATA = "filopy-lwt", "filopy-data"
 # Cassandra refuses TTLs expiring past 2038-01-19 (CASSANDRA-14092): history is kept 10 years
 # at most there.
@@ -104,6 +105,18 @@ TABLES = (
         data blob,
         PRIMARY KEY ((dataset, shard, part_key), start_time))
         WITH CLUSTERING ORDER BY (start_time ASC)""",
+    # A snapshot is split into pages (rows) so no mutation grows past Cassandra's limits; each
+    # page says how many there are, so a torn write is seen as incomplete, never read as whole.
+    """CREATE TABLE IF NOT EXISTS {ks}.open_snapshots (
+        dataset text,
+        shard int,
+        flush_group int,
+        offset bigint,
+        epoch bigint,
+        page int,
+        pages int,
+        data blob,
+        PRIMARY KEY ((dataset, shard), flush_group, offset, epoch, page))""",
     """CREATE TABLE IF NOT EXISTS {ks}.ownership_history (
         dataset text,
         at_ms bigint,
@@ -484,6 +497,20 @@ class CassandraColumnStore(_UsesConnection, ColumnStore):
             "AND start_time <= ? AND end_time >= ? ALLOW FILTERING"
         )
 
+        self._insert_snapshot = p(
+            "INSERT INTO {ks}.open_snapshots "
+            "(dataset, shard, flush_group, offset, epoch, page, pages, data) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+        )
+        self._select_snapshot = p(
+            "SELECT epoch, page, pages, data FROM {ks}.open_snapshots "
+            "WHERE dataset = ? AND shard = ? AND flush_group = ? AND offset = ?"
+        )
+        self._delete_snapshots = p(
+            "DELETE FROM {ks}.open_snapshots "
+            "WHERE dataset = ? AND shard = ? AND flush_group = ? AND offset < ?"
+        )
+
     def _batched(
         self, stmt: PreparedStatement, rows: list[tuple[Any, ...]], sizes: list[int]
     ) -> Iterator[tuple[Statement | PreparedStatement, Sequence[Any] | None]]:
@@ -499,6 +526,44 @@ class CassandraColumnStore(_UsesConnection, ColumnStore):
             batch.add(stmt, row)
             size += n
         yield batch, None
+
+    def _write_open_snapshot(
+        self, name: str, shard: int, group: int, offset: int, epoch: int, data: bytes
+    ) -> None:
+        pages = max(1, -(-len(data) // _SNAPSHOT_PAGE))
+        rows = (
+            (
+                self._insert_snapshot,
+                (
+                    name,
+                    shard,
+                    group,
+                    offset,
+                    epoch,
+                    i,
+                    pages,
+                    data[i * _SNAPSHOT_PAGE :][:_SNAPSHOT_PAGE],
+                ),
+            )
+            for i in range(pages)
+        )
+        self._conn.execute_many(rows, self.write_concurrency)
+
+    def _read_open_snapshot(self, name: str, shard: int, group: int, offset: int) -> bytes | None:
+        rows = self._conn.execute(self._select_snapshot, (name, shard, group, offset), _DATA)
+        by_epoch: dict[int, dict[int, tuple[int, bytes]]] = {}
+        with _translate(f"reading an open-buffer snapshot on {self._conn.where}"):
+            for epoch, page, pages, data in rows:
+                by_epoch.setdefault(epoch, {})[page] = (pages, data)
+        for epoch in sorted(by_epoch, reverse=True):
+            parts = by_epoch[epoch]
+            pages = next(iter(parts.values()))[0]
+            if set(parts) == set(range(pages)):
+                return b"".join(parts[i][1] for i in range(pages))
+        return None
+
+    def _drop_open_snapshots(self, name: str, shard: int, group: int, below: int) -> None:
+        self._conn.execute(self._delete_snapshots, (name, shard, group, below), _DATA)
 
     def _write_part_keys(self, name: str, shard: int, records: list[PartKeyRecord]) -> None:
         _check_part_keys(name, (r.part_key for r in records))

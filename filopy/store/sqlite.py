@@ -37,7 +37,7 @@ from filopy.store.api import (
     StoreUnavailable,
 )
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2 added open_snapshots; a version-1 file is upgraded in place
 _IN_LIST = 500  # part keys per `IN (...)` query
 
 SCHEMA = """
@@ -77,6 +77,15 @@ CREATE TABLE IF NOT EXISTS chunks (
     data BLOB NOT NULL,
     PRIMARY KEY (dataset, shard, part_key, start_time)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS open_snapshots (
+    dataset TEXT NOT NULL,
+    shard INTEGER NOT NULL,
+    flush_group INTEGER NOT NULL,
+    offset INTEGER NOT NULL,            -- the checkpoint it belongs to
+    epoch INTEGER NOT NULL,             -- the owner that wrote it
+    data BLOB NOT NULL,                 -- ingest/open_buffers.py
+    PRIMARY KEY (dataset, shard, flush_group, offset, epoch)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS ownership_history (
     dataset TEXT NOT NULL,
     at_ms INTEGER NOT NULL,
@@ -110,7 +119,7 @@ class SqliteDatabase(SharedHandle):
             if conn.execute("PRAGMA journal_mode=WAL").fetchone()[0].lower() != "wal":
                 raise StoreError(f"SQLite file {self.path} cannot use WAL journal mode")
             version = conn.execute("PRAGMA user_version").fetchone()[0]
-            if version not in (0, SCHEMA_VERSION):
+            if version not in (0, 1, SCHEMA_VERSION):  # 1: only lacks a table, created below
                 raise StoreError(
                     f"SQLite file {self.path} has schema version {version}; "
                     f"this FiloPy reads version {SCHEMA_VERSION}"
@@ -377,6 +386,33 @@ class SqliteColumnStore(_UsesDatabase, ColumnStore):
                 for r in rows:
                     found.setdefault(r[0], []).append(ChunkRecord(*r))
         return found
+
+    def _write_open_snapshot(
+        self, name: str, shard: int, group: int, offset: int, epoch: int, data: bytes
+    ) -> None:
+        with self._db.write() as c:
+            c.execute(
+                "INSERT OR REPLACE INTO open_snapshots "
+                "(dataset, shard, flush_group, offset, epoch, data) VALUES (?, ?, ?, ?, ?, ?)",
+                (name, shard, group, offset, epoch, data),
+            )
+
+    def _read_open_snapshot(self, name: str, shard: int, group: int, offset: int) -> bytes | None:
+        with self._db.read() as c:
+            row = c.execute(
+                "SELECT data FROM open_snapshots WHERE dataset = ? AND shard = ? "
+                "AND flush_group = ? AND offset = ? ORDER BY epoch DESC LIMIT 1",
+                (name, shard, group, offset),
+            ).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def _drop_open_snapshots(self, name: str, shard: int, group: int, below: int) -> None:
+        with self._db.write() as c:
+            c.execute(
+                "DELETE FROM open_snapshots WHERE dataset = ? AND shard = ? AND flush_group = ? "
+                "AND offset < ?",
+                (name, shard, group, below),
+            )
 
 
 def open_sqlite_stores(

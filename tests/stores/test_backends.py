@@ -124,3 +124,29 @@ def test_sqlite_file_of_a_newer_schema_is_refused(tmp_path: Path) -> None:
         c.execute("PRAGMA user_version = 99")
     with pytest.raises(StoreError, match="schema version 99"):
         open_sqlite_stores(path)
+
+
+def test_a_version_1_sqlite_file_is_upgraded_and_keeps_its_data(tmp_path: Path) -> None:
+    """Version 2 only added the open-buffer snapshots table: a version-1 file opens, keeps its
+    rows, gains the table and says version 2 (an older FiloPy then refuses it, as it must: it
+    would ignore the snapshots its checkpoints rely on)."""
+    path = tmp_path / "filopy.db"
+    ref = DatasetRef("old")
+    meta, column = open_sqlite_stores(path)
+    epoch = meta.claim_epoch(ref, 0, "n1")
+    meta.commit_checkpoint(ref, 0, 0, 7, epoch)
+    meta.close()
+    column.close()
+    with sqlite3.connect(path) as c:
+        c.execute("DROP TABLE open_snapshots")
+        c.execute("PRAGMA user_version = 1")
+    meta, column = open_sqlite_stores(path)
+    try:
+        assert meta.read_checkpoints(ref, 0) == {0: 7}
+        column.write_open_snapshot(ref, 0, 0, 7, epoch, b"open")
+        assert column.read_open_snapshot(ref, 0, 0, 7) == b"open"
+    finally:
+        meta.close()
+        column.close()
+    with sqlite3.connect(path) as c:
+        assert c.execute("PRAGMA user_version").fetchone()[0] == 2

@@ -419,3 +419,57 @@ def test_concurrent_writers_from_several_threads(open_backend: Opener, ref: Data
     got = nodes[0].read_chunks(ref, 0, keys, INT64_MIN, INT64_MAX)
     assert got == {c.part_key: [c] for c in written}
     assert {r.part_key for r in nodes[1].list_part_keys(ref, 0)} == set(keys)
+
+
+# ---------------------------------------------------------------------- open-buffer snapshots
+
+
+def test_open_snapshots_round_trip_by_group_and_offset(
+    column: ColumnStore, ref: DatasetRef
+) -> None:
+    assert column.read_open_snapshot(ref, 0, 0, 10) is None
+    column.write_open_snapshot(ref, 0, 0, 10, 1, b"g0@10")
+    column.write_open_snapshot(ref, 0, 1, 10, 1, b"g1@10")
+    column.write_open_snapshot(ref, 0, 0, 20, 1, b"g0@20")
+    column.write_open_snapshot(ref, 1, 0, 10, 1, b"s1")
+    assert column.read_open_snapshot(ref, 0, 0, 10) == b"g0@10"
+    assert column.read_open_snapshot(ref, 0, 1, 10) == b"g1@10"
+    assert column.read_open_snapshot(ref, 0, 0, 20) == b"g0@20"
+    assert column.read_open_snapshot(ref, 1, 0, 10) == b"s1"
+    assert column.read_open_snapshot(ref, 0, 0, 15) is None
+    column.write_open_snapshot(ref, 0, 0, 10, 1, b"g0@10")  # a retried write: same bytes
+    assert column.read_open_snapshot(ref, 0, 0, 10) == b"g0@10"
+    column.write_open_snapshot(ref, 0, 2, -1, 1, b"")  # nothing ingested yet; empty is valid
+    assert column.read_open_snapshot(ref, 0, 2, -1) == b""
+
+
+def test_the_newest_epochs_open_snapshot_wins(column: ColumnStore, ref: DatasetRef) -> None:
+    column.write_open_snapshot(ref, 0, 0, 10, 3, b"new owner")
+    column.write_open_snapshot(ref, 0, 0, 10, 2, b"deposed owner, late")
+    assert column.read_open_snapshot(ref, 0, 0, 10) == b"new owner"
+
+
+def test_dropping_open_snapshots_below_an_offset(column: ColumnStore, ref: DatasetRef) -> None:
+    for off in (5, 10, 20):
+        column.write_open_snapshot(ref, 0, 0, off, 1, f"@{off}".encode())
+    column.write_open_snapshot(ref, 0, 1, 5, 1, b"other group")
+    column.drop_open_snapshots(ref, 0, 0, 20)
+    assert column.read_open_snapshot(ref, 0, 0, 5) is None
+    assert column.read_open_snapshot(ref, 0, 0, 10) is None
+    assert column.read_open_snapshot(ref, 0, 0, 20) == b"@20"
+    assert column.read_open_snapshot(ref, 0, 1, 5) == b"other group"
+    column.drop_open_snapshots(ref, 0, 0, 20)  # idempotent
+
+
+def test_large_open_snapshots_round_trip(column: ColumnStore, ref: DatasetRef) -> None:
+    data = np.random.default_rng(7).bytes(1_300_000)  # several pages on Cassandra
+    column.write_open_snapshot(ref, 0, 3, 42, 1, data)
+    assert column.read_open_snapshot(ref, 0, 3, 42) == data
+
+
+@pytest.mark.parametrize(("group", "offset", "epoch"), [(-1, 0, 1), (0, -2, 1), (0, 0, 0)], ids=str)
+def test_bad_open_snapshot_arguments_are_rejected(
+    column: ColumnStore, ref: DatasetRef, group: int, offset: int, epoch: int
+) -> None:
+    with pytest.raises(ValueError):
+        column.write_open_snapshot(ref, 0, group, offset, epoch, b"x")
