@@ -131,7 +131,7 @@ def test_a_version_1_sqlite_file_is_upgraded_and_keeps_its_data(tmp_path: Path) 
     rows, gains the table and says version 2 (an older FiloPy then refuses it, as it must: it
     would ignore the snapshots its checkpoints rely on)."""
     path = tmp_path / "filopy.db"
-    ref = DatasetRef("old")
+    ref = DatasetRef(name="old")
     meta, column = open_sqlite_stores(path)
     epoch = meta.claim_epoch(ref, 0, "n1")
     meta.commit_checkpoint(ref, 0, 0, 7, epoch)
