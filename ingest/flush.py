@@ -3,15 +3,24 @@
 A shard's series are divided into `groups_per_shard` flush groups by partition key hash; the
 groups flush in turn across the flush interval. Flushing group g:
 
-1. seal: every open buffer of g's series becomes chunks (one *segment* per series); the group's
-   watermark at that moment, `offset`, is the Kafka offset the flush will checkpoint;
-2. write the chunks (one batched call), then the series' part keys with their whole time range
-   (one batched call): chunks first, so a stored part key's `end_time` never claims samples that
-   are not in the ColumnStore;
-3. commit g's checkpoint = `offset`, fenced by the shard's ownership epoch. `StaleEpochError`
-   propagates: the ingester must stop the shard. Any other error leaves the sealed flush pending
-   and propagates; the next `flush_group(g)` retries the same chunks before sealing anything new,
-   so a group never has more than one incompletely written segment.
+1. seal: the *complete* chunks of g's series (full, or their time bucket over) are cut off their
+   open buffers; what stays open is copied as the group's open-buffer snapshot
+   (`ingest.open_buffers`). The group's watermark at that moment, `offset`, is the Kafka offset
+   the flush will checkpoint;
+2. write the chunks (one batched call), then the sealed series' part keys with their whole time
+   range (one batched call): chunks first, so a stored part key's `end_time` never claims samples
+   that are not in the ColumnStore;
+3. write the snapshot under (g, offset, epoch), if the checkpoint advances and anything is open;
+4. commit g's checkpoint = `offset`, fenced by the shard's ownership epoch, then drop g's older
+   snapshots. `StaleEpochError` propagates: the ingester must stop the shard. Any other error
+   leaves the sealed flush pending and propagates; the next `flush_group(g)` retries the same
+   chunks and snapshot before sealing anything new.
+
+So the checkpoint rule is: g's checkpoint c means every sample of g from messages <= c is in a
+chunk or in g's snapshot at c. Chunks stay large whatever the flush interval (a 15 s scrape makes
+`max_chunk_samples`-sample chunks, not one per flush), and a crash replays at most one flush
+interval of Kafka. A clean stop (`flush_all`) and memory pressure seal everything instead, so a
+stopped shard's samples are all in chunks.
 
 A store outage (`StoreUnavailable`, `StoreTimeout`) is not an ingestion error: `flush_due` keeps
 it, counts the failure, and retries with exponential backoff (`retry_initial_s` doubling up to
@@ -20,20 +29,24 @@ The first retry that gets through flushes every group at once (a catch-up round)
 that piled up in memory is written and checkpointed without anyone's help.
 
 Recovery (`recover_shard`): read checkpoints and part keys, index the part keys in a fresh
-memstore, replay Kafka from the lowest checkpoint + 1, skip group g's samples at or below g's
-checkpoint, and skip a series' samples at or before its stored part key `end_time`. Both skips are
-exact: every sample of a message at or below a committed (or part-key-covered) seal point has a
-timestamp at or before the series' last sample at that seal, so the replayed accepted samples
-are exactly those the crashed node accepted after its last complete flush.
+memstore, load each group's snapshot at its checkpoint into the open buffers (dropping samples at
+or before the series' stored `end_time`), replay Kafka from the lowest checkpoint + 1, skip group
+g's samples at or below g's checkpoint, and skip a series' samples at or before its last known
+sample (stored `end_time` or snapshot). Both skips are exact: every sample of a message at or
+below a committed (or part-key-covered) seal point has a timestamp at or before the series' last
+sample at that seal, so the replayed accepted samples are exactly those the crashed node accepted
+after its last complete flush.
 
 No duplicates: a ChunkRecord is identified by (part key, start_time), and writing it again
-replaces it. The replay's first segment of a series starts at the same sample as the crashed
-node's incomplete segment did (the first accepted sample after the series' stored `end_time`),
-and chunk cuts within a segment depend only on its samples (time buckets, then every
-`max_chunk_samples`). The memstore holds flushes while `recovering` (until the replay passed the
-partition's end offset seen at recovery start), so that first segment extends at least as far as
-the crashed one: every chunk the crash left behind is rewritten under the same id with the same or
-more samples, and no new chunk overlaps an old one. See docs/memstore.md.
+replaces it. After a crash, a series' open buffer starts where the crashed node's did (the
+snapshot's first open sample, or the first accepted sample after the stored `end_time`), and
+chunk cuts depend only on the samples from there (time buckets, then every `max_chunk_samples`);
+a chunk sealed early (bucket over, a clean stop) is the buffer's whole rest, so the replay's chunk
+from the same start holds it all or more. The memstore holds flushes while `recovering` (until the
+replay passed the partition's end offset seen at recovery start), so the first flush after a crash
+covers everything the crashed node may have written: every chunk the crash left behind is
+rewritten under the same id with the same or more samples, and no new chunk overlaps an old one.
+See docs/memstore.md.
 """
 
 from __future__ import annotations
@@ -56,6 +69,7 @@ from filopy.store.api import (
     StoreUnavailable,
 )
 from ingest.memstore import SealedGroup, ShardMemstore
+from ingest.open_buffers import decode_open_buffers, encode_open_buffers
 
 DEFAULT_FLUSH_INTERVAL_S = 60.0
 DEFAULT_RETRY_INITIAL_S = 0.5
@@ -99,6 +113,7 @@ class RecoveryPlan:
     start_offset: int | None
     replay_until: int
     series_loaded: int
+    open_samples_loaded: int = 0  # from the groups' open-buffer snapshots
 
 
 def replay_start(checkpoints: Mapping[int, int], groups_per_shard: int) -> int | None:
@@ -124,12 +139,18 @@ def recover_shard(
     and the skip rule need them; samples stay in the ColumnStore) and the checkpoints."""
     checkpoints = meta_store.read_checkpoints(ref, shard)
     loaded = memstore.load_part_keys(column_store.list_part_keys(ref, shard))
+    open_samples = 0
+    for group, offset in sorted(checkpoints.items()):
+        # none: nothing was open at that checkpoint (or it predates snapshots: all in chunks)
+        blob = column_store.read_open_snapshot(ref, shard, group, offset)
+        if blob:
+            open_samples += memstore.load_open_buffers(decode_open_buffers(blob))
     start = replay_start(checkpoints, memstore.groups_per_shard)
     until = end_offset - 1
     if start is not None and start > until:
         until = -1
     memstore.set_checkpoints(checkpoints, until)
-    return RecoveryPlan(checkpoints, start, until, loaded)
+    return RecoveryPlan(checkpoints, start, until, loaded, open_samples)
 
 
 class Flusher:
@@ -194,8 +215,10 @@ class Flusher:
         self._retry_at = 0.0
         self.outages = 0  # store outages ridden out (each ended by a successful catch-up)
 
-    def flush_group(self, group: int) -> FlushResult:
-        """Seal, write chunks then part keys, then commit the group's checkpoint.
+    def flush_group(self, group: int, *, everything: bool = False) -> FlushResult:
+        """Seal (complete chunks; all open samples if `everything` or under memory pressure),
+        write chunks then part keys, then the open-buffer snapshot, then commit the group's
+        checkpoint.
 
         Raises StaleEpochError if the shard has a newer owner (nothing is written when that is
         seen before the writes); store errors leave the flush pending for the next call."""
@@ -208,23 +231,35 @@ class Flusher:
         stats = self.group_stats[group]
         sealed = self._pending.get(group)
         if sealed is None:
-            sealed = self._pending[group] = mem.seal_group(group)
+            complete_only = not (everything or mem.pressure)
+            sealed = self._pending[group] = mem.seal_group(group, complete_only=complete_only)
+        advance = sealed.offset >= 0 and (
+            stats.checkpoint is None or sealed.offset > stats.checkpoint
+        )
+        # Without a new checkpoint the last snapshot stays valid: what was sealed since is
+        # dropped from it at recovery by the part keys' end times.
+        snapshot = advance and sealed.open.samples > 0
         try:
+            if self.check_epoch and (sealed.chunks or snapshot):
+                self._check_epoch()
             if sealed.chunks:
-                if self.check_epoch:
-                    self._check_epoch()
                 self.column_store.write_chunks(self.ref, self.shard, sealed.chunks)
                 self.column_store.write_part_keys(self.ref, self.shard, sealed.part_keys)
+            if snapshot:
+                if sealed.open_blob is None:
+                    sealed.open_blob = encode_open_buffers(sealed.open)
+                self.column_store.write_open_snapshot(
+                    self.ref, self.shard, group, sealed.offset, self.epoch, sealed.open_blob
+                )
             mem.mark_flushed(sealed)
             del self._pending[group]
             committed = None
-            if sealed.offset >= 0 and (
-                stats.checkpoint is None or sealed.offset > stats.checkpoint
-            ):
+            if advance:
                 committed = self.meta_store.commit_checkpoint(
                     self.ref, self.shard, group, sealed.offset, self.epoch
                 )
                 stats.checkpoint = committed
+                self._drop_snapshots(group, committed)
         except BaseException:
             stats.failures += 1
             raise
@@ -239,8 +274,24 @@ class Flusher:
         )
 
     def flush_all(self) -> list[FlushResult]:
-        """Flush every group now (held results while recovering)."""
-        return [self.flush_group(g) for g in range(self.memstore.groups_per_shard)]
+        """Seal and flush everything in memory, every group (held results while recovering):
+        before a clean stop, so the next owner replays nothing and the store holds every sample
+        in chunks."""
+        return [self.flush_group(g, everything=True) for g in range(self.memstore.groups_per_shard)]
+
+    def _drop_snapshots(self, group: int, below: int) -> None:
+        """Forget the group's snapshots older than its new checkpoint. Best effort: one left
+        behind by an outage is never read, and the next flush's drop covers it."""
+        try:
+            self.column_store.drop_open_snapshots(self.ref, self.shard, group, below)
+        except StoreUnavailable as e:
+            log.info(
+                "%s shard %d: old snapshots of group %d stay for now: %s",
+                self.ref.name,
+                self.shard,
+                group,
+                e,
+            )
 
     def flush_due(self, now: float | None = None) -> list[FlushResult]:
         """Flush the groups whose turn has come (at most one round), and the next ones early

@@ -1,7 +1,8 @@
 """The Kafka-partition ingester: one shard's partition into its memstore, flushed and checkpointed.
 
 Lifecycle, on its own thread (confluent-kafka's consumer blocks; decoding is NumPy):
-claim the shard's ownership epoch; read checkpoints and stored part keys (`recover_shard`); note the
+claim the shard's ownership epoch; read checkpoints, stored part keys and the checkpoints' open-buffer
+snapshots (`recover_shard`); note the
 partition's end offset; replay from the lowest checkpoint + 1, reporting `RecoveryInProgress` in
 ~5% steps, then `IngestionStarted`; from then on consume, ingest and let the flusher write chunks
 and fenced checkpoints. The consumer is `assign()`ed to exactly its partition at an explicit
@@ -200,6 +201,13 @@ class KafkaShardIngester(ReportingIngester):
                 lambda: recover_shard(self.memstore, self._meta, self._columns, ref, shard, high),
             )
             start = plan.start_offset
+            if plan.open_samples_loaded:
+                log.info(
+                    "%s shard %d: %d open samples loaded from the checkpoints' snapshots",
+                    ref.name,
+                    shard,
+                    plan.open_samples_loaded,
+                )
             if start is not None and start < low:
                 self.offsets_lost = low - start
                 lost = (

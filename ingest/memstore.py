@@ -18,10 +18,13 @@ or before the series' end time found in the ColumnStore at recovery. The accepte
 series are thus a deterministic function of the message stream, which recovery relies on
 (docs/memstore.md).
 
-Chunk boundaries are deterministic, never derived from wall-clock timing beyond "where a flush
-sealed": a flush seals each series' open buffer (one *segment*) and cuts it at time-bucket
-boundaries (`ts // chunk_span_ms`) and every `max_chunk_samples` samples from the segment's or
-bucket's first sample. See flush.py for why that makes a replay rewrite the same chunk ids.
+Chunks are cut at time-bucket boundaries (`ts // chunk_span_ms`) and every `max_chunk_samples`
+samples from the open buffer's (or bucket's) first sample. A flush seals only *complete* chunks:
+full ones, and the last one once its bucket is over in the shard's data time (or everything, on
+a clean stop or under memory pressure); the rest of each buffer stays open and goes into the
+group's open-buffer snapshot (`ingest.open_buffers`), which the checkpoint covers. So stored
+chunks are large whatever the flush interval, and a recovery reloads the snapshot and replays at
+most one interval. See flush.py for why a replay rewrites the same chunk ids.
 
 Not thread-safe beyond one lock: ingest, seal, mark-flushed and queries serialise on it.
 """
@@ -50,6 +53,7 @@ from filopy.store.api import (
 )
 from ingest.batch import Labels, SampleBatch
 from ingest.gateway import KeyedBatch
+from ingest.open_buffers import OpenBuffers
 from ingest.series_index import SeriesIndex
 
 I64 = np.int64
@@ -163,13 +167,16 @@ class SealedGroup:
     """A flush group's open buffers, sealed: what one flush writes, then checkpoints.
 
     `offset` is the group's watermark at seal time: every sample of the group from messages at
-    or below it is in `chunks` or was in earlier flushes. -1 if nothing was ever ingested."""
+    or below it is in `chunks`, in `open` (the buffers left open, a copy) or was in earlier
+    flushes' chunks. -1 if nothing was ever ingested."""
 
     group: int
     offset: int
+    open: OpenBuffers
     chunks: list[ChunkRecord] = field(default_factory=list)
     part_keys: list[PartKeyRecord] = field(default_factory=list)
     samples: int = 0
+    open_blob: bytes | None = None  # `open`, encoded once by the flusher (kept for retries)
     _mem: list[_MemChunk] = field(default_factory=list, repr=False)
 
 
@@ -232,6 +239,8 @@ class ShardMemstore:
         self._pending_vals = np.empty(0, F64)
         self._sealed_unflushed = 0
         self._flushed_in_memory = 0
+        # per group: open samples its last flush's snapshot holds (durable, though still open)
+        self._snapshotted = [0] * groups_per_shard
         self._evictable: list[tuple[int, int, _MemChunk]] = []  # heap (end_time, seq, chunk)
         self._seq = itertools.count()
         self.pressure = False  # over max_samples with nothing flushed left to evict
@@ -627,45 +636,127 @@ class ShardMemstore:
         """Offset up to which the group's samples are in memory or flushed (-1: none)."""
         return int(self._watermark[group])
 
-    def seal_group(self, group: int) -> SealedGroup:
-        """Seal the group's open buffers into chunks, for the flusher to write.
+    def seal_group(self, group: int, *, complete_only: bool = False) -> SealedGroup:
+        """Seal the group's open samples into chunks for the flusher to write; with
+        `complete_only`, only its complete chunks, copying what stays open for the group's
+        snapshot.
 
-        The chunks stay in memory (unflushed, not evictable) until `mark_flushed`."""
+        A chunk is complete when it holds `max_chunk_samples` or its time bucket is over: the
+        shard's newest sample is in a later bucket. The chunks stay in memory (unflushed, not
+        evictable) until `mark_flushed`."""
         with self._lock:
             self._settle()
-            sealed = SealedGroup(group, int(self._watermark[group]))
             span, most = self.chunk_span_ms, self.max_chunk_samples
+            now_bucket = self._max_ts // span
+            open_sids: list[int] = []
+            open_ts: list[npt.NDArray[np.int64]] = []
+            open_vals: list[npt.NDArray[np.float64]] = []
+            chunks: list[ChunkRecord] = []
+            mems: list[_MemChunk] = []
+            part_keys: list[PartKeyRecord] = []
+            sealed_samples = 0
             for sid in self._group_series[group]:
                 ser = self._series[sid]
                 n = ser.n
                 if not n:
                     continue
-                part_key = self._index.part_key(sid)
                 ts, vals = ser.ts[:n], ser.vals[:n]
                 cuts = chunk_cuts(ts, span, most)
-                for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True):
-                    rec = ChunkRecord.from_samples(part_key, ts[a:b], vals[a:b])
-                    mem = _MemChunk(sid, rec)
-                    if not ser.chunks:
-                        ser.chunks = []
-                    ser.chunks.append(mem)  # type: ignore[union-attr]
-                    sealed.chunks.append(rec)
-                    sealed._mem.append(mem)
-                sealed.part_keys.append(
-                    PartKeyRecord(part_key, int(self._first_ts[sid]), int(ts[n - 1]))
-                )
-                sealed.samples += n
-                ser.n = 0
-                ser.hint = max(_INITIAL_CAPACITY, n)
-                ser.ts, ser.vals = _NO_TS, _NO_VALS
-            self._open -= sealed.samples
-            self._sealed_unflushed += sealed.samples
+                last = int(cuts[-2])  # the last chunk's start: it may still grow
+                if not complete_only or n - last >= most or int(ts[n - 1]) // span < now_bucket:
+                    last = n
+                if last:
+                    part_key = self._index.part_key(sid)
+                    cut = cuts[cuts <= last].tolist()
+                    for a, b in itertools.pairwise(cut):
+                        rec = ChunkRecord.from_samples(part_key, ts[a:b], vals[a:b])
+                        mem = _MemChunk(sid, rec)
+                        if not ser.chunks:
+                            ser.chunks = []
+                        ser.chunks.append(mem)  # type: ignore[union-attr]
+                        chunks.append(rec)
+                        mems.append(mem)
+                    part_keys.append(
+                        PartKeyRecord(part_key, int(self._first_ts[sid]), int(ts[last - 1]))
+                    )
+                    sealed_samples += last
+                if last == n:
+                    ser.n = 0
+                    ser.hint = max(_INITIAL_CAPACITY, n)
+                    ser.ts, ser.vals = _NO_TS, _NO_VALS
+                    continue
+                if last:  # keep the open rest at the buffer's front
+                    ser.ts[: n - last] = ts[last:]
+                    ser.vals[: n - last] = vals[last:]
+                    ser.n = n - last
+                open_sids.append(sid)
+                open_ts.append(ser.ts[: ser.n])
+                open_vals.append(ser.vals[: ser.n])
+            sizes = np.fromiter(map(len, open_ts), I64, len(open_ts))
+            bounds = np.zeros(len(open_ts) + 1, I64)
+            np.cumsum(sizes, out=bounds[1:])
+            sids = np.asarray(open_sids, I64)
+            snapshot = OpenBuffers(
+                [self._index.part_key(sid) for sid in open_sids],
+                self._first_ts[sids],
+                bounds,
+                np.concatenate(open_ts) if open_ts else np.empty(0, I64),
+                np.concatenate(open_vals) if open_vals else np.empty(0, F64),
+            )
+            sealed = SealedGroup(
+                group, int(self._watermark[group]), snapshot, chunks, part_keys, sealed_samples
+            )
+            sealed._mem = mems
+            self._open -= sealed_samples
+            self._sealed_unflushed += sealed_samples
+            self._snapshotted[group] = 0  # durable again once this seal is flushed
             return sealed
+
+    def load_open_buffers(self, snapshot: OpenBuffers) -> int:
+        """Recovery, after `load_part_keys`: put a group snapshot's samples back into their
+        series' open buffers; returns how many samples were loaded.
+
+        Samples at or before a series' stored end time are dropped (a flush that wrote their
+        chunks and part keys after this snapshot was taken, then crashed before its own
+        checkpoint: they are in the ColumnStore). Replay then skips them too."""
+        with self._lock:
+            self._settle()
+            loaded = 0
+            b = snapshot.bounds.tolist()
+            for i, key in enumerate(snapshot.part_keys):
+                sid = self._index.id_of_part_key(key)
+                if sid is None:
+                    sid = self._index.add(decode_part_key(key), key)
+                    self._add_series(sid)
+                ts, vals = snapshot.ts[b[i] : b[i + 1]], snapshot.vals[b[i] : b[i + 1]]
+                keep = ts > self._last_ts[sid]
+                ts, vals = ts[keep], vals[keep]
+                first = int(self._first_ts[sid])
+                first_ts = int(snapshot.first_ts[i])
+                self._first_ts[sid] = first_ts if first == NONE_TS else min(first, first_ts)
+                if not len(ts):
+                    continue
+                ser = self._series[sid]
+                n, m = ser.n, ser.n + len(ts)
+                if m > len(ser.ts):
+                    ser.grow(m)
+                ser.ts[n:m] = ts
+                ser.vals[n:m] = vals
+                ser.n = m
+                self._last_ts[sid] = self._store_end[sid] = int(ts[-1])
+                self._max_ts = max(self._max_ts, int(ts[-1]))
+                self._snapshotted[int(self._group[sid])] += len(ts)
+                loaded += len(ts)
+            self._open += loaded
+            return loaded
 
     def mark_flushed(self, sealed: SealedGroup) -> None:
         """The sealed chunks are in the ColumnStore: make them evictable, then evict what the
         in-memory window or the memory bound no longer allows."""
         with self._lock:
+            # the group's open rest is in the snapshot now (or, if its checkpoint did not
+            # advance, still in the previous one: no message came since)
+            self._snapshotted[sealed.group] = sealed.open.samples
             for mem in sealed._mem:
                 if not mem.flushed:
                     mem.flushed = True
@@ -716,7 +807,9 @@ class ShardMemstore:
         return self._open + self._sealed_unflushed + self._flushed_in_memory
 
     def unflushed_samples(self) -> int:
-        return self._open + self._sealed_unflushed
+        """Samples not yet durable in the store (neither in written chunks nor in a flushed
+        open-buffer snapshot): what a crash would make the next owner replay from Kafka."""
+        return self._open + self._sealed_unflushed - sum(self._snapshotted)
 
     def memory_bytes(self) -> int:
         """Approximate bytes of sample data: buffer capacity and encoded chunk bytes."""

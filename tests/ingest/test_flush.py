@@ -205,7 +205,8 @@ class FaultyColumnStore:
 
     def __init__(self, inner: ColumnStore) -> None:
         self.inner = inner
-        self.fail: str | None = None  # "chunks_partial" | "after_chunks" | "unavailable"
+        # "chunks_partial" | "after_chunks" | "before_snapshot" | "unavailable"
+        self.fail: str | None = None
 
     def __getattr__(self, name: str) -> object:
         return getattr(self.inner, name)
@@ -226,6 +227,11 @@ class FaultyColumnStore:
         if self.fail == "after_chunks":
             raise Crash("after write_chunks")
         self.inner.write_part_keys(ref, shard, records)
+
+    def write_open_snapshot(self, *args: object) -> None:
+        if self.fail == "before_snapshot":
+            raise Crash("after the chunks and part keys, before the open-buffer snapshot")
+        self.inner.write_open_snapshot(*args)  # type: ignore[arg-type]
 
 
 class FaultyMetaStore:
@@ -290,24 +296,32 @@ class Node:
                 assert result.held == (off < self.replay_until)
         self.start = upto
 
-    def crash_in_flush(self, mode: str, group: int) -> bool:
-        """Flush `group`, dying at the point `mode` names; False if the flush had nothing to
-        write (or commit) and so did not reach that point."""
+    def crash_in_flush(self, mode: str, group: int, everything: bool = False) -> bool:
+        """Flush `group` (sealing `everything`, as a clean stop or memory pressure does),
+        dying at the point `mode` names; False if the flush had nothing to write (or commit)
+        and so did not reach that point."""
         if mode == "after_checkpoint":
-            self.flusher.flush_group(group)
+            self.flusher.flush_group(group, everything=everything)
             return True
         if mode == "before_checkpoint":
             self.meta.fail = True
         else:
             self.column.fail = mode
         try:
-            self.flusher.flush_group(group)
+            self.flusher.flush_group(group, everything=everything)
         except Crash:
             return True
         return False
 
 
-CRASH_MODES = ["none", "chunks_partial", "after_chunks", "before_checkpoint", "after_checkpoint"]
+CRASH_MODES = [
+    "none",
+    "chunks_partial",
+    "after_chunks",
+    "before_snapshot",
+    "before_checkpoint",
+    "after_checkpoint",
+]
 
 
 def crash_and_recover(
@@ -316,6 +330,7 @@ def crash_and_recover(
     crash_at: int,
     mode: str,
     flush_every: int = 3,
+    everything: bool = False,
 ) -> Node:
     """Crash in a flush of long segments (with count cuts), then recover flushing often."""
     ds = _dataset()
@@ -325,8 +340,10 @@ def crash_and_recover(
         for g in range(GROUPS - 1):
             first.flusher.flush_group(g)
         first.run(stream, min(crash_at + 8, len(stream)), 0)
-        assert first.crash_in_flush(mode, group=GROUPS - 1)
-        assert first.crash_in_flush(mode, group=0)
+        # only a group with open samples writes a snapshot (and can die before it)
+        groups = [GROUPS - 1, 0, 1] if mode == "before_snapshot" else [GROUPS - 1, 0]
+        crashed = [g for g in groups if first.crash_in_flush(mode, g, everything)]
+        assert crashed if mode == "before_snapshot" else crashed == groups
     produced = first.start
     del first  # the crash: memory gone
     second = Node.start_up(stores, ds, produced)
@@ -344,10 +361,14 @@ def crash_and_recover(
 # ---------------------------------------------------------------------------------- tests
 
 
-@pytest.mark.parametrize("mode", CRASH_MODES)
-def test_exact_after_crash_and_replay(stores: Stores, mode: str) -> None:
+@pytest.mark.parametrize(
+    ("mode", "everything"),
+    # a flush that seals everything (a clean stop, memory pressure) writes no snapshot
+    [(m, False) for m in CRASH_MODES] + [(m, True) for m in CRASH_MODES if m != "before_snapshot"],
+)
+def test_exact_after_crash_and_replay(stores: Stores, mode: str, everything: bool) -> None:
     stream = make_stream(random.Random(7), messages=40, series=8, per_message=12)
-    node = crash_and_recover(stores, stream, crash_at=20, mode=mode)
+    node = crash_and_recover(stores, stream, crash_at=20, mode=mode, everything=everything)
     st = node.mem.stats
     if mode in ("after_checkpoint", "before_checkpoint"):
         assert st.skipped_replay + st.skipped_flushed > 0  # the recovery skip rules did work
@@ -380,15 +401,16 @@ def test_flushes_are_held_while_replaying(stores: Stores) -> None:
 
 
 def test_detects_duplicates_when_flushing_before_replay_caught_up(stores: Stores) -> None:
-    """Why flushes are held: after a crash that left a segment's chunks without their part
-    keys, flushing early cuts the replayed segment elsewhere, and the old chunk past the cut
-    overlaps a new one. The exactness check sees the repeated samples."""
+    """Why flushes are held: after a crash that left a buffer's chunks without their part
+    keys (a flush sealing everything: a clean stop that died), flushing early cuts the replayed
+    buffer elsewhere, and the old chunk past the cut overlaps a new one. The exactness check
+    sees the repeated samples."""
     ds = _dataset()
     rows = [[(0, 1000 + 100 * i, float(i))] for i in range(10)]  # one series, one bucket
     stream = [_batch(r) for r in rows]
     first = Node.start_up(stores, ds, produced=0)
     first.run(stream, 10, 0)
-    assert first.crash_in_flush("after_chunks", group=first.mem.group_of(0))
+    assert first.crash_in_flush("after_chunks", group=first.mem.group_of(0), everything=True)
     assert stored_samples(stores[1], ds.ref) == {}  # chunks written, part keys not
     second = Node.start_up(stores, ds, produced=10)
     second.mem.end_recovery()  # what the hold prevents
@@ -402,7 +424,7 @@ def test_detects_duplicates_when_flushing_before_replay_caught_up(stores: Stores
     ds2 = _dataset()
     first = Node.start_up(stores, ds2, produced=0)
     first.run(stream, 10, 0)
-    assert first.crash_in_flush("after_chunks", group=first.mem.group_of(0))
+    assert first.crash_in_flush("after_chunks", group=first.mem.group_of(0), everything=True)
     second = Node.start_up(stores, ds2, produced=10)
     second.run(stream, 6, 0)
     second.flusher.flush_all()
@@ -458,7 +480,9 @@ def test_store_errors_leave_the_flush_pending_and_retry_it(stores: Stores) -> No
     seed=st.integers(0, 10_000),
     messages=st.integers(1, 30),
     crashes=st.lists(
-        st.tuples(st.floats(0, 1), st.sampled_from(CRASH_MODES[1:])), min_size=1, max_size=3
+        st.tuples(st.floats(0, 1), st.sampled_from(CRASH_MODES[1:]), st.booleans()),
+        min_size=1,
+        max_size=3,
     ),
     flush_every=st.integers(1, 5),
     unflushed=st.integers(0, 10),
@@ -467,7 +491,7 @@ def test_store_errors_leave_the_flush_pending_and_retry_it(stores: Stores) -> No
 def test_property_random_streams_and_crashes_are_exact(
     seed: int,
     messages: int,
-    crashes: list[tuple[float, str]],
+    crashes: list[tuple[float, str, bool]],
     flush_every: int,
     unflushed: int,
     max_samples: int,
@@ -482,14 +506,14 @@ def test_property_random_streams_and_crashes_are_exact(
         stores = open_sqlite_stores(Path(tmp) / "p.db", max_chunk_span_ms=MAX_CHUNK_SPAN_MS)
         try:
             produced = 0
-            for frac, mode in sorted(crashes):
+            for frac, mode, everything in sorted(crashes):
                 node = Node.start_up(stores, ds, produced, max_samples)
                 crash_at = max(node.start, int(frac * messages))  # maybe mid-replay
                 node.run(stream, crash_at, flush_every)
                 if not node.mem.recovering:  # let a long segment build up, then die flushing it
                     crash_at = min(messages, crash_at + unflushed)
                     node.run(stream, crash_at, 0)
-                    node.crash_in_flush(mode, rng.randrange(GROUPS))
+                    node.crash_in_flush(mode, rng.randrange(GROUPS), everything)
                 produced = max(produced, crash_at)
             node = Node.start_up(stores, ds, produced, max_samples)
             node.run(stream, messages, flush_every)
@@ -603,5 +627,74 @@ def test_flush_due_rides_out_a_locked_store_with_backoff_then_catches_up(tmp_pat
     assert flusher.store_error is None and flusher.outages == 1
     assert meta.read_checkpoints(ds.ref, SHARD) == dict.fromkeys(range(GROUPS), 11)
     assert mem.unflushed_samples() == 0
-    assert_exact(column, ds.ref, expected_samples(stream))
+    # durable: what a new owner recovers from the store (chunks + open-buffer snapshots),
+    # with nothing left to replay, is exactly the stream
+    again = Node.start_up((meta, column), ds, produced=12)
+    assert (again.start, again.replay_until) == (12, -1)
+    assert_exact(column, ds.ref, expected_samples(stream), again.mem)
     meta.close()
+
+
+# ------------------------------------------------------------------- large chunks, short replay
+
+
+def test_frequent_flushes_write_full_chunks_and_a_crash_replays_one_interval(
+    stores: Stores,
+) -> None:
+    """15 s scrapes flushed after every scrape: stored chunks are still full (120 samples),
+    the rest is in the open-buffer snapshot, and a crash replays only what came after the last
+    flush; the recovered node goes on filling the same open chunk."""
+    meta, column = stores
+    ds = _dataset()
+    labels = [{"_metric_": "cpu", "_ws_": "w", "_ns_": "n", "pod": f"p{i}"} for i in range(3)]
+    t0 = 1_700_000_000_000 - 1_700_000_000_000 % 3_600_000  # a bucket's start
+
+    def scrape(k: int) -> SampleBatch:
+        return SampleBatch(
+            labels, np.arange(3, dtype=np.int32), np.full(3, t0 + 15_000 * k), np.full(3, k * 0.5)
+        )
+
+    def node(produced: int) -> tuple[ShardMemstore, Flusher, int]:
+        epoch = meta.claim_epoch(ds.ref, SHARD, "test")
+        mem = ShardMemstore(ds, SHARD, groups_per_shard=1, max_chunk_samples=120)
+        plan = recover_shard(mem, meta, column, ds.ref, SHARD, produced)
+        flusher = Flusher(mem, column, meta, ds.ref, SHARD, epoch, checkpoints=plan.checkpoints)
+        return mem, flusher, 0 if plan.start_offset is None else plan.start_offset
+
+    stream = [scrape(k) for k in range(300)]
+    mem, flusher, start = node(0)
+    for off in range(0, 200):
+        mem.ingest(stream[off], off)
+        flusher.flush_group(0)
+    for off in range(200, 205):  # after the last flush: lost with the crash, replayed
+        mem.ingest(stream[off], off)
+    keys = [r.part_key for r in column.list_part_keys(ds.ref, SHARD)]
+    chunks = column.read_chunks(ds.ref, SHARD, keys, INT64_MIN, INT64_MAX)
+    assert sorted(len(cs) for cs in chunks.values()) == [1, 1, 1]
+    assert {c.num_samples for cs in chunks.values() for c in cs} == {120}
+    assert mem.unflushed_samples() == 3 * 5
+    del mem, flusher  # the crash
+
+    mem, flusher, start = node(205)
+    assert start == 200  # one flush interval (here: one message) to replay, not 80 scrapes
+    assert mem.unflushed_samples() == 0 and mem.memory_samples() == 3 * 80
+    for off in range(start, 300):
+        mem.ingest(stream[off], off)
+        flusher.flush_group(0)
+    flusher.flush_all()
+    chunks = column.read_chunks(ds.ref, SHARD, keys, INT64_MIN, INT64_MAX)
+    assert {tuple(c.num_samples for c in cs) for cs in chunks.values()} == {(120, 120, 60)}
+    want = expected_samples(stream)
+    assert_exact_any_chunk_size(column, ds.ref, want)
+
+
+def assert_exact_any_chunk_size(
+    column: ColumnStore, ref: DatasetRef, want: dict[str, tuple[np.ndarray, np.ndarray]]
+) -> None:
+    keys = [r.part_key for r in column.list_part_keys(ref, SHARD)]
+    found = column.read_chunks(ref, SHARD, keys, INT64_MIN, INT64_MAX)
+    assert sorted(found) == sorted(want)
+    for key, chunks in found.items():
+        parts = [c.samples() for c in chunks]
+        got = (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
+        assert _same(got, want[key]), key
