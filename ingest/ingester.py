@@ -6,8 +6,8 @@ open-buffer snapshots (`recover_shard`); note the partition's end offset; replay
 checkpoint + 1, reporting `RecoveryInProgress` in ~5% steps, then `IngestionStarted`; from then on
 consume, ingest and let the flusher write chunks, snapshots and fenced checkpoints. The consumer
 is `assign()`ed to exactly its partition at an explicit offset: no consumer group rebalancing, no
-offsets committed to Kafka (checkpoints live in the MetaStore). A `StaleEpochError` means another node owns the shard now: stop, log a WARNING and
-count it (`stale_epoch_rejections`).
+offsets committed to Kafka (checkpoints live in the MetaStore). A `StaleEpochError` means another
+node owns the shard now: stop, log a WARNING and count it (`stale_epoch_rejections`).
 
 Outages are not ingestion errors. A store outage (`StoreUnavailable`/`StoreTimeout`) while claiming
 the epoch or reading checkpoints is retried with backoff; during flushes the flusher retries with
