@@ -635,3 +635,548 @@ def decode_chunk(data: bytes) -> tuple[IntArray, FloatArray]:
     if r.pos != len(r.buf):
         raise ValueError("corrupt chunk: trailing bytes")
     return ts, x
+
+
+# ------------------------------------------------------------------------------- batch encoder
+#
+# A flush encodes thousands of chunks at once, and `encode_chunk` costs 100-400 us per chunk
+# whatever its size: hundreds of NumPy calls on small arrays. `encode_chunks` makes every
+# decision of `encode_chunk` for all chunks together, with segment operations (reduceat,
+# bincount over (chunk, bin) pairs, cumsum, repeat), so the number of NumPy calls does not grow
+# with the number of chunks. The encoded bytes are built as ragged byte arrays (one string per
+# chunk or stream) and concatenated field by field with computed offsets; the only per-chunk
+# Python work left is slicing the final buffer, plus a zstd call where `encode_chunk` would try
+# zstd (byte-aligned int streams of 24+ bytes, XOR planes of chunks that fit decimals poorly).
+
+_NB = 66  # bins of float64 frexp exponents of uint64 values: 0..65 (2**64 - 1 rounds up)
+_BIG = np.int64(1) << 62
+_ALL64 = np.uint64(_MASK64)
+
+U8Array = npt.NDArray[np.uint8]
+U64Array = npt.NDArray[np.uint64]
+BoolArray = npt.NDArray[np.bool_]
+
+
+@dataclass(slots=True)
+class _Rag:
+    """Ragged bytes: string i is data[off[i]:off[i + 1]], data holding exactly the strings."""
+
+    data: U8Array
+    off: IntArray
+
+    @property
+    def lens(self) -> IntArray:
+        return np.diff(self.off)
+
+
+def _offsets(lens: IntArray) -> IntArray:
+    off = np.zeros(len(lens) + 1, dtype=I64)
+    np.cumsum(lens, out=off[1:])
+    return off
+
+
+def _ranges(starts: IntArray, lens: IntArray) -> IntArray:
+    """Indices of the ranges [starts[i], starts[i] + lens[i]), concatenated."""
+    off = _offsets(lens)
+    return np.repeat(starts - off[:-1], lens) + np.arange(off[-1], dtype=I64)
+
+
+def _rag_empty(s: int) -> _Rag:
+    return _Rag(np.zeros(0, dtype=np.uint8), np.zeros(s + 1, dtype=I64))
+
+
+def _rag_u8(v: npt.ArrayLike, s: int) -> _Rag:
+    return _Rag(np.broadcast_to(np.asarray(v, dtype=np.uint8), (s,)).copy(), np.arange(s + 1))
+
+
+def _rag_uvarint(v: npt.NDArray[np.integer], present: BoolArray | None = None) -> _Rag:
+    """LEB128 of each uint64 (absent where `present` is False)."""
+    u = v.astype(U64)
+    lens = np.ones(len(u), dtype=I64)
+    for j in range(1, 10):
+        lens += u >= U64(1 << (7 * j))
+    if present is not None:
+        lens = np.where(present, lens, 0)
+    j = np.arange(10)
+    groups = (u[:, None] >> (7 * j).astype(U64)) & U64(0x7F)
+    groups |= np.where(j < lens[:, None] - 1, U64(0x80), U64(0))
+    return _Rag(groups[j < lens[:, None]].astype(np.uint8), _offsets(lens))
+
+
+def _rag_svarint(v: IntArray, present: BoolArray | None = None) -> _Rag:
+    return _rag_uvarint(((v << 1) ^ (v >> 63)).view(U64), present)
+
+
+def _rag_concat(parts: list[_Rag]) -> _Rag:
+    """String i of the result is string i of every part, in order."""
+    lens = np.stack([p.lens for p in parts])
+    off = _offsets(lens.sum(axis=0))
+    out = np.empty(int(off[-1]), dtype=np.uint8)
+    start = off[:-1].copy()
+    for p, n in zip(parts, lens, strict=True):
+        if len(p.data):
+            out[_ranges(start, n)] = p.data
+        start += n
+    return _Rag(out, off)
+
+
+def _rag_gather(r: _Rag, idx: IntArray) -> _Rag:
+    lens = r.lens[idx]
+    return _Rag(r.data[_ranges(r.off[idx], lens)], _offsets(lens))
+
+
+def _rag_scatter(s: int, parts: list[tuple[IntArray, _Rag]]) -> _Rag:
+    """s strings: parts' strings placed at their indices (disjoint), empty elsewhere."""
+    lens = np.zeros(s, dtype=I64)
+    for idx, r in parts:
+        lens[idx] = r.lens
+    off = _offsets(lens)
+    out = np.empty(int(off[-1]), dtype=np.uint8)
+    for idx, r in parts:
+        if len(r.data):
+            out[_ranges(off[idx], r.lens)] = r.data
+    return _Rag(out, off)
+
+
+def _rag_from_bytes(items: list[bytes]) -> _Rag:
+    lens = np.fromiter(map(len, items), dtype=I64, count=len(items))
+    return _Rag(np.frombuffer(b"".join(items), dtype=np.uint8), _offsets(lens))
+
+
+def _bitlen(u: U64Array) -> IntArray:
+    """Exact bit lengths of uint64 values."""
+    f = np.minimum(np.frexp(u.astype(np.float64))[1], 64).astype(I64)
+    over = (f > 0) & ((u >> np.maximum(f - 1, 0).astype(U64)) == 0)  # rounded up to 2**f
+    return f - over
+
+
+def _seg_ids(off: IntArray) -> IntArray:
+    return np.repeat(np.arange(len(off) - 1), np.diff(off))
+
+
+def _rag_bitpack(u: U64Array, seg: IntArray, off: IntArray, width: IntArray) -> _Rag:
+    """Each segment's values at its width, as `_bitpack` lays them out."""
+    n = np.diff(off)
+    boff = _offsets((n * width + 7) // 8)
+    total = int(boff[-1])
+    if total == 0:
+        return _Rag(np.zeros(0, dtype=np.uint8), boff)
+    sel = np.flatnonzero(width[seg] > 0)
+    s = seg[sel]
+    w = width[s]
+    bitpos = boff[s] * 8 + (sel - off[s]) * w
+    val = u[sel] & (_ALL64 >> (64 - w).astype(U64))
+    word = bitpos >> 6
+    sh = (bitpos & 63).astype(U64)
+    words = np.zeros(total // 8 + 2, dtype=U64)
+    # Values are placed in increasing bit order, so each word's parts are a run: OR them by run.
+    first = np.flatnonzero(np.concatenate(([True], word[1:] != word[:-1])))
+    words[word[first]] |= np.bitwise_or.reduceat(val << sh, first)
+    words[word[first] + 1] |= np.bitwise_or.reduceat((val >> U64(1)) >> (U64(63) - sh), first)
+    return _Rag(words.astype("<u8", copy=False).view(np.uint8)[:total], boff)
+
+
+def _patch_widths(u: U64Array, off: IntArray, segs: IntArray, top: IntArray) -> IntArray:
+    """`_plan`'s patched width for segments `segs`: the cost model over bit-length histograms."""
+    n = np.diff(off)[segs]
+    lengths = np.frexp(u[_ranges(off[segs], n)].astype(np.float64))[1]
+    cseg = np.repeat(np.arange(len(segs)), n)
+    hist = np.bincount(cseg * _NB + lengths, minlength=len(segs) * _NB).reshape(-1, _NB)
+    above = n[:, None] - np.cumsum(hist, axis=1)
+    w = np.arange(_NB)
+    t = top[segs][:, None]
+    cost = n[:, None] * w + above * (t - w + _PATCH_BITS) + np.where(above > 0, 32, 0)
+    return np.argmin(np.where(w > t, _BIG, cost), axis=1)
+
+
+def _rag_ints(v: IntArray, off: IntArray, patch: bool) -> _Rag:
+    """One int stream per segment of v, as `_write_plan(_plan(segment, patch))` writes it."""
+    s = len(off) - 1
+    n = np.diff(off)
+    seg = _seg_ids(off)
+    nonempty = n > 0
+    starts = off[:-1][nonempty]
+    base = np.zeros(s, dtype=I64)
+    g = np.zeros(s, dtype=U64)
+    top = np.zeros(s, dtype=I64)
+    u = v.view(U64)
+    if len(v):
+        base[nonempty] = np.minimum.reduceat(v, starts)
+        u = u - base.view(U64)[seg]  # wraps: the exact unsigned distance to the minimum
+        g[nonempty] = np.gcd.reduceat(u, starts)
+        divided = np.flatnonzero((g > 1)[seg])
+        if len(divided):
+            u[divided] //= g[seg[divided]]
+        umax = np.zeros(s, dtype=U64)
+        umax[nonempty] = np.maximum.reduceat(u, starts)
+        top = _bitlen(umax)
+    width = top.copy()
+    if patch:
+        cand = np.flatnonzero((top > 0) & (n >= 8))
+        if len(cand):
+            width[cand] = _patch_widths(u, off, cand, top)
+    patched = width < top
+    parts: list[_Rag] = []
+    patch_part = _rag_empty(s)
+    if patched.any():
+        ps = np.flatnonzero(patched)
+        eidx = _ranges(off[ps], n[ps])
+        high = u[eidx] >> width[seg[eidx]].astype(U64)
+        hit = high != 0
+        pos = eidx[hit]
+        local = pos - off[seg[pos]]
+        count = np.bincount(seg[pos], minlength=s)[ps]
+        poff = _offsets(count)
+        first = np.zeros(len(local), dtype=np.bool_)
+        first[poff[:-1]] = True
+        gaps = np.diff(local, prepend=0)[~first]
+        patch_part = _rag_scatter(
+            s,
+            [
+                (
+                    ps,
+                    _rag_concat(
+                        [
+                            _rag_uvarint(count),
+                            _rag_svarint(local[poff[:-1]]),
+                            _rag_ints(gaps, poff - np.arange(len(poff)), patch=False),
+                            _rag_ints(high[hit].view(I64), poff, patch=False),
+                        ]
+                    ),
+                )
+            ],
+        )
+    payload = _rag_bitpack(u, seg, off, width)
+    zstd = np.zeros(s, dtype=np.bool_)
+    tryz = np.flatnonzero((width % 8 == 0) & (payload.lens >= _MIN_ZSTD_INPUT))
+    if len(tryz):
+        buf = payload.data.tobytes()
+        po = payload.off.tolist()
+        frames: list[bytes] = []
+        for i in tryz.tolist():
+            f = _maybe_zstd(buf[po[i] : po[i + 1]])
+            zstd[i] = f is not None
+            if f is not None:
+                lead = bytearray()
+                _uvarint(len(f), lead)
+                frames.append(bytes(lead) + f)
+        if frames:
+            z = np.flatnonzero(zstd)
+            plain = np.flatnonzero(~zstd)
+            payload = _rag_scatter(
+                s, [(plain, _rag_gather(payload, plain)), (z, _rag_from_bytes(frames))]
+            )
+    head = width | zstd.astype(I64) << 7 | (g > 1).astype(I64) << 8 | patched.astype(I64) << 9
+    parts = [
+        _rag_uvarint(head),
+        _rag_svarint(base),
+        _rag_uvarint(g, g > 1),
+        patch_part,
+        payload,
+    ]
+    return _rag_concat(parts)
+
+
+def _diff_cands(v: IntArray) -> list[IntArray]:
+    """v and its first and second differences, element i differencing back from i (valid from
+    the order-th element of each segment on; int64 arithmetic wraps)."""
+    d1 = np.zeros_like(v)
+    d1[1:] = v[1:] - v[:-1]
+    d2 = np.zeros_like(v)
+    d2[2:] = d1[2:] - d1[1:-1]
+    return [v, d1, d2]
+
+
+def _rag_orders(v: IntArray, off: IntArray, order: IntArray) -> _Rag:
+    """Per segment: seeds and the int stream of its order-th differences (`_put_diffs`)."""
+    n = np.diff(off)
+    seg = _seg_ids(off)
+    cands = _diff_cands(v)
+    local = np.arange(len(v)) - off[seg]
+    o = order[seg]
+    keep = local >= o
+    stream = np.where(o == 0, cands[0], np.where(o == 1, cands[1], cands[2]))[keep]
+    starts = off[:-1]
+    second = np.minimum(starts + 1, max(len(v) - 1, 0))
+    return _rag_concat(
+        [
+            _rag_svarint(v[starts], order >= 1),
+            _rag_svarint(cands[1][second], (order >= 2) & (n >= 2)),
+            _rag_ints(stream, _offsets(np.maximum(n - order, 0)), patch=True),
+        ]
+    )
+
+
+def _estimate_orders(v: IntArray, off: IntArray, orders: range) -> IntArray:
+    """`_best_diffs`'s choice for every segment (all of at least `_SMALL` values): each
+    candidate order sized by the patched cost model on the common tail."""
+    n = np.diff(off)
+    seg = _seg_ids(off)
+    s = len(n)
+    tail_start = orders[-1]
+    tail = np.flatnonzero(np.arange(len(v)) - off[seg] >= tail_start)
+    m = n - tail_start
+    toff = _offsets(m)
+    tseg = seg[tail]
+    w = np.arange(_NB)
+    mins = []
+    for o in orders:
+        d = _diff_cands(v)[o][tail] if o else v[tail]
+        u = d.view(U64) - np.minimum.reduceat(d, toff[:-1]).view(U64)[tseg]
+        lengths = np.frexp(u.astype(np.float64))[1]
+        hist = np.bincount(tseg * _NB + lengths, minlength=s * _NB).reshape(-1, _NB)
+        top = np.maximum.reduceat(lengths, toff[:-1]).astype(I64)
+        mins.append((hist, top))
+    wmax = np.max([t for _, t in mins], axis=0)[:, None]
+    best = []
+    for hist, top in mins:
+        above = m[:, None] - np.cumsum(hist, axis=1)
+        cost = m[:, None] * w + above * (top[:, None] - w + _PATCH_BITS)
+        cost += np.where(above > 0, 32, 0)
+        best.append(np.where(w > wmax, _BIG, cost).min(axis=1))
+    return np.asarray(orders)[np.argmin(np.stack(best), axis=0)]
+
+
+def _subset(v: IntArray, off: IntArray, segs: IntArray) -> tuple[IntArray, IntArray]:
+    n = np.diff(off)[segs]
+    if len(segs) == len(off) - 1:
+        return v, off
+    return v[_ranges(off[segs], n)], _offsets(n)
+
+
+def _rag_best_diffs(v: IntArray, off: IntArray, orders: range) -> tuple[IntArray, _Rag]:
+    """Per segment, the difference order and its seeds and int stream, chosen as
+    `encode_chunk` chooses: by the cost estimate from `_SMALL` values on, by exact size below."""
+    n = np.diff(off)
+    s = len(n)
+    order = np.zeros(s, dtype=I64)
+    parts: list[tuple[IntArray, _Rag]] = []
+    big = np.flatnonzero(n >= _SMALL)
+    if len(big):
+        bv, boff = _subset(v, off, big)
+        order[big] = _estimate_orders(bv, boff, orders)
+        parts.append((big, _rag_orders(bv, boff, order[big])))
+    small = np.flatnonzero(n < _SMALL)
+    if len(small):
+        sv, soff = _subset(v, off, small)
+        cands = [_rag_orders(sv, soff, np.full(len(small), o)) for o in orders]
+        pick = np.argmin(np.stack([c.lens for c in cands]), axis=0)
+        order[small] = np.asarray(orders)[pick]
+        for j, c in enumerate(cands):
+            chosen = np.flatnonzero(pick == j)
+            parts.append((small[chosen], _rag_gather(c, chosen)))
+    return order, _rag_scatter(s, parts)
+
+
+def _exact_at(
+    x: FloatArray, bits: U64Array, finite: BoolArray, e: IntArray
+) -> tuple[IntArray, BoolArray, BoolArray]:
+    """Per value at its exponent: k, whether k / 10**e is x bit for bit, whether x fits."""
+    p = _POW10[e]
+    scaled = x * p
+    ok = finite & (np.abs(scaled) < _MAX_EXACT)
+    k = np.rint(np.where(ok, scaled, 0.0)).astype(I64)
+    return k, ok & ((k.astype(np.float64) / p).view(U64) == bits), ok
+
+
+def _decimal_batch(x: FloatArray, off: IntArray) -> tuple[IntArray, IntArray, BoolArray]:
+    """`_find_decimal` for every segment: (exponents, k with exceptions filled as
+    `_put_decimal` fills them, exception mask).
+
+    Each value's first exact exponent d is found on a shrinking set (most values are done at
+    e = 0..2). A value never exact is an exception at every e, and below a segment's largest d
+    that value's owner is one too: so where everything with a d is exact at the largest d, that
+    exponent is the first with the fewest exceptions, `_find_decimal`'s choice. Other segments
+    (values leaving the exact range, e.g. huge and tiny values together) try every exponent."""
+    n = np.diff(off)
+    seg = _seg_ids(off)
+    starts = off[:-1]
+    bits = x.view(U64)
+    finite = np.isfinite(x)
+    first = np.full(len(x), -1, dtype=I64)
+    act = np.flatnonzero(finite)
+    xa, ba = x[act], bits[act]
+    with np.errstate(all="ignore"):
+        for e in range(_MAX_EXP + 1):
+            if not len(act):
+                break
+            p = _POW10[e]
+            scaled = xa * p
+            ok = np.abs(scaled) < _MAX_EXACT
+            exact = ok & (((np.rint(scaled) + 0.0) / p).view(U64) == ba)  # + 0.0: -0.0 -> 0.0
+            first[act[exact]] = e
+            keep = ok & ~exact
+            act, xa, ba = act[keep], xa[keep], ba[keep]
+        found = first >= 0
+        e_seg = np.maximum.reduceat(first, starts).clip(0)
+        never = n - np.add.reduceat(found, starts)
+        k, exact, _ = _exact_at(x, bits, finite, e_seg[seg])
+        bad = np.flatnonzero(n - np.add.reduceat(exact, starts) != never)
+        if len(bad):
+            e_seg[bad] = _search_exponents(x, bits, finite, off, bad)
+            eidx = _ranges(off[bad], n[bad])
+            k[eidx], exact[eidx], _ = _exact_at(x[eidx], bits[eidx], finite[eidx], e_seg[seg[eidx]])
+    exc = ~exact
+    if exc.any():  # an exception takes its predecessor's integer (0 first in a segment)
+        idx = np.where(exc, starts[seg], np.arange(len(x)))
+        np.maximum.accumulate(idx, out=idx)
+        k = np.where(exc[idx], 0, k[idx])
+    return e_seg, k, exc
+
+
+def _search_exponents(
+    x: FloatArray, bits: U64Array, finite: BoolArray, off: IntArray, segs: IntArray
+) -> IntArray:
+    """`_find_decimal`'s exponent for segments `segs`, trying every exponent on all of them."""
+    n = np.diff(off)[segs]
+    eidx = _ranges(off[segs], n)
+    xs, bs, fs = x[eidx], bits[eidx], finite[eidx]
+    starts = _offsets(n)[:-1]
+    exc = np.full((_MAX_EXP + 1, len(segs)), _BIG, dtype=I64)
+    for e in range(_MAX_EXP + 1):
+        _, exact, ok = _exact_at(xs, bs, fs, np.full(len(xs), e))
+        fits = np.logical_or.reduceat(ok, starts)
+        if not fits.any():
+            break
+        exc[e] = np.where(fits, n - np.add.reduceat(exact, starts), _BIG)
+    return np.argmin(exc, axis=0)
+
+
+def _rag_decimal(x: FloatArray, off: IntArray) -> _Rag:
+    """The DECIMAL values section of every segment, as `_put_decimal` writes it."""
+    s = len(off) - 1
+    seg = _seg_ids(off)
+    e, k, exc = _decimal_batch(x, off)
+    order, stream = _rag_best_diffs(k, off, range(3))
+    pos = np.flatnonzero(exc)
+    count = np.bincount(seg[pos], minlength=s)
+    parts = [_rag_u8(_DECIMAL, s), _rag_u8(e, s), _rag_u8(order, s), stream, _rag_uvarint(count)]
+    if len(pos):
+        has = np.flatnonzero(count)
+        local = pos - off[seg[pos]]
+        poff = _offsets(count[has])
+        first = np.zeros(len(pos), dtype=np.bool_)
+        first[poff[:-1]] = True
+        gaps = np.diff(local, prepend=0)[~first]
+        where = _rag_concat(
+            [
+                _rag_svarint(local[poff[:-1]]),
+                _rag_ints(gaps, poff - np.arange(len(poff)), patch=False),
+            ]
+        )
+        parts.append(_rag_scatter(s, [(has, where)]))
+        raw = x.view(U64)[pos].astype("<u8", copy=False).view(np.uint8)  # keeps NaN payloads
+        parts.append(_Rag(raw, _offsets(count * 8)))
+    return _rag_concat(parts)
+
+
+def _rag_xor(x: FloatArray, off: IntArray) -> _Rag:
+    """The XOR values section of every segment, as `_put_xor` writes it."""
+    n = np.diff(off)
+    seg = _seg_ids(off)
+    u = x.view(U64)
+    prev = np.zeros_like(u)
+    prev[1:] = u[:-1]
+    prev[off[:-1]] = 0
+    xo = (u ^ prev).astype("<u8", copy=False).view(np.uint8).reshape(-1, 8)
+    poff = _offsets(8 * n)
+    local = np.arange(len(u)) - off[seg]
+    dst = (poff[seg] + local)[:, None] + np.arange(8) * n[seg][:, None]
+    planes = np.empty(int(poff[-1]), dtype=np.uint8)
+    planes[dst.ravel()] = xo.ravel()
+    buf = planes.tobytes()
+    po = poff.tolist()
+    items = []
+    for i in range(len(n)):
+        p = buf[po[i] : po[i + 1]]
+        packed = _maybe_zstd(p)
+        if packed is None:
+            items.append(bytes((_XOR, 0)) + p)
+        else:
+            lead = bytearray((_XOR, 1))
+            _uvarint(len(packed), lead)
+            items.append(bytes(lead) + packed)
+    return _rag_from_bytes(items)
+
+
+def encode_chunks(
+    timestamps: npt.ArrayLike, values: npt.ArrayLike, bounds: npt.ArrayLike
+) -> list[bytes]:
+    """Encode many chunks at once: chunk i is timestamps[bounds[i]:bounds[i + 1]] and the same
+    slice of values (bounds[0] = 0, bounds[-1] = the number of samples).
+
+    Each result equals `encode_chunk` of that chunk, byte for byte, but every choice is made for
+    all chunks in one vectorised pass, so a flush of thousands of chunks costs per sample rather
+    than per chunk. Same rules: each chunk holds 1 to `MAX_SAMPLES` samples with strictly
+    increasing timestamps (ValueError otherwise)."""
+    ts = np.asarray(timestamps)
+    if ts.ndim != 1 or (ts.dtype.kind not in "iu" and len(ts)):
+        raise ValueError(f"timestamps must be a 1-d integer array, got {ts.dtype} {ts.shape}")
+    if ts.dtype.kind == "u" and len(ts) and int(ts.max()) > (1 << 63) - 1:
+        raise ValueError("timestamps must fit int64")
+    ts = np.ascontiguousarray(ts, dtype=I64)
+    x = np.ascontiguousarray(values, dtype=np.float64)
+    if x.shape != ts.shape:
+        raise ValueError(f"{len(ts)} timestamps but values of shape {x.shape}")
+    off = np.asarray(bounds)
+    if off.ndim != 1 or len(off) < 1 or (off.dtype.kind not in "iu" and len(off) > 1):
+        raise ValueError("bounds must be a 1-d integer array of chunk starts and the end")
+    off = off.astype(I64)
+    if off[0] != 0 or off[-1] != len(ts):
+        raise ValueError(f"bounds must run from 0 to {len(ts)}, got {off[0]} to {off[-1]}")
+    n = np.diff(off)
+    if len(n) == 0:
+        return []
+    if (n < 0).any():
+        raise ValueError("bounds must not decrease")
+    short = np.flatnonzero((n < 1) | (n > MAX_SAMPLES))
+    if len(short):
+        c = int(short[0])
+        raise ValueError(f"a chunk holds 1 to {MAX_SAMPLES} samples, got {n[c]} in chunk {c}")
+    bad = np.flatnonzero(ts[1:] <= ts[:-1]) + 1
+    if len(bad):
+        bad = bad[np.isin(bad, off, invert=True)]
+    if len(bad):
+        i = int(bad[0])
+        c = int(np.searchsorted(off, i, side="right")) - 1
+        j = i - int(off[c])
+        raise ValueError(
+            f"timestamps must be strictly increasing: ts[{j}]={ts[i]} after ts[{j - 1}]="
+            f"{ts[i - 1]} in chunk {c}"
+        )
+    s = len(n)
+    t_order, t_stream = _rag_best_diffs(ts, off, range(1, 3))
+    vals = _rag_decimal(x, off)
+    poor = np.flatnonzero(vals.lens > 4 * n)
+    if len(poor):
+        xv, xoff = _subset(x.view(I64), off, poor)
+        xor = _rag_xor(xv.view(np.float64), xoff)
+        better = xor.lens < vals.lens[poor]
+        keep = np.ones(s, dtype=np.bool_)
+        keep[poor[better]] = False
+        kept = np.flatnonzero(keep)
+        vals = _rag_scatter(
+            s,
+            [
+                (kept, _rag_gather(vals, kept)),
+                (poor[better], _rag_gather(xor, np.flatnonzero(better))),
+            ],
+        )
+    out = _rag_concat([_rag_u8(VERSION, s), _rag_uvarint(n), _rag_u8(t_order, s), t_stream, vals])
+    buf = out.data.tobytes()
+    o = out.off.tolist()
+    return [buf[a:b] for a, b in itertools.pairwise(o)]
+
+
+def decode_chunks(chunks: list[bytes]) -> tuple[IntArray, FloatArray, IntArray]:
+    """Decode many chunks: (timestamps, values, bounds), chunk i's samples at
+    bounds[i]:bounds[i + 1]. ValueError if any chunk is corrupt."""
+    parts = [decode_chunk(c) for c in chunks]
+    bounds = _offsets(np.fromiter((len(p[0]) for p in parts), dtype=I64, count=len(parts)))
+    if not parts:
+        return np.zeros(0, dtype=I64), np.zeros(0), bounds
+    return (
+        np.concatenate([p[0] for p in parts]),
+        np.concatenate([p[1] for p in parts]),
+        bounds,
+    )
