@@ -3,6 +3,7 @@
     .venv/bin/python -m tests.compliance.harness            # start both, load, compare
     .venv/bin/python -m tests.compliance.harness --only rate --show-passing
     .venv/bin/python -m tests.compliance.harness --reference URL --target URL   # running servers
+    .venv/bin/python -m tests.compliance.harness --queries promql-test-queries.yml  # official list
 
 Without URLs it starts everything itself: the demo series (`demo_data`) become TSDB blocks
 (`promtool tsdb create-blocks-from openmetrics`) served by Prometheus 3 (built by
@@ -17,6 +18,16 @@ relative 1e-5 (NaN equals NaN). A query the reference refuses must be refused by
 
 The outcome of each (query, mode) that does not pass must be listed in `known_differences.yml`
 with its reason; the exit code is 0 only when the failures are exactly those listed.
+
+`--queries PATH` runs another query list instead: one in this harness' format (`cases:`,
+`{{name}}` variants) or the official tester's (`test_cases:` with Go-template `{{.name}}`
+placeholders expanded over each entry's `variant_args`, in order, from the tester's own
+variant values, `OFFICIAL_VARIANTS`; `should_fail`, `skip_comparison` and an optional
+`query_time_parameters` as the tester reads them). The official list is not part of this
+repository: get `promql/promql-test-queries.yml` from github.com/prometheus/compliance. Such a
+run's window ends 12 minutes before the data's last sample, as the tester's default end time
+("now" - 12 m) does with live data, so negative offsets see samples; its exit code is 0 only
+when every query passes (`--known` applies a differences list to it).
 """
 
 from __future__ import annotations
@@ -78,6 +89,28 @@ VARIANTS: dict[str, list[str]] = {
 }
 _VARIANT = re.compile(r"\{\{(\w+)\}\}")
 
+# The official tester's variant values (promql/testcases/expand.go, `testVariantArgs`).
+OFFICIAL_VARIANTS: dict[str, list[str]] = {
+    "range": ["1s", "15s", "1m", "5m", "15m", "1h"],
+    "offset": ["1m", "5m", "10m"],
+    "simpleAggrOp": ["sum", "avg", "max", "min", "count", "stddev", "stdvar"],
+    "simpleTimeAggrOp": _words("sum avg max min count stddev stdvar absent last"),
+    "topBottomOp": ["topk", "bottomk"],
+    "quantile": _words("-0.5 0.1 0.5 0.75 0.95 0.90 0.99 1 1.5"),
+    "arithBinOp": ["+", "-", "*", "/", "%", "^"],
+    "compBinOp": ["==", "!=", "<", ">", "<=", ">="],
+    "binOp": ["+", "-", "*", "/", "%", "^", "==", "!=", "<", ">", "<=", ">="],
+    "simpleMathFunc": _words("abs ceil floor exp sqrt ln log2 log10 round"),
+    "extrapolatedRateFunc": ["delta", "rate", "increase"],
+    "clampFunc": ["clamp_min", "clamp_max"],
+    "instantRateFunc": ["idelta", "irate"],
+    "dateFunc": _words("day_of_month day_of_week days_in_month hour minute month year"),
+    "smoothingFactor": ["0.1", "0.5", "0.8"],
+    "trendFactor": ["0.1", "0.5", "0.8"],
+}
+# A Go template action naming a field of the variant map: `{{.name}}`, `{{- .name -}}`.
+_GO_FIELD = re.compile(r"\{\{-?\s*\.(\w+)\s*-?\}\}")
+
 
 # ------------------------------------------------------------------------------------ queries
 
@@ -86,6 +119,7 @@ _VARIANT = re.compile(r"\{\{(\w+)\}\}")
 class Case:
     query: str
     should_fail: bool = False
+    skip_comparison: bool = False  # the official format's: both must answer, answers not compared
 
 
 def expand(template: str) -> list[str]:
@@ -100,15 +134,82 @@ def expand(template: str) -> list[str]:
     return out
 
 
+def expand_official(template: str, variant_args: list[str]) -> list[str]:
+    """Every query an official test case stands for, in the tester's order: the first variant
+    arg varies slowest; `{{.name}}` is replaced by the arg's value (Go's text/template on a map
+    of strings does no more for these templates)."""
+    values: dict[str, str] = {}
+    out: list[str] = []
+
+    def fill(m: re.Match[str]) -> str:
+        if m.group(1) not in values:  # Go prints "<no value>" for a missing map key
+            return "<no value>"
+        return values[m.group(1)]
+
+    def walk(remaining: list[str]) -> None:
+        if not remaining:
+            out.append(_GO_FIELD.sub(fill, template))
+            return
+        arg, rest = remaining[0], [a for a in remaining if a != remaining[0]]
+        if arg not in OFFICIAL_VARIANTS:
+            raise ValueError(f"unknown variant arg {arg!r} in {template!r}")
+        for v in OFFICIAL_VARIANTS[arg]:
+            values[arg] = v
+            walk(rest)
+
+    walk(list(variant_args))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """Where queries are asked: range queries over (end - range, end] every step, instant
+    queries at the end."""
+
+    end_s: float = END_S
+    range_s: float = RANGE_S
+    step_s: float = STEP_S
+
+
 def load_cases(path: Path = HERE / "queries.yml") -> list[Case]:
+    """The cases of a query list: this harness' format (`cases:`, `{{name}}` variants, repeats
+    dropped) or the official tester's (`test_cases:`, expanded as it expands them, every
+    expansion kept)."""
+    doc = yaml.safe_load(path.read_text())
     cases: list[Case] = []
+    if "test_cases" in doc:
+        for entry in doc["test_cases"]:
+            for q in expand_official(entry["query"], entry.get("variant_args") or []):
+                fail, skip = bool(entry.get("should_fail")), bool(entry.get("skip_comparison"))
+                cases.append(Case(q, fail, skip))
+        return cases
     seen: set[str] = set()
-    for entry in yaml.safe_load(path.read_text())["cases"]:
+    for entry in doc["cases"]:
         for q in expand(entry["query"]):
             if q not in seen:
                 seen.add(q)
                 cases.append(Case(q, bool(entry.get("should_fail", False))))
     return cases
+
+
+def load_window(path: Path, default: Window) -> Window:
+    """The official format's `query_time_parameters` (end time as unix seconds or RFC 3339,
+    range and resolution in seconds) over `default`."""
+    params = (yaml.safe_load(path.read_text()) or {}).get("query_time_parameters") or {}
+    end_s = default.end_s
+    if params.get("end_time"):
+        end = str(params["end_time"])
+        try:
+            end_s = float(end)
+        except ValueError:
+            from datetime import datetime
+
+            end_s = datetime.fromisoformat(end.replace("Z", "+00:00")).timestamp()
+    return Window(
+        end_s,
+        float(params.get("range_in_seconds") or default.range_s),
+        float(params.get("resolution_in_seconds") or default.step_s),
+    )
 
 
 # ----------------------------------------------------------------------------------- answers
@@ -131,10 +232,16 @@ class Target:
         self.url = url.rstrip("/")
         self.http = httpx.Client(timeout=60)
 
-    def ask(self, mode: str, query: str, end_s: float) -> Answer:
+    def ask(self, mode: str, query: str, window: Window) -> Answer:
+        end_s = window.end_s
         if mode == "range":
             path = "/api/v1/query_range"
-            params = {"query": query, "start": end_s - RANGE_S, "end": end_s, "step": STEP_S}
+            params = {
+                "query": query,
+                "start": end_s - window.range_s,
+                "end": end_s,
+                "step": window.step_s,
+            }
         else:
             path, params = "/api/v1/query", {"query": query, "time": end_s}
         try:
@@ -218,13 +325,17 @@ class Outcome:
     why: str = ""
 
 
-def compare(case: Case, mode: str, ref: Target, test: Target, end_s: float) -> Outcome:
-    r = ref.ask(mode, case.query, end_s)
-    t = test.ask(mode, case.query, end_s)
+def compare(case: Case, mode: str, ref: Target, test: Target, window: Window) -> Outcome:
+    r = ref.ask(mode, case.query, window)
+    t = test.ask(mode, case.query, window)
     if r.data is None and r.status not in (400, 422):
         return Outcome(case.query, mode, "reference_error", f"{r.status} {r.error}")
     if case.should_fail and r.data is not None:
-        return Outcome(case.query, mode, "reference_error", "should_fail, but it answered")
+        why = "should_fail, but the reference answered"
+        if t.data is not None:  # still worth knowing whether FiloPy answers the same
+            d = diff(r.data, t.data, ordered=False)
+            why += "; FiloPy's answer is the same" if d is None else f"; FiloPy's differs: {d}"
+        return Outcome(case.query, mode, "reference_error", why)
     if r.data is None:  # refused by both passes (the official tester does not look at codes)
         if t.data is None and (400 <= t.status < 500 or t.status == 501):
             return Outcome(case.query, mode, "pass")
@@ -234,14 +345,16 @@ def compare(case: Case, mode: str, ref: Target, test: Target, end_s: float) -> O
         return Outcome(case.query, mode, "unsupported", t.error)
     if t.data is None:
         return Outcome(case.query, mode, "fail", f"{t.status} {t.error_type}: {t.error}")
+    if case.skip_comparison:
+        return Outcome(case.query, mode, "pass")
     why = diff(r.data, t.data, ordered=mode == "instant" and "sort" in case.query)
     return Outcome(case.query, mode, "pass" if why is None else "fail", why or "")
 
 
-def run(ref: Target, test: Target, cases: list[Case], end_s: float) -> list[Outcome]:
+def run(ref: Target, test: Target, cases: list[Case], window: Window) -> list[Outcome]:
     jobs = [(c, m) for c in cases for m in ("range", "instant")]
     with ThreadPoolExecutor(4) as pool:
-        return list(pool.map(lambda j: compare(j[0], j[1], ref, test, end_s), jobs))
+        return list(pool.map(lambda j: compare(j[0], j[1], ref, test, window), jobs))
 
 
 # ---------------------------------------------------------------------------- known failures
@@ -444,12 +557,20 @@ def filopy(workdir: Path, series: list[demo_data.Series], kafka: str) -> Iterato
 
 
 def compare_all(
-    ref_url: str, test_url: str, only: str | None = None, end_s: float = END_S
+    ref_url: str,
+    test_url: str,
+    only: str | None = None,
+    window: Window | None = None,
+    queries: Path | None = None,
 ) -> list[Outcome]:
-    cases = load_cases()
+    cases = load_cases(queries) if queries else load_cases()
     if only:
         cases = [c for c in cases if re.search(only, c.query)]
-    return run(Target(ref_url), Target(test_url), cases, end_s)
+    return run(Target(ref_url), Target(test_url), cases, window or Window())
+
+
+# The official tester asks at "now" - 12 m by default, with data scraped up to "now".
+OFFICIAL_END_BEFORE_DATA_S = 12 * 60
 
 
 @contextlib.contextmanager
@@ -469,6 +590,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reference", help="a running reference's URL (else Prometheus 3 is started)")
     ap.add_argument("--target", help="a running FiloPy query URL (else a cluster is started)")
     ap.add_argument("--kafka", default=f"127.0.0.1:{os.environ.get('FILOPY_KAFKA_PORT', '9092')}")
+    ap.add_argument(
+        "--queries",
+        type=Path,
+        help="another query list (this harness' format or the official tester's\n"
+        "promql-test-queries.yml) instead of tests/compliance/queries.yml",
+    )
+    ap.add_argument(
+        "--known",
+        type=Path,
+        help="the differences list to check against (default: known_differences.yml,\n"
+        "none with --queries)",
+    )
+    ap.add_argument("--end", type=float, help="the window's end, unix seconds")
     ap.add_argument("--only", help="run only queries matching this regex")
     ap.add_argument("--show-passing", action="store_true")
     ap.add_argument("--json", type=Path, help="write every outcome here")
@@ -479,23 +613,35 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
 
+    window = Window()
+    if args.queries:
+        window = load_window(args.queries, Window(END_S - OFFICIAL_END_BEFORE_DATA_S))
+    if args.end is not None:
+        window = Window(args.end, window.range_s, window.step_s)
     if args.reference and args.target:
-        outcomes = compare_all(args.reference, args.target, args.only)
+        outcomes = compare_all(args.reference, args.target, args.only, window, args.queries)
     else:
         with systems(args.kafka) as (ref, fp):
-            outcomes = compare_all(args.reference or ref, args.target or fp, args.only)
+            ref, fp = args.reference or ref, args.target or fp
+            outcomes = compare_all(ref, fp, args.only, window, args.queries)
 
-    known = load_known()
+    if args.queries:
+        known = load_known(args.known) if args.known else {}
+    else:
+        known = load_known(args.known) if args.known else load_known()
     for o in sorted(outcomes, key=lambda o: (o.verdict, o.query, o.mode)):
         if o.verdict != "pass" or args.show_passing:
             listed = "known" if (o.query, o.mode) in known else "NEW"
             print(f"{o.verdict:>15} {listed:>5} [{o.mode}] {o.query}  {o.why}")
     if args.json:
         args.json.write_text(json.dumps([asdict(o) for o in outcomes], indent=1))
+    print(f"window: end {window.end_s:g}, range {window.range_s:g} s, step {window.step_s:g} s")
     print(summary(outcomes))
     if args.only:
         return 0
     if args.write_known:
+        if args.queries:
+            raise SystemExit("--write-known rewrites this harness' own list: not with --queries")
         write_known(outcomes)
     problems = unexpected(outcomes, known)
     for p in problems:
