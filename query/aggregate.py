@@ -199,10 +199,13 @@ def select_k(
     bottom: bool,
 ) -> npt.NDArray[np.bool_]:
     """topk/bottomk: per group and step, which cells are among the k largest (smallest) values
-    (NaN values rank after every number, as in Prometheus).
+    (NaN values rank after every number, as in Prometheus). `k` is per step; k < 1 keeps
+    nothing.
 
-    Ties are broken by label set, so results are deterministic (Prometheus leaves them to its
-    heap order). `k` is per step; k < 1 keeps nothing.
+    Where equal values straddle the cut (some of them kept, some not), which ones Prometheus
+    keeps follows from its heap: those steps are decided by `_heap_select`, which replays
+    Prometheus' algorithm over the group's series in label order (the order a selector's series
+    reach the aggregation there).
     """
     keep = np.zeros(values.shape, bool)
     if len(labels) == 0:
@@ -220,8 +223,71 @@ def select_k(
         order = np.lexsort((index, rank_key, category), axis=0)
         rank = np.empty_like(order)
         np.put_along_axis(rank, order, np.arange(len(rows))[:, None], axis=0)
-        keep[rows] = (rank < k[None, :]) & has
+        group_keep = (rank < k[None, :]) & has
+        # Steps where the last kept value equals the first dropped one (NaN equal to NaN).
+        n_present = has.sum(axis=0)
+        cut = (k >= 1) & (k < n_present)
+        if cut.any():
+            at = np.clip(k, 1, max(1, len(rows) - 1))[None, :]
+            last = np.take_along_axis(sub, np.take_along_axis(order, at - 1, axis=0), 0)[0]
+            first_out = np.take_along_axis(sub, np.take_along_axis(order, at, axis=0), 0)[0]
+            tie = cut & ((last == first_out) | (np.isnan(last) & np.isnan(first_out)))
+            for step in np.flatnonzero(tie).tolist():
+                live = np.flatnonzero(has[:, step])
+                kept = _heap_select(sub[live, step].tolist(), int(k[step]), bottom)
+                group_keep[:, step] = False
+                group_keep[live[kept], step] = True
+        keep[rows] = group_keep
     return keep
+
+
+def _heap_select(values: list[float], k: int, bottom: bool) -> list[int]:
+    """Which of `values` (one group's at one step, in input order) Prometheus' topk (bottomk)
+    keeps: a heap of at most k samples whose root is the smallest (largest) kept, NaN counting
+    as smaller than anything (larger for bottomk); a sample replaces the root when strictly
+    better, or a number replaces a NaN root. Go's container/heap push and fix, replayed."""
+    heap: list[tuple[float, int]] = []
+
+    def less(a: int, b: int) -> bool:  # vectorByValueHeap / vectorByReverseValueHeap
+        va, vb = heap[a][0], heap[b][0]
+        if va != va:
+            return True
+        return va > vb if bottom else va < vb
+
+    def up(j: int) -> None:
+        while j > 0:
+            parent = (j - 1) // 2
+            if not less(j, parent):
+                break
+            heap[parent], heap[j] = heap[j], heap[parent]
+            j = parent
+
+    def down(i0: int) -> bool:
+        i, n = i0, len(heap)
+        while True:
+            j = 2 * i + 1
+            if j >= n:
+                break
+            if j + 1 < n and less(j + 1, j):
+                j += 1
+            if not less(j, i):
+                break
+            heap[i], heap[j] = heap[j], heap[i]
+            i = j
+        return i > i0
+
+    for i, v in enumerate(values):
+        if len(heap) < k:
+            heap.append((v, i))
+            up(len(heap) - 1)
+            continue
+        root = heap[0][0]
+        better = root > v if bottom else root < v
+        if better or (root != root and v == v):
+            heap[0] = (v, i)
+            if k > 1 and not down(0):
+                up(0)
+    return [i for _, i in heap]
 
 
 def quantile(

@@ -7,7 +7,7 @@ An instant vector is a list of (labels, value). It follows the same documented c
 the engine: left-open windows, NaN a value like any other (stored, returned, propagated; ordered
 before every number by sorts, after every number by topk/bottomk; skipped by min/max unless all
 are NaN), the staleness marker ending a series, duplicate label sets an error only when they meet
-at one step, topk ties broken by label set.
+at one step, topk/bottomk replaying Prometheus' heap over series in label order.
 """
 
 from __future__ import annotations
@@ -399,17 +399,9 @@ class Reference:
             if math.isnan(k_value) or math.isinf(k_value):
                 raise RefError(f"Scalar value {k_value} overflows int64")
             k = int(k_value)
-            sign = -1.0 if agg.op == "topk" else 1.0
             for _, members in groups.values():
-                ranked = sorted(
-                    members,
-                    key=lambda e: (
-                        math.isnan(e[1]),
-                        0.0 if math.isnan(e[1]) else sign * e[1],
-                        key(e[0]),
-                    ),
-                )
-                out.extend(ranked[: max(k, 0)])
+                members.sort(key=lambda e: key(e[0]))  # a selector's order in Prometheus
+                out.extend(_go_heap_k(members, k, agg.op == "bottomk"))
             return out
         for g, members in groups.values():
             vals = [v for _, v in members]
@@ -547,3 +539,55 @@ class Reference:
                 matched[sig].add(key(metric))
             out.append((metric, value))
         return check_unique(present(out))
+
+
+def _go_heap_k(members: Vector, k: int, bottom: bool) -> Vector:
+    """topk/bottomk of one group at one step, as engine.go's aggregationK builds it with Go's
+    container/heap (Push = append + up, Fix(0) = down, else up)."""
+    h: Vector = []
+
+    def less(i: int, j: int) -> bool:
+        a, b = h[i][1], h[j][1]
+        if math.isnan(a):
+            return True
+        return a > b if bottom else a < b
+
+    def swap(i: int, j: int) -> None:
+        h[i], h[j] = h[j], h[i]
+
+    def up(j: int) -> None:
+        while True:
+            i = (j - 1) // 2
+            if i == j or j == 0 or not less(j, i):
+                return
+            swap(i, j)
+            j = i
+
+    def down(i0: int) -> bool:
+        i = i0
+        while True:
+            left = 2 * i + 1
+            if left >= len(h):
+                break
+            j = left
+            if left + 1 < len(h) and less(left + 1, left):
+                j = left + 1
+            if not less(j, i):
+                break
+            swap(i, j)
+            i = j
+        return i > i0
+
+    if k < 1:
+        return []
+    for labels, v in members:
+        if len(h) < k:
+            h.append((labels, v))
+            up(len(h) - 1)
+            continue
+        top = h[0][1]
+        if (top > v if bottom else top < v) or (math.isnan(top) and not math.isnan(v)):
+            h[0] = (labels, v)
+            if k > 1 and not down(0):
+                up(0)
+    return h

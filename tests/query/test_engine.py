@@ -484,12 +484,29 @@ def test_dropping_the_name_merges_or_clashes() -> None:
 def test_topk_keeps_labels_and_orders_instant_results_by_value() -> None:
     series = [counter([float(v)], [0], "m", i=str(i)) for i, v in enumerate([5, 9, 1, 9, 7])]
     r = at("topk(3, m)", series, 0)
-    assert [lb["i"] for lb in r.labels] == ["1", "3", "4"]  # tie 9/9 broken by labels
+    assert [lb["i"] for lb in r.labels] == ["1", "3", "4"]  # equal values: by labels
     assert r.values[:, 0].tolist() == [9.0, 9.0, 7.0] and r.labels[0]["__name__"] == "m"
     r = at("bottomk(2, m)", series, 0)
     assert [lb["i"] for lb in r.labels] == ["2", "0"]
     with pytest.raises(QueryError, match="overflows int64"):
         at("topk(scalar(nothing), m)", series, 0)
+
+
+def test_topk_ties_at_the_cut_are_decided_as_prometheus_heap_decides_them() -> None:
+    # Series reach the heap in label order; a later equal value never displaces the root, but
+    # a better value replaces the root, which is the first of the equal ones.
+    series = [counter([float(v)], [0], "m", i=str(i)) for i, v in enumerate([3, 3, 5])]
+    assert sorted(lb["i"] for lb in at("topk(2, m)", series, 0).labels) == ["1", "2"]
+    series = [counter([float(v)], [0], "m", i=str(i)) for i, v in enumerate([3, 3, 1])]
+    assert sorted(lb["i"] for lb in at("bottomk(2, m)", series, 0).labels) == ["1", "2"]
+    series = [counter([float(v)], [0], "m", i=str(i)) for i, v in enumerate([3, 3, 3])]
+    assert sorted(lb["i"] for lb in at("topk(2, m)", series, 0).labels) == ["0", "1"]
+    nan = float("nan")
+    series = [counter([v], [0], "m", i=str(i)) for i, v in enumerate([nan, nan, 2.0, nan])]
+    # NaN sorts first in the heap: the number replaces the root NaN (series 1), which then
+    # sinks below series 0's NaN; series 3's NaN replaces nothing.
+    assert sorted(lb["i"] for lb in at("topk(2, m)", series, 0).labels) == ["0", "2"]
+    assert sorted(lb["i"] for lb in at("bottomk(2, m)", series, 0).labels) == ["0", "2"]
 
 
 def test_without_drops_the_name_and_by_keeps_only_listed_labels() -> None:
