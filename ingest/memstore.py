@@ -709,7 +709,6 @@ class ShardMemstore:
             sealed._mem = mems
             self._open -= sealed_samples
             self._sealed_unflushed += sealed_samples
-            self._snapshotted[group] = 0  # durable again once this seal is flushed
             return sealed
 
     def load_open_buffers(self, snapshot: OpenBuffers) -> int:
