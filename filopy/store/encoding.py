@@ -692,12 +692,10 @@ def _rag_u8(v: npt.ArrayLike, s: int) -> _Rag:
 def _rag_uvarint(v: npt.NDArray[np.integer], present: BoolArray | None = None) -> _Rag:
     """LEB128 of each uint64 (absent where `present` is False)."""
     u = v.astype(U64)
-    lens = np.ones(len(u), dtype=I64)
-    for j in range(1, 10):
-        lens += u >= U64(1 << (7 * j))
+    lens = np.maximum((_bitlen(u) + 6) // 7, 1)
     if present is not None:
         lens = np.where(present, lens, 0)
-    j = np.arange(10)
+    j = np.arange(int(lens.max(initial=0)))
     groups = (u[:, None] >> (7 * j).astype(U64)) & U64(0x7F)
     groups |= np.where(j < lens[:, None] - 1, U64(0x80), U64(0))
     return _Rag(groups[j < lens[:, None]].astype(np.uint8), _offsets(lens))
@@ -714,7 +712,9 @@ def _rag_concat(parts: list[_Rag]) -> _Rag:
     out = np.empty(int(off[-1]), dtype=np.uint8)
     start = off[:-1].copy()
     for p, n in zip(parts, lens, strict=True):
-        if len(p.data):
+        if len(p.data) == len(n) and (n == 1).all():
+            out[start] = p.data
+        elif len(p.data):
             out[_ranges(start, n)] = p.data
         start += n
     return _Rag(out, off)
@@ -754,38 +754,59 @@ def _seg_ids(off: IntArray) -> IntArray:
     return np.repeat(np.arange(len(off) - 1), np.diff(off))
 
 
-def _rag_bitpack(u: U64Array, seg: IntArray, off: IntArray, width: IntArray) -> _Rag:
-    """Each segment's values at its width, as `_bitpack` lays them out."""
+def _rag_bitpack(u: U64Array, off: IntArray, width: IntArray) -> _Rag:
+    """Each segment's values at its width (values below 2**width), as `_bitpack` lays them
+    out."""
     n = np.diff(off)
     boff = _offsets((n * width + 7) // 8)
     total = int(boff[-1])
     if total == 0:
         return _Rag(np.zeros(0, dtype=np.uint8), boff)
-    sel = np.flatnonzero(width[seg] > 0)
-    s = seg[sel]
-    w = width[s]
-    bitpos = boff[s] * 8 + (sel - off[s]) * w
-    val = u[sel] & (_ALL64 >> (64 - w).astype(U64))
+    segs = np.flatnonzero(width > 0)
+    if len(segs) < len(n):
+        u = u[_ranges(off[segs], n[segs])]
+        n, width, boff0, off0 = n[segs], width[segs], boff[segs], _offsets(n[segs])[:-1]
+    else:
+        boff0, off0 = boff[:-1], off[:-1]
+    # bit position of element i: its segment's first bit + (i - segment start) * width
+    bitpos = np.arange(len(u))
+    bitpos *= np.repeat(width, n)
+    bitpos += np.repeat(boff0 * 8 - off0 * width, n)
     word = bitpos >> 6
-    sh = (bitpos & 63).astype(U64)
+    sh = (bitpos & 63).view(U64)
     words = np.zeros(total // 8 + 2, dtype=U64)
     # Values are placed in increasing bit order, so each word's parts are a run: OR them by run.
-    first = np.flatnonzero(np.concatenate(([True], word[1:] != word[:-1])))
-    words[word[first]] |= np.bitwise_or.reduceat(val << sh, first)
-    words[word[first] + 1] |= np.bitwise_or.reduceat((val >> U64(1)) >> (U64(63) - sh), first)
+    first = np.flatnonzero(word[1:] != word[:-1])
+    first += 1
+    first = np.concatenate(([0], first))
+    at = word[first]
+    words[at] |= np.bitwise_or.reduceat(u << sh, first)
+    hi = u >> U64(1)
+    hi >>= U64(63) - sh  # the bits past the word (a shift by 64 - sh, which may be 64)
+    words[at + 1] |= np.bitwise_or.reduceat(hi, first)
     return _Rag(words.astype("<u8", copy=False).view(np.uint8)[:total], boff)
 
 
 def _patch_widths(u: U64Array, off: IntArray, segs: IntArray, top: IntArray) -> IntArray:
     """`_plan`'s patched width for segments `segs`: the cost model over bit-length histograms."""
-    n = np.diff(off)[segs]
-    lengths = np.frexp(u[_ranges(off[segs], n)].astype(np.float64))[1]
-    cseg = np.repeat(np.arange(len(segs)), n)
-    hist = np.bincount(cseg * _NB + lengths, minlength=len(segs) * _NB).reshape(-1, _NB)
-    above = n[:, None] - np.cumsum(hist, axis=1)
-    w = np.arange(_NB)
+    n_all = np.diff(off)
+    if len(segs) * 2 < len(n_all):  # a few segments: histogram only theirs
+        n = n_all[segs]
+        u = u[_ranges(off[segs], n)]
+        rows = np.arange(len(segs))
+    else:  # most: histogram all and keep theirs
+        n = n_all
+        rows = segs
+    lengths = np.frexp(u.astype(np.float64))[1]
+    nb = int(lengths.max()) + 1
+    keys = np.repeat(np.arange(len(n)) * nb, n)
+    keys += lengths
+    hist = np.bincount(keys, minlength=len(n) * nb).reshape(-1, nb)[rows]
+    n = n_all[segs][:, None]
+    above = n - np.cumsum(hist, axis=1)
+    w = np.arange(nb)
     t = top[segs][:, None]
-    cost = n[:, None] * w + above * (t - w + _PATCH_BITS) + np.where(above > 0, 32, 0)
+    cost = n * w + above * (t - w + _PATCH_BITS) + np.where(above > 0, 32, 0)
     return np.argmin(np.where(w > t, _BIG, cost), axis=1)
 
 
@@ -793,7 +814,6 @@ def _rag_ints(v: IntArray, off: IntArray, patch: bool) -> _Rag:
     """One int stream per segment of v, as `_write_plan(_plan(segment, patch))` writes it."""
     s = len(off) - 1
     n = np.diff(off)
-    seg = _seg_ids(off)
     nonempty = n > 0
     starts = off[:-1][nonempty]
     base = np.zeros(s, dtype=I64)
@@ -802,11 +822,10 @@ def _rag_ints(v: IntArray, off: IntArray, patch: bool) -> _Rag:
     u = v.view(U64)
     if len(v):
         base[nonempty] = np.minimum.reduceat(v, starts)
-        u = u - base.view(U64)[seg]  # wraps: the exact unsigned distance to the minimum
-        g[nonempty] = np.gcd.reduceat(u, starts)
-        divided = np.flatnonzero((g > 1)[seg])
-        if len(divided):
-            u[divided] //= g[seg[divided]]
+        u = u - np.repeat(base.view(U64), n)  # wraps: the exact unsigned distance to the minimum
+        g[nonempty] = _gcds(u, starts)
+        if (g > 1).any():
+            u //= np.repeat(np.maximum(g, 1), n)
         umax = np.zeros(s, dtype=U64)
         umax[nonempty] = np.maximum.reduceat(u, starts)
         top = _bitlen(umax)
@@ -816,37 +835,32 @@ def _rag_ints(v: IntArray, off: IntArray, patch: bool) -> _Rag:
         if len(cand):
             width[cand] = _patch_widths(u, off, cand, top)
     patched = width < top
-    parts: list[_Rag] = []
     patch_part = _rag_empty(s)
     if patched.any():
+        # Patched segments keep the low bits in place and list the high bits.
+        shift = np.repeat(np.where(patched, width, 0).astype(U64), n)
+        high = u >> shift
+        pos = np.flatnonzero((high != 0) & np.repeat(patched, n))
+        high = high[pos]
+        u &= np.repeat(np.where(patched, ~(_ALL64 << width.astype(U64)), _ALL64), n)
+        pseg = np.repeat(np.arange(s), n)[pos]
+        local = pos - off[pseg]
         ps = np.flatnonzero(patched)
-        eidx = _ranges(off[ps], n[ps])
-        high = u[eidx] >> width[seg[eidx]].astype(U64)
-        hit = high != 0
-        pos = eidx[hit]
-        local = pos - off[seg[pos]]
-        count = np.bincount(seg[pos], minlength=s)[ps]
+        count = np.bincount(pseg, minlength=s)[ps]
         poff = _offsets(count)
         first = np.zeros(len(local), dtype=np.bool_)
         first[poff[:-1]] = True
         gaps = np.diff(local, prepend=0)[~first]
-        patch_part = _rag_scatter(
-            s,
+        patches = _rag_concat(
             [
-                (
-                    ps,
-                    _rag_concat(
-                        [
-                            _rag_uvarint(count),
-                            _rag_svarint(local[poff[:-1]]),
-                            _rag_ints(gaps, poff - np.arange(len(poff)), patch=False),
-                            _rag_ints(high[hit].view(I64), poff, patch=False),
-                        ]
-                    ),
-                )
-            ],
+                _rag_uvarint(count),
+                _rag_svarint(local[poff[:-1]]),
+                _rag_ints(gaps, poff - np.arange(len(poff)), patch=False),
+                _rag_ints(high.view(I64), poff, patch=False),
+            ]
         )
-    payload = _rag_bitpack(u, seg, off, width)
+        patch_part = _rag_scatter(s, [(ps, patches)])
+    payload = _rag_bitpack(u, off, width)
     zstd = np.zeros(s, dtype=np.bool_)
     tryz = np.flatnonzero((width % 8 == 0) & (payload.lens >= _MIN_ZSTD_INPUT))
     if len(tryz):
@@ -867,69 +881,85 @@ def _rag_ints(v: IntArray, off: IntArray, patch: bool) -> _Rag:
                 s, [(plain, _rag_gather(payload, plain)), (z, _rag_from_bytes(frames))]
             )
     head = width | zstd.astype(I64) << 7 | (g > 1).astype(I64) << 8 | patched.astype(I64) << 9
-    parts = [
-        _rag_uvarint(head),
-        _rag_svarint(base),
-        _rag_uvarint(g, g > 1),
-        patch_part,
-        payload,
-    ]
-    return _rag_concat(parts)
+    return _rag_concat(
+        [_rag_uvarint(head), _rag_svarint(base), _rag_uvarint(g, g > 1), patch_part, payload]
+    )
+
+
+def _gcds(u: U64Array, starts: IntArray) -> U64Array:
+    """np.gcd.reduceat(u, starts), skipping the segments whose first few values are coprime
+    (most of them: the full reduction is the slowest step of an int stream)."""
+    n = np.diff(np.append(starts, len(u)))
+    g = u[starts]
+    for j in range(1, 4):
+        g = np.gcd(g, u[starts + np.minimum(j, n - 1)])
+    rest = np.flatnonzero(g != 1)
+    if len(rest) * 4 > len(starts):
+        return np.gcd.reduceat(u, starts)
+    if len(rest):
+        g[rest] = np.gcd.reduceat(u[_ranges(starts[rest], n[rest])], _offsets(n[rest])[:-1])
+    return g
 
 
 def _diff_cands(v: IntArray) -> list[IntArray]:
     """v and its first and second differences, element i differencing back from i (valid from
     the order-th element of each segment on; int64 arithmetic wraps)."""
-    d1 = np.zeros_like(v)
-    d1[1:] = v[1:] - v[:-1]
-    d2 = np.zeros_like(v)
-    d2[2:] = d1[2:] - d1[1:-1]
+    d1 = np.empty_like(v)
+    d1[:1] = 0
+    np.subtract(v[1:], v[:-1], out=d1[1:])
+    d2 = np.empty_like(v)
+    d2[:2] = 0
+    np.subtract(d1[2:], d1[1:-1], out=d2[2:])
     return [v, d1, d2]
 
 
-def _rag_orders(v: IntArray, off: IntArray, order: IntArray) -> _Rag:
+def _rag_orders(cands: list[IntArray], off: IntArray, order: IntArray) -> _Rag:
     """Per segment: seeds and the int stream of its order-th differences (`_put_diffs`)."""
     n = np.diff(off)
-    seg = _seg_ids(off)
-    cands = _diff_cands(v)
-    local = np.arange(len(v)) - off[seg]
-    o = order[seg]
-    keep = local >= o
-    stream = np.where(o == 0, cands[0], np.where(o == 1, cands[1], cands[2]))[keep]
     starts = off[:-1]
-    second = np.minimum(starts + 1, max(len(v) - 1, 0))
+    m = np.maximum(n - order, 0)
+    idx = _ranges(starts + np.minimum(order, n), m)
+    orep = np.repeat(order, m)
+    present = np.unique(order)
+    stream = cands[int(present[0])][idx]
+    for o in present[1:].tolist():
+        sel = np.flatnonzero(orep == o)
+        stream[sel] = cands[o][idx[sel]]
+    second = np.minimum(starts + 1, len(cands[0]) - 1)
     return _rag_concat(
         [
-            _rag_svarint(v[starts], order >= 1),
+            _rag_svarint(cands[0][starts], order >= 1),
             _rag_svarint(cands[1][second], (order >= 2) & (n >= 2)),
-            _rag_ints(stream, _offsets(np.maximum(n - order, 0)), patch=True),
+            _rag_ints(stream, _offsets(m), patch=True),
         ]
     )
 
 
-def _estimate_orders(v: IntArray, off: IntArray, orders: range) -> IntArray:
+def _estimate_orders(cands: list[IntArray], off: IntArray, orders: range) -> IntArray:
     """`_best_diffs`'s choice for every segment (all of at least `_SMALL` values): each
     candidate order sized by the patched cost model on the common tail."""
     n = np.diff(off)
-    seg = _seg_ids(off)
     s = len(n)
-    tail_start = orders[-1]
-    tail = np.flatnonzero(np.arange(len(v)) - off[seg] >= tail_start)
-    m = n - tail_start
-    toff = _offsets(m)
-    tseg = seg[tail]
-    w = np.arange(_NB)
-    mins = []
+    m = n - orders[-1]
+    tail = _ranges(off[:-1] + orders[-1], m)
+    tstarts = _offsets(m)[:-1]
+    all_lengths = []
     for o in orders:
-        d = _diff_cands(v)[o][tail] if o else v[tail]
-        u = d.view(U64) - np.minimum.reduceat(d, toff[:-1]).view(U64)[tseg]
-        lengths = np.frexp(u.astype(np.float64))[1]
-        hist = np.bincount(tseg * _NB + lengths, minlength=s * _NB).reshape(-1, _NB)
-        top = np.maximum.reduceat(lengths, toff[:-1]).astype(I64)
-        mins.append((hist, top))
-    wmax = np.max([t for _, t in mins], axis=0)[:, None]
+        d = cands[o][tail]
+        lo = np.minimum.reduceat(d, tstarts)
+        u = d.view(U64) - np.repeat(lo.view(U64), m)
+        all_lengths.append(np.frexp(u.astype(np.float64))[1])
+    nb = max(int(lengths.max()) for lengths in all_lengths) + 1
+    keys = np.repeat(np.arange(s) * nb, m)
+    w = np.arange(nb)
+    tops, hists = [], []
+    for lengths in all_lengths:
+        hist = np.bincount(keys + lengths, minlength=s * nb).reshape(-1, nb)
+        tops.append(np.maximum.reduceat(lengths, tstarts).astype(I64))
+        hists.append(hist)
+    wmax = np.max(tops, axis=0)[:, None]
     best = []
-    for hist, top in mins:
+    for hist, top in zip(hists, tops, strict=True):
         above = m[:, None] - np.cumsum(hist, axis=1)
         cost = m[:, None] * w + above * (top[:, None] - w + _PATCH_BITS)
         cost += np.where(above > 0, 32, 0)
@@ -954,12 +984,14 @@ def _rag_best_diffs(v: IntArray, off: IntArray, orders: range) -> tuple[IntArray
     big = np.flatnonzero(n >= _SMALL)
     if len(big):
         bv, boff = _subset(v, off, big)
-        order[big] = _estimate_orders(bv, boff, orders)
-        parts.append((big, _rag_orders(bv, boff, order[big])))
+        cands = _diff_cands(bv)
+        order[big] = _estimate_orders(cands, boff, orders)
+        parts.append((big, _rag_orders(cands, boff, order[big])))
     small = np.flatnonzero(n < _SMALL)
     if len(small):
         sv, soff = _subset(v, off, small)
-        cands = [_rag_orders(sv, soff, np.full(len(small), o)) for o in orders]
+        scands = _diff_cands(sv)
+        cands = [_rag_orders(scands, soff, np.full(len(small), o)) for o in orders]
         pick = np.argmin(np.stack([c.lens for c in cands]), axis=0)
         order[small] = np.asarray(orders)[pick]
         for j, c in enumerate(cands):
