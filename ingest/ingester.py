@@ -132,6 +132,7 @@ class KafkaShardIngester(ReportingIngester):
         # Offsets read again at start that some flush group had already checkpointed (0 after a
         # clean handoff or drain: every group checkpointed at the last offset its owner read).
         self.replayed_offsets = 0
+        self.open_samples_loaded = 0  # from the checkpoints' open-buffer snapshots at start
         self.flusher: Flusher | None = None
         # Consumer lag = end of the partition (as of the last fetch) - the next offset to read.
         self.end_offset: int | None = None
@@ -200,6 +201,7 @@ class KafkaShardIngester(ReportingIngester):
                 lambda: recover_shard(self.memstore, self._meta, self._columns, ref, shard, high),
             )
             start = plan.start_offset
+            self.open_samples_loaded = plan.open_samples_loaded
             if plan.open_samples_loaded:
                 log.info(
                     "%s shard %d: %d open samples loaded from the checkpoints' snapshots",
@@ -567,6 +569,7 @@ class KafkaShardIngester(ReportingIngester):
             "offsets_lost": self.offsets_lost,
             "replayed_from": self.replayed_from,
             "replayed_offsets": self.replayed_offsets,
+            "open_samples_loaded": self.open_samples_loaded,
             "memstore": s,
             "memory_samples": self.memstore.memory_samples(),
             "lag": self.lag,

@@ -51,6 +51,7 @@ from filopy.store.api import (
     decode_part_key,
     encode_part_key,
 )
+from filopy.store.encoding import encode_chunks
 from ingest.batch import Labels, SampleBatch
 from ingest.gateway import KeyedBatch
 from ingest.open_buffers import OpenBuffers
@@ -648,6 +649,35 @@ class ShardMemstore:
             self._settle()
             span, most = self.chunk_span_ms, self.max_chunk_samples
             now_bucket = self._max_ts // span
+            # Pass 1: per series, how much of its buffer seals and where its chunks cut.
+            sealing: list[tuple[int, _Series, int, int, npt.NDArray[np.intp]]] = []
+            for sid in self._group_series[group]:
+                ser = self._series[sid]
+                n = ser.n
+                if not n:
+                    continue
+                ts = ser.ts[:n]
+                cuts = chunk_cuts(ts, span, most)
+                last = int(cuts[-2])  # the last chunk's start: it may still grow
+                if not complete_only or n - last >= most or int(ts[n - 1]) // span < now_bucket:
+                    last = n
+                sealing.append((sid, ser, n, last, cuts[cuts <= last]))
+            # Pass 2: every complete chunk of the group encoded in one vectorised call.
+            sealed_parts = [(ser.ts[:last], ser.vals[:last]) for _, ser, _, last, _ in sealing]
+            chunk_bounds = [c[1:] for _, _, _, last, c in sealing if last]
+            lengths = np.fromiter((last for _, _, _, last, _ in sealing), I64, len(sealing))
+            starts = np.zeros(len(sealing) + 1, I64)
+            np.cumsum(lengths, out=starts[1:])
+            datas: list[bytes] = []
+            if chunk_bounds:
+                seal_ts = np.concatenate([p[0] for p in sealed_parts])
+                seal_vals = np.concatenate([p[1] for p in sealed_parts])
+                offsets = starts[:-1][lengths > 0]
+                bounds = np.concatenate(
+                    [[0], *(c + o for c, o in zip(chunk_bounds, offsets.tolist(), strict=True))]
+                )
+                datas = encode_chunks(seal_ts, seal_vals, bounds)
+            # Pass 3: chunk records, part keys, and each buffer's open rest moved to its front.
             open_sids: list[int] = []
             open_ts: list[npt.NDArray[np.int64]] = []
             open_vals: list[npt.NDArray[np.float64]] = []
@@ -655,24 +685,17 @@ class ShardMemstore:
             mems: list[_MemChunk] = []
             part_keys: list[PartKeyRecord] = []
             sealed_samples = 0
-            for sid in self._group_series[group]:
-                ser = self._series[sid]
-                n = ser.n
-                if not n:
-                    continue
+            k = 0
+            for sid, ser, n, last, cut in sealing:
                 ts, vals = ser.ts[:n], ser.vals[:n]
-                cuts = chunk_cuts(ts, span, most)
-                last = int(cuts[-2])  # the last chunk's start: it may still grow
-                if not complete_only or n - last >= most or int(ts[n - 1]) // span < now_bucket:
-                    last = n
                 if last:
                     part_key = self._index.part_key(sid)
-                    cut = cuts[cuts <= last].tolist()
-                    for a, b in itertools.pairwise(cut):
-                        rec = ChunkRecord.from_samples(part_key, ts[a:b], vals[a:b])
+                    if not ser.chunks:
+                        ser.chunks = []
+                    for a, b in itertools.pairwise(cut.tolist()):
+                        rec = ChunkRecord(part_key, int(ts[a]), int(ts[b - 1]), b - a, datas[k])
+                        k += 1
                         mem = _MemChunk(sid, rec)
-                        if not ser.chunks:
-                            ser.chunks = []
                         ser.chunks.append(mem)  # type: ignore[union-attr]
                         chunks.append(rec)
                         mems.append(mem)
