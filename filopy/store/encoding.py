@@ -641,14 +641,14 @@ def decode_chunk(data: bytes) -> tuple[IntArray, FloatArray]:
 #
 # A flush encodes thousands of chunks at once, and `encode_chunk` costs 100-400 us per chunk
 # whatever its size: hundreds of NumPy calls on small arrays. `encode_chunks` makes every
-# decision of `encode_chunk` for all chunks together, with segment operations (reduceat,
-# bincount over (chunk, bin) pairs, cumsum, repeat), so the number of NumPy calls does not grow
-# with the number of chunks. The encoded bytes are built as ragged byte arrays (one string per
-# chunk or stream) and concatenated field by field with computed offsets; the only per-chunk
-# Python work left is slicing the final buffer, plus a zstd call where `encode_chunk` would try
-# zstd (byte-aligned int streams of 24+ bytes, XOR planes of chunks that fit decimals poorly).
+# decision of `encode_chunk` for all chunks together with segment operations (reduceat, bincount
+# over (chunk, bin) keys, cumsum, repeat of per-chunk values), so the number of NumPy calls does
+# not grow with the number of chunks. Each field of the format is built for all chunks at once
+# as ragged bytes (one string per chunk), and the fields are concatenated once at the end; the
+# only per-chunk Python work left is slicing the final buffer, plus a zstd call wherever
+# `encode_chunk` would try zstd (byte-aligned int streams of 24+ bytes, XOR planes of chunks
+# that fit decimals poorly, both rare on real data).
 
-_NB = 66  # bins of float64 frexp exponents of uint64 values: 0..65 (2**64 - 1 rounds up)
 _BIG = np.int64(1) << 62
 _ALL64 = np.uint64(_MASK64)
 
@@ -669,6 +669,9 @@ class _Rag:
         return np.diff(self.off)
 
 
+_Parts = list[_Rag]  # fields of the same strings, to be concatenated string by string
+
+
 def _offsets(lens: IntArray) -> IntArray:
     off = np.zeros(len(lens) + 1, dtype=I64)
     np.cumsum(lens, out=off[1:])
@@ -678,19 +681,24 @@ def _offsets(lens: IntArray) -> IntArray:
 def _ranges(starts: IntArray, lens: IntArray) -> IntArray:
     """Indices of the ranges [starts[i], starts[i] + lens[i]), concatenated."""
     off = _offsets(lens)
-    return np.repeat(starts - off[:-1], lens) + np.arange(off[-1], dtype=I64)
-
-
-def _rag_empty(s: int) -> _Rag:
-    return _Rag(np.zeros(0, dtype=np.uint8), np.zeros(s + 1, dtype=I64))
+    idx = np.repeat(starts - off[:-1], lens)
+    idx += np.arange(off[-1], dtype=I64)
+    return idx
 
 
 def _rag_u8(v: npt.ArrayLike, s: int) -> _Rag:
     return _Rag(np.broadcast_to(np.asarray(v, dtype=np.uint8), (s,)).copy(), np.arange(s + 1))
 
 
+def _bitlen(u: U64Array) -> IntArray:
+    """Exact bit lengths of uint64 values."""
+    f = np.minimum(np.frexp(u.astype(np.float64))[1], 64).astype(I64)
+    over = (f > 0) & ((u >> np.maximum(f - 1, 0).astype(U64)) == 0)  # rounded up to 2**f
+    return f - over
+
+
 def _rag_uvarint(v: npt.NDArray[np.integer], present: BoolArray | None = None) -> _Rag:
-    """LEB128 of each uint64 (absent where `present` is False)."""
+    """LEB128 of each value as uint64 (nothing where `present` is False)."""
     u = v.astype(U64)
     lens = np.maximum((_bitlen(u) + 6) // 7, 1)
     if present is not None:
@@ -705,8 +713,10 @@ def _rag_svarint(v: IntArray, present: BoolArray | None = None) -> _Rag:
     return _rag_uvarint(((v << 1) ^ (v >> 63)).view(U64), present)
 
 
-def _rag_concat(parts: list[_Rag]) -> _Rag:
+def _rag_concat(parts: _Parts) -> _Rag:
     """String i of the result is string i of every part, in order."""
+    if len(parts) == 1:
+        return parts[0]
     lens = np.stack([p.lens for p in parts])
     off = _offsets(lens.sum(axis=0))
     out = np.empty(int(off[-1]), dtype=np.uint8)
@@ -726,7 +736,7 @@ def _rag_gather(r: _Rag, idx: IntArray) -> _Rag:
 
 
 def _rag_scatter(s: int, parts: list[tuple[IntArray, _Rag]]) -> _Rag:
-    """s strings: parts' strings placed at their indices (disjoint), empty elsewhere."""
+    """s strings: the parts' strings placed at their (disjoint) indices, empty elsewhere."""
     lens = np.zeros(s, dtype=I64)
     for idx, r in parts:
         lens[idx] = r.lens
@@ -743,20 +753,8 @@ def _rag_from_bytes(items: list[bytes]) -> _Rag:
     return _Rag(np.frombuffer(b"".join(items), dtype=np.uint8), _offsets(lens))
 
 
-def _bitlen(u: U64Array) -> IntArray:
-    """Exact bit lengths of uint64 values."""
-    f = np.minimum(np.frexp(u.astype(np.float64))[1], 64).astype(I64)
-    over = (f > 0) & ((u >> np.maximum(f - 1, 0).astype(U64)) == 0)  # rounded up to 2**f
-    return f - over
-
-
-def _seg_ids(off: IntArray) -> IntArray:
-    return np.repeat(np.arange(len(off) - 1), np.diff(off))
-
-
 def _rag_bitpack(u: U64Array, off: IntArray, width: IntArray) -> _Rag:
-    """Each segment's values at its width (values below 2**width), as `_bitpack` lays them
-    out."""
+    """Each segment's values (below 2**width) at its width, as `_bitpack` lays them out."""
     n = np.diff(off)
     boff = _offsets((n * width + 7) // 8)
     total = int(boff[-1])
@@ -782,35 +780,78 @@ def _rag_bitpack(u: U64Array, off: IntArray, width: IntArray) -> _Rag:
     at = word[first]
     words[at] |= np.bitwise_or.reduceat(u << sh, first)
     hi = u >> U64(1)
-    hi >>= U64(63) - sh  # the bits past the word (a shift by 64 - sh, which may be 64)
+    hi >>= U64(63) - sh  # the bits past the word: a shift by 64 - sh, which may be 64
     words[at + 1] |= np.bitwise_or.reduceat(hi, first)
     return _Rag(words.astype("<u8", copy=False).view(np.uint8)[:total], boff)
 
 
-def _patch_widths(u: U64Array, off: IntArray, segs: IntArray, top: IntArray) -> IntArray:
-    """`_plan`'s patched width for segments `segs`: the cost model over bit-length histograms."""
+def _min_cost(hist: IntArray, n: IntArray, top: IntArray | None) -> IntArray:
+    """Per row of bit-length histograms: the cost model of `_plan` (top given: its exact bit
+    length, and the argmin width below it) or `_best_diffs` (top None: the minimum cost).
+
+    cost(w) = n w + above(w) (top - w + PATCH) + 32 [above(w) > 0] = w below(w) + above(w)
+    (top + PATCH) + 32 [above(w) > 0], with below(w) = n - above(w) the values of at most w bits.
+    Past the largest bit length above(w) = 0 and the cost grows with w, so extra columns never
+    lower the minimum."""
+    below = np.cumsum(hist, axis=1)
+    above = n[:, None] - below
+    some = above > 0
+    if top is None:
+        top = some.sum(axis=1)  # frexp lengths: above(w) > 0 exactly below the largest
+    w = np.arange(hist.shape[1])
+    cost = below * w
+    cost += above * (top[:, None] + _PATCH_BITS)
+    cost += some * 32
+    return cost
+
+
+def _patch_widths(
+    u: U64Array, off: IntArray, segs: IntArray, top: IntArray
+) -> tuple[IntArray, IntArray | None]:
+    """`_plan`'s patched width for segments `segs`, and the (frexp) bit length of every value
+    if it was computed for all of them."""
     n_all = np.diff(off)
-    if len(segs) * 2 < len(n_all):  # a few segments: histogram only theirs
+    whole = len(segs) * 2 >= len(n_all)
+    if whole:  # most segments: histogram all of them and keep theirs
+        n = n_all
+        rows = segs
+    else:
         n = n_all[segs]
         u = u[_ranges(off[segs], n)]
         rows = np.arange(len(segs))
-    else:  # most: histogram all and keep theirs
-        n = n_all
-        rows = segs
     lengths = np.frexp(u.astype(np.float64))[1]
     nb = int(lengths.max()) + 1
     keys = np.repeat(np.arange(len(n)) * nb, n)
     keys += lengths
     hist = np.bincount(keys, minlength=len(n) * nb).reshape(-1, nb)[rows]
-    n = n_all[segs][:, None]
-    above = n - np.cumsum(hist, axis=1)
-    w = np.arange(nb)
-    t = top[segs][:, None]
-    cost = n * w + above * (t - w + _PATCH_BITS) + np.where(above > 0, 32, 0)
-    return np.argmin(np.where(w > t, _BIG, cost), axis=1)
+    t = top[segs]
+    cost = _min_cost(hist, n_all[segs], t)
+    if nb > 54:  # frexp lengths may exceed the exact top above 2**53: widths past it are out
+        cost = np.where(np.arange(nb) > t[:, None], _BIG, cost)
+    return np.argmin(cost, axis=1), lengths if whole else None
 
 
-def _rag_ints(v: IntArray, off: IntArray, patch: bool) -> _Rag:
+def _gcds(u: U64Array, starts: IntArray) -> U64Array:
+    """np.gcd.reduceat(u, starts), skipping the segments whose first values are coprime
+    (most of them: the full reduction is the slowest step of an int stream)."""
+    n = np.diff(np.append(starts, len(u)))
+    g = u[starts]
+    for j in range(1, 4):
+        g = np.gcd(g, u[starts + np.minimum(j, n - 1)])
+    rest = np.flatnonzero(g != 1)
+    if len(rest) * 4 > len(starts):
+        return np.gcd.reduceat(u, starts)
+    if len(rest):
+        g[rest] = np.gcd.reduceat(u[_ranges(starts[rest], n[rest])], _offsets(n[rest])[:-1])
+    return g
+
+
+def _expand(parts: _Parts, idx: IntArray, s: int) -> _Parts:
+    """Parts of the segments idx as parts of s segments (empty strings for the others)."""
+    return [_rag_scatter(s, [(idx, p)]) for p in parts]
+
+
+def _int_parts(v: IntArray, off: IntArray, patch: bool) -> _Parts:
     """One int stream per segment of v, as `_write_plan(_plan(segment, patch))` writes it."""
     s = len(off) - 1
     n = np.diff(off)
@@ -830,36 +871,42 @@ def _rag_ints(v: IntArray, off: IntArray, patch: bool) -> _Rag:
         umax[nonempty] = np.maximum.reduceat(u, starts)
         top = _bitlen(umax)
     width = top.copy()
+    lengths = None
     if patch:
         cand = np.flatnonzero((top > 0) & (n >= 8))
         if len(cand):
-            width[cand] = _patch_widths(u, off, cand, top)
+            width[cand], lengths = _patch_widths(u, off, cand, top)
     patched = width < top
-    patch_part = _rag_empty(s)
+    patch_parts: _Parts = []
     if patched.any():
-        # Patched segments keep the low bits in place and list the high bits.
-        shift = np.repeat(np.where(patched, width, 0).astype(U64), n)
-        high = u >> shift
-        pos = np.flatnonzero((high != 0) & np.repeat(patched, n))
-        high = high[pos]
-        u &= np.repeat(np.where(patched, ~(_ALL64 << width.astype(U64)), _ALL64), n)
-        pseg = np.repeat(np.arange(s), n)[pos]
-        local = pos - off[pseg]
+        # Patched values keep their low bits in place and list their high bits.
         ps = np.flatnonzero(patched)
+        if lengths is not None:  # frexp lengths: never short, maybe one long above 2**53
+            pos = np.flatnonzero(lengths > np.repeat(np.where(patched, width, 127), n))
+        else:
+            eidx = _ranges(off[ps], n[ps])
+            pos = eidx[(u[eidx] >> np.repeat(width[ps], n[ps]).astype(U64)) != 0]
+        pseg = np.searchsorted(off, pos, side="right") - 1
+        high = u[pos] >> width[pseg].astype(U64)
+        real = high != 0
+        pos, pseg, high = pos[real], pseg[real], high[real]
+        u[pos] &= ~(_ALL64 << width[pseg].astype(U64))
+        local = pos - off[pseg]
         count = np.bincount(pseg, minlength=s)[ps]
         poff = _offsets(count)
         first = np.zeros(len(local), dtype=np.bool_)
         first[poff[:-1]] = True
         gaps = np.diff(local, prepend=0)[~first]
-        patches = _rag_concat(
+        patch_parts = _expand(
             [
                 _rag_uvarint(count),
                 _rag_svarint(local[poff[:-1]]),
-                _rag_ints(gaps, poff - np.arange(len(poff)), patch=False),
-                _rag_ints(high.view(I64), poff, patch=False),
-            ]
+                *_int_parts(gaps, poff - np.arange(len(poff)), patch=False),
+                *_int_parts(high.view(I64), poff, patch=False),
+            ],
+            ps,
+            s,
         )
-        patch_part = _rag_scatter(s, [(ps, patches)])
     payload = _rag_bitpack(u, off, width)
     zstd = np.zeros(s, dtype=np.bool_)
     tryz = np.flatnonzero((width % 8 == 0) & (payload.lens >= _MIN_ZSTD_INPUT))
@@ -881,24 +928,13 @@ def _rag_ints(v: IntArray, off: IntArray, patch: bool) -> _Rag:
                 s, [(plain, _rag_gather(payload, plain)), (z, _rag_from_bytes(frames))]
             )
     head = width | zstd.astype(I64) << 7 | (g > 1).astype(I64) << 8 | patched.astype(I64) << 9
-    return _rag_concat(
-        [_rag_uvarint(head), _rag_svarint(base), _rag_uvarint(g, g > 1), patch_part, payload]
-    )
-
-
-def _gcds(u: U64Array, starts: IntArray) -> U64Array:
-    """np.gcd.reduceat(u, starts), skipping the segments whose first few values are coprime
-    (most of them: the full reduction is the slowest step of an int stream)."""
-    n = np.diff(np.append(starts, len(u)))
-    g = u[starts]
-    for j in range(1, 4):
-        g = np.gcd(g, u[starts + np.minimum(j, n - 1)])
-    rest = np.flatnonzero(g != 1)
-    if len(rest) * 4 > len(starts):
-        return np.gcd.reduceat(u, starts)
-    if len(rest):
-        g[rest] = np.gcd.reduceat(u[_ranges(starts[rest], n[rest])], _offsets(n[rest])[:-1])
-    return g
+    return [
+        _rag_uvarint(head),
+        _rag_svarint(base),
+        _rag_uvarint(g, g > 1),
+        *patch_parts,
+        payload,
+    ]
 
 
 def _diff_cands(v: IntArray) -> list[IntArray]:
@@ -913,26 +949,26 @@ def _diff_cands(v: IntArray) -> list[IntArray]:
     return [v, d1, d2]
 
 
-def _rag_orders(cands: list[IntArray], off: IntArray, order: IntArray) -> _Rag:
+def _order_parts(cands: list[IntArray], off: IntArray, order: IntArray) -> _Parts:
     """Per segment: seeds and the int stream of its order-th differences (`_put_diffs`)."""
     n = np.diff(off)
     starts = off[:-1]
-    m = np.maximum(n - order, 0)
-    idx = _ranges(starts + np.minimum(order, n), m)
-    orep = np.repeat(order, m)
-    present = np.unique(order)
-    stream = cands[int(present[0])][idx]
-    for o in present[1:].tolist():
-        sel = np.flatnonzero(orep == o)
-        stream[sel] = cands[o][idx[sel]]
-    second = np.minimum(starts + 1, len(cands[0]) - 1)
-    return _rag_concat(
-        [
-            _rag_svarint(cands[0][starts], order >= 1),
-            _rag_svarint(cands[1][second], (order >= 2) & (n >= 2)),
-            _rag_ints(stream, _offsets(m), patch=True),
-        ]
-    )
+    present = np.unique(order).tolist()
+    full = cands[present[-1]]
+    if len(present) > 1:
+        full = full.copy()
+        orep = np.repeat(order, n)
+        for o in present[:-1]:
+            np.copyto(full, cands[o], where=orep == o)
+    keep = np.ones(len(full), dtype=np.bool_)
+    for j in range(present[-1]):  # the first `order` values of a segment are its seeds
+        keep[starts[(order > j) & (n > j)] + j] = False
+    second = np.minimum(starts + 1, len(full) - 1)
+    return [
+        _rag_svarint(cands[0][starts], order >= 1),
+        _rag_svarint(cands[1][second], (order >= 2) & (n >= 2)),
+        *_int_parts(full[keep], _offsets(np.maximum(n - order, 0)), patch=True),
+    ]
 
 
 def _estimate_orders(cands: list[IntArray], off: IntArray, orders: range) -> IntArray:
@@ -940,8 +976,11 @@ def _estimate_orders(cands: list[IntArray], off: IntArray, orders: range) -> Int
     candidate order sized by the patched cost model on the common tail."""
     n = np.diff(off)
     s = len(n)
-    m = n - orders[-1]
-    tail = _ranges(off[:-1] + orders[-1], m)
+    skip = orders[-1]
+    m = n - skip
+    tail = np.ones(len(cands[0]), dtype=np.bool_)
+    for j in range(skip):
+        tail[off[:-1] + j] = False
     tstarts = _offsets(m)[:-1]
     all_lengths = []
     for o in orders:
@@ -951,53 +990,45 @@ def _estimate_orders(cands: list[IntArray], off: IntArray, orders: range) -> Int
         all_lengths.append(np.frexp(u.astype(np.float64))[1])
     nb = max(int(lengths.max()) for lengths in all_lengths) + 1
     keys = np.repeat(np.arange(s) * nb, m)
-    w = np.arange(nb)
-    tops, hists = [], []
+    best = []
     for lengths in all_lengths:
         hist = np.bincount(keys + lengths, minlength=s * nb).reshape(-1, nb)
-        tops.append(np.maximum.reduceat(lengths, tstarts).astype(I64))
-        hists.append(hist)
-    wmax = np.max(tops, axis=0)[:, None]
-    best = []
-    for hist, top in zip(hists, tops, strict=True):
-        above = m[:, None] - np.cumsum(hist, axis=1)
-        cost = m[:, None] * w + above * (top[:, None] - w + _PATCH_BITS)
-        cost += np.where(above > 0, 32, 0)
-        best.append(np.where(w > wmax, _BIG, cost).min(axis=1))
+        best.append(_min_cost(hist, m, None).min(axis=1))
     return np.asarray(orders)[np.argmin(np.stack(best), axis=0)]
 
 
 def _subset(v: IntArray, off: IntArray, segs: IntArray) -> tuple[IntArray, IntArray]:
     n = np.diff(off)[segs]
-    if len(segs) == len(off) - 1:
-        return v, off
     return v[_ranges(off[segs], n)], _offsets(n)
 
 
-def _rag_best_diffs(v: IntArray, off: IntArray, orders: range) -> tuple[IntArray, _Rag]:
+def _best_diff_parts(v: IntArray, off: IntArray, orders: range) -> tuple[IntArray, _Parts]:
     """Per segment, the difference order and its seeds and int stream, chosen as
     `encode_chunk` chooses: by the cost estimate from `_SMALL` values on, by exact size below."""
     n = np.diff(off)
     s = len(n)
-    order = np.zeros(s, dtype=I64)
-    parts: list[tuple[IntArray, _Rag]] = []
     big = np.flatnonzero(n >= _SMALL)
+    if len(big) == s:
+        cands = _diff_cands(v)
+        order = _estimate_orders(cands, off, orders)
+        return order, _order_parts(cands, off, order)
+    order = np.zeros(s, dtype=I64)
+    pieces: list[tuple[IntArray, _Rag]] = []
     if len(big):
         bv, boff = _subset(v, off, big)
         cands = _diff_cands(bv)
         order[big] = _estimate_orders(cands, boff, orders)
-        parts.append((big, _rag_orders(cands, boff, order[big])))
+        pieces.append((big, _rag_concat(_order_parts(cands, boff, order[big]))))
     small = np.flatnonzero(n < _SMALL)
-    if len(small):
-        sv, soff = _subset(v, off, small)
-        scands = _diff_cands(sv)
-        cands = [_rag_orders(scands, soff, np.full(len(small), o)) for o in orders]
-        pick = np.argmin(np.stack([c.lens for c in cands]), axis=0)
-        order[small] = np.asarray(orders)[pick]
-        for j, c in enumerate(cands):
-            chosen = np.flatnonzero(pick == j)
-            parts.append((small[chosen], _rag_gather(c, chosen)))
-    return order, _rag_scatter(s, parts)
+    sv, soff = _subset(v, off, small)
+    scands = _diff_cands(sv)
+    tries = [_rag_concat(_order_parts(scands, soff, np.full(len(small), o))) for o in orders]
+    pick = np.argmin(np.stack([t.lens for t in tries]), axis=0)  # the first of the smallest
+    order[small] = np.asarray(orders)[pick]
+    for j, t in enumerate(tries):
+        chosen = np.flatnonzero(pick == j)
+        pieces.append((small[chosen], _rag_gather(t, chosen)))
+    return order, [_rag_scatter(s, pieces)]
 
 
 def _exact_at(
@@ -1021,48 +1052,60 @@ def _decimal_batch(x: FloatArray, off: IntArray) -> tuple[IntArray, IntArray, Bo
     exponent is the first with the fewest exceptions, `_find_decimal`'s choice. Other segments
     (values leaving the exact range, e.g. huge and tiny values together) try every exponent."""
     n = np.diff(off)
-    seg = _seg_ids(off)
     starts = off[:-1]
     bits = x.view(U64)
-    finite = np.isfinite(x)
     first = np.full(len(x), -1, dtype=I64)
-    act = np.flatnonzero(finite)
-    xa, ba = x[act], bits[act]
     with np.errstate(all="ignore"):
+        act = np.flatnonzero(np.isfinite(x))
+        xa, ba = x[act], bits[act]
         for e in range(_MAX_EXP + 1):
             if not len(act):
                 break
             p = _POW10[e]
-            scaled = xa * p
+            scaled = xa * p if e else xa
             ok = np.abs(scaled) < _MAX_EXACT
-            exact = ok & (((np.rint(scaled) + 0.0) / p).view(U64) == ba)  # + 0.0: -0.0 -> 0.0
+            k = np.rint(scaled)
+            k += 0.0  # -0.0 -> 0.0, as the int64 round trip does
+            if e:
+                k /= p
+            exact = ok & (k.view(U64) == ba)
             first[act[exact]] = e
             keep = ok & ~exact
             act, xa, ba = act[keep], xa[keep], ba[keep]
-        found = first >= 0
         e_seg = np.maximum.reduceat(first, starts).clip(0)
-        never = n - np.add.reduceat(found, starts)
-        k, exact, _ = _exact_at(x, bits, finite, e_seg[seg])
+        never = n - np.add.reduceat(first >= 0, starts)
+        if e_seg.any():
+            p = np.repeat(_POW10[e_seg], n)
+            scaled = x * p
+        else:
+            p, scaled = None, x
+        kf = np.rint(scaled)
+        k = kf.astype(I64)  # NaN, inf and huge values are exceptions: their k is replaced
+        kf += 0.0
+        if p is not None:
+            kf /= p
+        exact = (kf.view(U64) == bits) & (np.abs(scaled) < _MAX_EXACT)
         bad = np.flatnonzero(n - np.add.reduceat(exact, starts) != never)
         if len(bad):
-            e_seg[bad] = _search_exponents(x, bits, finite, off, bad)
+            e_seg[bad] = _search_exponents(x, bits, off, bad)
             eidx = _ranges(off[bad], n[bad])
-            k[eidx], exact[eidx], _ = _exact_at(x[eidx], bits[eidx], finite[eidx], e_seg[seg[eidx]])
+            k[eidx], exact[eidx], _ = _exact_at(
+                x[eidx], bits[eidx], np.isfinite(x[eidx]), np.repeat(e_seg[bad], n[bad])
+            )
     exc = ~exact
     if exc.any():  # an exception takes its predecessor's integer (0 first in a segment)
-        idx = np.where(exc, starts[seg], np.arange(len(x)))
+        idx = np.where(exc, np.repeat(starts, n), np.arange(len(x)))
         np.maximum.accumulate(idx, out=idx)
         k = np.where(exc[idx], 0, k[idx])
     return e_seg, k, exc
 
 
-def _search_exponents(
-    x: FloatArray, bits: U64Array, finite: BoolArray, off: IntArray, segs: IntArray
-) -> IntArray:
+def _search_exponents(x: FloatArray, bits: U64Array, off: IntArray, segs: IntArray) -> IntArray:
     """`_find_decimal`'s exponent for segments `segs`, trying every exponent on all of them."""
     n = np.diff(off)[segs]
     eidx = _ranges(off[segs], n)
-    xs, bs, fs = x[eidx], bits[eidx], finite[eidx]
+    xs, bs = x[eidx], bits[eidx]
+    fs = np.isfinite(xs)
     starts = _offsets(n)[:-1]
     exc = np.full((_MAX_EXP + 1, len(segs)), _BIG, dtype=I64)
     for e in range(_MAX_EXP + 1):
@@ -1074,46 +1117,43 @@ def _search_exponents(
     return np.argmin(exc, axis=0)
 
 
-def _rag_decimal(x: FloatArray, off: IntArray) -> _Rag:
+def _decimal_parts(x: FloatArray, off: IntArray) -> _Parts:
     """The DECIMAL values section of every segment, as `_put_decimal` writes it."""
     s = len(off) - 1
-    seg = _seg_ids(off)
     e, k, exc = _decimal_batch(x, off)
-    order, stream = _rag_best_diffs(k, off, range(3))
+    order, stream = _best_diff_parts(k, off, range(3))
+    parts = [_rag_u8(_DECIMAL, s), _rag_u8(e, s), _rag_u8(order, s), *stream]
     pos = np.flatnonzero(exc)
-    count = np.bincount(seg[pos], minlength=s)
-    parts = [_rag_u8(_DECIMAL, s), _rag_u8(e, s), _rag_u8(order, s), stream, _rag_uvarint(count)]
-    if len(pos):
-        has = np.flatnonzero(count)
-        local = pos - off[seg[pos]]
-        poff = _offsets(count[has])
-        first = np.zeros(len(pos), dtype=np.bool_)
-        first[poff[:-1]] = True
-        gaps = np.diff(local, prepend=0)[~first]
-        where = _rag_concat(
-            [
-                _rag_svarint(local[poff[:-1]]),
-                _rag_ints(gaps, poff - np.arange(len(poff)), patch=False),
-            ]
-        )
-        parts.append(_rag_scatter(s, [(has, where)]))
-        raw = x.view(U64)[pos].astype("<u8", copy=False).view(np.uint8)  # keeps NaN payloads
-        parts.append(_Rag(raw, _offsets(count * 8)))
-    return _rag_concat(parts)
+    if not len(pos):
+        return [*parts, _rag_u8(0, s)]
+    pseg = np.searchsorted(off, pos, side="right") - 1
+    count = np.bincount(pseg, minlength=s)
+    has = np.flatnonzero(count)
+    local = pos - off[pseg]
+    poff = _offsets(count[has])
+    first = np.zeros(len(pos), dtype=np.bool_)
+    first[poff[:-1]] = True
+    gaps = np.diff(local, prepend=0)[~first]
+    where = [
+        _rag_svarint(local[poff[:-1]]),
+        *_int_parts(gaps, poff - np.arange(len(poff)), patch=False),
+    ]
+    raw = x.view(U64)[pos].astype("<u8", copy=False).view(np.uint8)  # keeps NaN payloads
+    return [*parts, _rag_uvarint(count), *_expand(where, has, s), _Rag(raw, _offsets(count * 8))]
 
 
 def _rag_xor(x: FloatArray, off: IntArray) -> _Rag:
     """The XOR values section of every segment, as `_put_xor` writes it."""
     n = np.diff(off)
-    seg = _seg_ids(off)
     u = x.view(U64)
     prev = np.zeros_like(u)
     prev[1:] = u[:-1]
     prev[off[:-1]] = 0
     xo = (u ^ prev).astype("<u8", copy=False).view(np.uint8).reshape(-1, 8)
     poff = _offsets(8 * n)
-    local = np.arange(len(u)) - off[seg]
-    dst = (poff[seg] + local)[:, None] + np.arange(8) * n[seg][:, None]
+    # byte b of value i goes to plane b of its segment: segment start + b * n + (i - start)
+    dst = np.arange(len(u)) + np.repeat(poff[:-1] - off[:-1], n)
+    dst = dst[:, None] + np.arange(8) * np.repeat(n, n)[:, None]
     planes = np.empty(int(poff[-1]), dtype=np.uint8)
     planes[dst.ravel()] = xo.ravel()
     buf = planes.tobytes()
@@ -1177,24 +1217,28 @@ def encode_chunks(
             f"{ts[i - 1]} in chunk {c}"
         )
     s = len(n)
-    t_order, t_stream = _rag_best_diffs(ts, off, range(1, 3))
-    vals = _rag_decimal(x, off)
-    poor = np.flatnonzero(vals.lens > 4 * n)
+    t_order, t_parts = _best_diff_parts(ts, off, range(1, 3))
+    v_parts = _decimal_parts(x, off)
+    vlen = np.sum([p.lens for p in v_parts], axis=0)
+    poor = np.flatnonzero(vlen > 4 * n)  # a poor decimal fit (e.g. full-precision floats)
     if len(poor):
         xv, xoff = _subset(x.view(I64), off, poor)
         xor = _rag_xor(xv.view(np.float64), xoff)
-        better = xor.lens < vals.lens[poor]
-        keep = np.ones(s, dtype=np.bool_)
-        keep[poor[better]] = False
-        kept = np.flatnonzero(keep)
-        vals = _rag_scatter(
-            s,
-            [
-                (kept, _rag_gather(vals, kept)),
-                (poor[better], _rag_gather(xor, np.flatnonzero(better))),
-            ],
-        )
-    out = _rag_concat([_rag_u8(VERSION, s), _rag_uvarint(n), _rag_u8(t_order, s), t_stream, vals])
+        better = np.flatnonzero(xor.lens < vlen[poor])
+        if len(better):
+            keep = np.ones(s, dtype=np.bool_)
+            keep[poor[better]] = False
+            kept = np.flatnonzero(keep)
+            vals = _rag_concat(v_parts)
+            v_parts = [
+                _rag_scatter(
+                    s,
+                    [(kept, _rag_gather(vals, kept)), (poor[better], _rag_gather(xor, better))],
+                )
+            ]
+    out = _rag_concat(
+        [_rag_u8(VERSION, s), _rag_uvarint(n), _rag_u8(t_order, s), *t_parts, *v_parts]
+    )
     buf = out.data.tobytes()
     o = out.off.tolist()
     return [buf[a:b] for a, b in itertools.pairwise(o)]
