@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from filopy.store import encoding
 from filopy.store.encoding import decode_chunk, decode_chunks, encode_chunk, encode_chunks
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
@@ -35,6 +38,16 @@ KINDS = [
     "special",
     "huge-and-tiny",
 ]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _always_vectorised() -> Iterator[None]:
+    """Small batches normally go chunk by chunk (`encode_chunk`); here every batch takes the
+    vectorised path, so the comparison with `encode_chunk` means something."""
+    saved = encoding._FEW_CHUNKS
+    encoding._FEW_CHUNKS = 0
+    yield
+    encoding._FEW_CHUNKS = saved
 
 
 def _timestamps(rng: np.random.Generator, n: int, style: str) -> np.ndarray:
@@ -193,3 +206,24 @@ def test_batch_decoder_rejects_corrupt_chunks() -> None:
         decode_chunks([blob + b"\0"])
     ts, x, bounds = decode_chunks([])
     assert len(ts) == len(x) == 0 and bounds.tolist() == [0]
+
+
+def test_a_few_chunks_go_chunk_by_chunk_with_the_same_result(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(encoding, "_FEW_CHUNKS", 100)
+    calls: list[int] = []
+    real = encoding.encode_chunk
+
+    def counted(ts: np.ndarray, x: np.ndarray) -> bytes:
+        calls.append(len(ts))
+        return real(ts, x)
+
+    monkeypatch.setattr(encoding, "encode_chunk", counted)
+    rng = np.random.default_rng(3)
+    chunks = [(_timestamps(rng, n, "scrape"), _values(rng, n, "counter")) for n in (120, 5, 40)]
+    few = encode_chunks(*_flatten(chunks))
+    assert calls == [120, 5, 40]
+    monkeypatch.setattr(encoding, "_FEW_CHUNKS", 0)
+    assert encode_chunks(*_flatten(chunks)) == few
+    assert calls == [120, 5, 40]
