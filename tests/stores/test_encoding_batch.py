@@ -227,3 +227,16 @@ def test_a_few_chunks_go_chunk_by_chunk_with_the_same_result(
     monkeypatch.setattr(encoding, "_FEW_CHUNKS", 0)
     assert encode_chunks(*_flatten(chunks)) == few
     assert calls == [120, 5, 40]
+
+
+@settings(max_examples=40, deadline=None)
+@given(batches(max_chunks=30), st.integers(1, 600))
+def test_large_batches_are_cut_into_blocks_of_whole_chunks(
+    chunks: list[tuple[np.ndarray, np.ndarray]], block: int
+) -> None:
+    saved = encoding._BLOCK
+    encoding._BLOCK = block  # a few hundred samples per vectorised pass, chunks of up to 500
+    try:
+        _check(chunks)
+    finally:
+        encoding._BLOCK = saved
