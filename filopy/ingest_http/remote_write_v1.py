@@ -182,9 +182,81 @@ def decode_fast(raw: bytes, metric_column: str) -> Decoded | None:
     if bounds is None:
         return None
     starts, ends = bounds
-    n = len(starts)
     # Reads clip at the end: a read past it only ever feeds a bound check that then fails.
     buf = np.frombuffer(raw, np.uint8)
+    known = _decode_known(raw, buf, starts, ends, metric_column)
+    return known if known is not None else _decode_walk(raw, buf, starts, ends, metric_column)
+
+
+# The steady state: every series ends with one sample of a millisecond timestamp (6-byte varint,
+# 1971 to 2109), its value present (field 2, 16 bytes: 09 <8 bytes> 10 <6 bytes>) or zero and so
+# left out by the sender (7 bytes: 10 <6 bytes>).
+_TAIL_WITH_VALUE, _TAIL_ZERO = 18, 9
+_BACK = np.arange(-_TAIL_WITH_VALUE, 0)  # a series' last 18 bytes, relative to its end
+_TS_WEIGHTS = 128 ** np.arange(6, dtype=np.int64)  # the 7-bit digits of a 6-byte varint
+
+
+def _decode_known(
+    raw: bytes,
+    buf: npt.NDArray[np.uint8],
+    starts: npt.NDArray[np.int64],
+    ends: npt.NDArray[np.int64],
+    metric_column: str,
+) -> Decoded | None:
+    """The steady state without walking the labels: when every series ends with one sample of
+    the usual shape (`_TAIL_WITH_VALUE` or `_TAIL_ZERO` bytes) and the bytes before it are a
+    cached label section, that split is the parse. A cache key is only ever label fields that
+    the walk delimited and upb parsed, and a protobuf parse is unique, so a series whose bytes
+    are such a key followed by one complete sample field holds exactly those. None (the walk
+    decides) for any other series, or one not cached yet."""
+    n = len(starts)
+    size = ends - starts
+    if int(size.min()) < _TAIL_ZERO:
+        return None
+    # A series' last 18 bytes (the first may start before it: only read where it is longer):
+    # 12 10 09 <value> 10 <6-byte varint>, or 12 07 10 <6-byte varint>; the timestamp part is
+    # the same bytes in both.
+    tail = buf.take(ends[:, None] + _BACK, mode="clip")
+    stamp = tail[:, 12:]
+    stamp_ok = (
+        (tail[:, 11] == _TIMESTAMP_TAG) & (stamp[:, 5] < 0x80) & (stamp[:, :5] >= 0x80).all(1)
+    )
+    with_value = (
+        (tail[:, 0] == _SAMPLES_TAG)
+        & (tail[:, 1] == 16)
+        & (tail[:, 2] == _VALUE_TAG)
+        & (size >= _TAIL_WITH_VALUE)
+    )
+    zero = (tail[:, 9] == _SAMPLES_TAG) & (tail[:, 10] == 7)
+    if not (stamp_ok.all() and (with_value ^ zero).all()):
+        return None
+    label_end = ends - np.where(with_value, _TAIL_WITH_VALUE, _TAIL_ZERO)
+    cache = _label_cache.get(metric_column)
+    if cache is None:
+        return None
+    get = cache.get  # a comprehension: half the time of map(slice) and map(get)
+    entries = [get(raw[a:b]) for a, b in zip(starts.tolist(), label_end.tolist(), strict=True)]
+    if None in entries:
+        return None
+    values = np.ascontiguousarray(tail[:, 3:11]).view("<f8").ravel().astype(np.float64)
+    if not with_value.all():
+        values[~with_value] = 0.0
+    timestamps = (stamp & 0x7F) @ _TS_WEIGHTS  # < 2**42: exact in int64
+    series = list(map(_labels_of_entry, entries))
+    keys = list(map(_key_of_entry, entries))
+    idx = np.arange(n, dtype=np.int32)
+    return Decoded(KeyedBatch(series, idx, timestamps, values, keys=keys), None)
+
+
+def _decode_walk(
+    raw: bytes,
+    buf: npt.NDArray[np.uint8],
+    starts: npt.NDArray[np.int64],
+    ends: npt.NDArray[np.int64],
+    metric_column: str,
+) -> Decoded | None:
+    """`decode_fast` by walking every series' fields at once, a field per round."""
+    n = len(starts)
     # Labels: hop over every series' label fields at once, a field per round (p: where the
     # series still in `act` are; a read past `ends` is caught by the bound check after).
     label_end = np.empty(n, np.int64)
@@ -285,7 +357,7 @@ def _labels_of(
 ) -> list[tuple[Labels, int]] | None:
     """Each series' labels and key, from its label bytes `raw[start:end]`: cached, parsed by
     upb when new (None if they do not parse: the full parser then answers)."""
-    label_bytes = list(map(raw.__getitem__, map(slice, starts.tolist(), ends.tolist())))
+    label_bytes = [raw[a:b] for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
     cache = _label_cache.get(metric_column)
     if cache is None:
         cache = _label_cache.setdefault(metric_column, {})
