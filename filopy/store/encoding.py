@@ -650,10 +650,10 @@ def decode_chunk(data: bytes) -> tuple[IntArray, FloatArray]:
 # that fit decimals poorly, both rare on real data).
 
 _BIG = np.int64(1) << 62
-# Below this cost (3 per chunk under `_SMALL` samples, 15 per larger one, in units of ~10 us of
-# `encode_chunk`), `encode_chunks` encodes chunk by chunk: its vectorised pass costs ~1 ms
+# Below this cost (3 per chunk under `_SMALL` samples, 20 per larger one, in units of ~10 us of
+# `encode_chunk`), `encode_chunks` encodes chunk by chunk: its vectorised pass costs ~2 ms
 # whatever the batch size. The output is the same either way.
-_FEW_CHUNKS = 100
+_FEW_CHUNKS = 220
 _BLOCK = 1 << 16  # samples per vectorised pass: larger batches are cut at chunk boundaries
 _ALL64 = np.uint64(_MASK64)
 
@@ -1227,7 +1227,7 @@ def encode_chunks(
         )
     s = len(n)
     small = int(np.count_nonzero(n < _SMALL))
-    if 3 * small + 15 * (s - small) < _FEW_CHUNKS:  # the batch's ~1 ms setup would dominate
+    if 3 * small + 20 * (s - small) < _FEW_CHUNKS:  # the batch's ~2 ms setup would dominate
         o = off.tolist()
         return [encode_chunk(ts[a:b], x[a:b]) for a, b in itertools.pairwise(o)]
     # Blocks of whole chunks, ~_BLOCK samples each: the temporaries then stay in cache.
