@@ -241,6 +241,60 @@ def select_k(
     return keep
 
 
+def instant_k_order(
+    labels: Sequence[Mapping[str, str]],
+    values: F64,
+    present: npt.NDArray[np.bool_],
+    k: int,
+    grouping: Sequence[str],
+    without: bool,
+    bottom: bool,
+) -> list[int]:
+    """The rows an instant topk/bottomk keeps (`values`, `present`: its input at the one step),
+    in the order Prometheus answers them: group by group, in the order the groups first
+    appear among the input series (in label order), each group's sorted by value (topk:
+    descending, bottomk: ascending, NaN last). Where a group has equal values, their order (and
+    which are kept) is that of Prometheus' heap sorted by Go's insertion sort (its sort for up to
+    12 elements; larger heaps with ties keep the heap's order among equals)."""
+    if k < 1:
+        return []
+    _, ids = group_ids(labels, grouping, without)
+    rows = sorted(np.flatnonzero(present).tolist(), key=lambda i: label_key(labels[i]))
+    groups: dict[int, list[int]] = {}  # insertion order: first appearance
+    for r in rows:
+        groups.setdefault(int(ids[r]), []).append(r)
+    out: list[int] = []
+    for members in groups.values():
+        vals = values[members]
+        nan = np.isnan(vals)
+        if len(np.unique(vals[~nan])) == int((~nan).sum()) and nan.sum() <= 1:
+            # No equal values: the order is the values'. Stable sort, NaN last.
+            key = np.where(nan, np.inf, vals if bottom else -vals)
+            ranked = np.lexsort((key, nan))[:k]
+            out.extend(members[i] for i in ranked.tolist())
+            continue
+        heap = _heap_select(vals.tolist(), k, bottom)
+        heap_vals = [float(vals[i]) for i in heap]
+        _go_insertion_sort_reversed(heap, heap_vals, bottom)
+        out.extend(members[i] for i in heap)
+    return out
+
+
+def _go_insertion_sort_reversed(items: list[int], vals: list[float], bottom: bool) -> None:
+    """Go's sort.Sort(sort.Reverse(heap)) of a topk (bottomk) heap, in place: insertion sort
+    (Go's for up to 12 elements; larger ones get the same stable order here) where element j
+    moves before j-1 when j-1 is NaN or smaller (larger for bottomk)."""
+    for i in range(1, len(items)):
+        j = i
+        while j > 0:
+            left, right = vals[j - 1], vals[j]
+            if not (left != left or (left > right if bottom else left < right)):
+                break
+            items[j - 1], items[j] = items[j], items[j - 1]
+            vals[j - 1], vals[j] = vals[j], vals[j - 1]
+            j -= 1
+
+
 def _heap_select(values: list[float], k: int, bottom: bool) -> list[int]:
     """Which of `values` (one group's at one step, in input order) Prometheus' topk (bottomk)
     keeps: a heap of at most k samples whose root is the smallest (largest) kept, NaN counting

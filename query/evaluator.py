@@ -19,8 +19,10 @@ Semantics follow Prometheus 3:
   NaN, says where a series has a value. Prometheus's staleness marker ends a series (an instant
   selector that finds it as the latest sample has no value; range functions skip it). Scalars
   are always present and may be NaN (e.g. `scalar()` of no series);
-* topk/bottomk ties are broken by label set; instant topk/bottomk and sort/sort_desc results
-  are ordered by value (ties by label set), every other vector result by label set.
+* topk/bottomk keep what Prometheus' heap keeps (equal values at the cut: replayed over the
+  series in label order); instant topk/bottomk results come group by group (in order of first
+  appearance), each by value, as Prometheus answers them; instant sort/sort_desc results are
+  ordered by value (ties by label set), every other vector result by label set.
 """
 
 from __future__ import annotations
@@ -218,6 +220,8 @@ class _Evaluator:
                 "larger step or a shorter range",
             )
         grid = np.arange(start, end + 1, step, dtype=np.int64)
+        if len(grid) == 0:  # a range shorter than the step may hold no multiple of it
+            return fn.SampleBatch([], np.empty(0, np.int64), np.empty(0), np.zeros(1, np.int64))
         inner = _Evaluator(grid, self.lookback_ms, self.backend, self.source).eval(sq.expr)
         if isinstance(inner, Scalar):
             inner = StepMatrix(grid, [{}], inner.values.reshape(1, -1))
@@ -326,14 +330,26 @@ class _Evaluator:
             if bad.any():
                 raise execution_error(f"Scalar value {k_raw[bad][0]} overflows int64")
             k = np.trunc(k_raw).astype(np.int64)
+            bottom = agg.op == "bottomk"
+            if len(self.times) == 1:  # rows in the order Prometheus answers an instant query
+                first = agg_mod.instant_k_order(
+                    inner.labels,
+                    inner.values[:, 0],
+                    inner.present[:, 0],
+                    int(k[0]),
+                    agg.grouping,
+                    agg.without,
+                    bottom,
+                )
+                rows = np.array(first, dtype=np.int64)
+                return StepMatrix(
+                    self.times,
+                    [inner.labels[i] for i in first],
+                    inner.values[rows].reshape(-1, 1),
+                    np.ones((len(first), 1), bool),
+                )
             keep = agg_mod.select_k(
-                inner.labels,
-                inner.values,
-                inner.present,
-                k,
-                agg.grouping,
-                agg.without,
-                agg.op == "bottomk",
+                inner.labels, inner.values, inner.present, k, agg.grouping, agg.without, bottom
             )
             return StepMatrix(self.times, inner.labels, inner.values, keep)
         if agg.op == "quantile":
@@ -412,7 +428,7 @@ def evaluate(
     order = None
     if len(ts) == 1:
         if isinstance(expr, Aggregate) and expr.op in ("topk", "bottomk"):
-            order = "desc" if expr.op == "topk" else "asc"
+            order = "rows"  # as instant_k_order gave them
         elif isinstance(expr, Call) and expr.func in ("sort", "sort_desc"):
             order = "desc" if expr.func == "sort_desc" else "asc"
     return finalize(result, order)

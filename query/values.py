@@ -214,11 +214,13 @@ def drop_name(m: StepMatrix) -> StepMatrix:
 
 
 def finalize(m: StepMatrix, order_by_value: str | None = None) -> StepMatrix:
-    """Drop series without any value; order by label set (or by value, for instant topk and
-    sort, NaN values last)."""
+    """Drop series without any value; order by label set (or by value, for instant sort, NaN
+    values last; or keep the rows' order, `"rows"`, for instant topk/bottomk)."""
     keep = np.flatnonzero(m.present.any(axis=1)).tolist()
     if order_by_value is None:
         keep.sort(key=lambda i: label_key(m.labels[i]))
+    elif order_by_value == "rows":
+        pass
     else:
         sign = -1.0 if order_by_value == "desc" else 1.0
         first = m.values[:, 0] if len(m.times) else np.zeros(len(m.labels))

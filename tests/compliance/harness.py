@@ -12,7 +12,8 @@ real two-node FiloPy cluster through its remote-write endpoint and real Kafka (n
 `scripts/services.sh up kafka`). Every query of `queries.yml` then runs against both as a range
 query (the last 10 minutes at 10 s steps, as the official tester does) and as an instant query
 at the end time, and the answers are compared as the official tester compares them: same
-series (labels) in the same order for instant vectors' sorts, same timestamps, values equal to a
+series (labels), in the same order for instant sort()/sort_desc() and outermost topk/bottomk,
+same timestamps, values equal to a
 relative 1e-5 (NaN equals NaN). A query the reference refuses must be refused by FiloPy with a
 4xx; a 501 from FiloPy counts as unsupported.
 
@@ -347,8 +348,17 @@ def compare(case: Case, mode: str, ref: Target, test: Target, window: Window) ->
         return Outcome(case.query, mode, "fail", f"{t.status} {t.error_type}: {t.error}")
     if case.skip_comparison:
         return Outcome(case.query, mode, "pass")
-    why = diff(r.data, t.data, ordered=mode == "instant" and "sort" in case.query)
+    why = diff(r.data, t.data, ordered=mode == "instant" and _ordered(case.query))
     return Outcome(case.query, mode, "pass" if why is None else "fail", why or "")
+
+
+_K_OUTERMOST = re.compile(r"\s*(topk|bottomk)\b")
+
+
+def _ordered(query: str) -> bool:
+    """Whether an instant answer's series order is part of the answer: sorts, and topk/bottomk
+    (group by group in order of first appearance, each by value) outermost."""
+    return "sort" in query or _K_OUTERMOST.match(query) is not None
 
 
 def run(ref: Target, test: Target, cases: list[Case], window: Window) -> list[Outcome]:

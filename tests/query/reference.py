@@ -186,18 +186,7 @@ class Reference:
         vec = self.eval(expr, t)
         assert isinstance(vec, list)
         if isinstance(expr, Aggregate) and expr.op in ("topk", "bottomk"):
-            sign = -1.0 if expr.op == "topk" else 1.0
-            return [
-                key(lb)
-                for lb, v in sorted(
-                    vec,
-                    key=lambda e: (
-                        math.isnan(e[1]),
-                        0.0 if math.isnan(e[1]) else sign * e[1],
-                        key(e[0]),
-                    ),
-                )
-            ]
+            return [key(lb) for lb, _ in vec]  # aggregate() gives Prometheus' order
         return sorted(key(lb) for lb, _ in vec)
 
     # ------------------------------------------------------------------------------ nodes
@@ -399,9 +388,14 @@ class Reference:
             if math.isnan(k_value) or math.isinf(k_value):
                 raise RefError(f"Scalar value {k_value} overflows int64")
             k = int(k_value)
-            for _, members in groups.values():
-                members.sort(key=lambda e: key(e[0]))  # a selector's order in Prometheus
-                out.extend(_go_heap_k(members, k, agg.op == "bottomk"))
+            # Prometheus sees a selector's series in label order; groups come in the order of
+            # their first series, each group's heap sorted (engine.go's aggregationK).
+            in_order: dict[Key, Vector] = {}
+            for labels, v in sorted(vec, key=lambda e: key(e[0])):
+                in_order.setdefault(key(group_of(labels)), []).append((labels, v))
+            for members in in_order.values():
+                heap = _go_heap_k(members, k, agg.op == "bottomk")
+                out.extend(_go_sort_reverse(heap, agg.op == "bottomk"))
             return out
         for g, members in groups.values():
             vals = [v for _, v in members]
@@ -591,3 +585,21 @@ def _go_heap_k(members: Vector, k: int, bottom: bool) -> Vector:
             if k > 1 and not down(0):
                 up(0)
     return h
+
+
+def _go_sort_reverse(heap: Vector, bottom: bool) -> Vector:
+    """sort.Sort(sort.Reverse(heap)) for a topk (bottomk) heap of up to 12 elements, where Go
+    sorts by insertion: Reverse's Less(i, j) is the heap's Less(j, i)."""
+    out = list(heap)
+
+    def heap_less(a: float, b: float) -> bool:
+        if math.isnan(a):
+            return True
+        return a > b if bottom else a < b
+
+    for i in range(1, len(out)):
+        j = i
+        while j > 0 and heap_less(out[j - 1][1], out[j][1]):
+            out[j], out[j - 1] = out[j - 1], out[j]
+            j -= 1
+    return out
