@@ -671,8 +671,6 @@ def _call(node: Any) -> Call:
         isinstance(a, MatrixSelector | Subquery) for a in call.args
     ):
         raise _unsupported(f"function '{name}' of anything but a range selector or subquery")
-    if name == "absent_over_time" and not isinstance(call.args[0], MatrixSelector):
-        raise _unsupported("absent_over_time of a subquery")
     if name in ("quantile_over_time", "predict_linear"):
         _, param = range_args(call)
         if param is None or not is_constant(param):

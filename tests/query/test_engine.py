@@ -665,3 +665,16 @@ def test_concat_matrices_of_split_sources_equals_one_source() -> None:
         parts = concat_matrices([eval_series_local(parse(q), h, RANGE, LOOKBACK) for h in halves])
         assert parts.labels == whole.labels
         np.testing.assert_array_equal(parts.values, whole.values)
+
+
+def test_a_subquery_window_without_a_multiple_of_its_step_is_empty() -> None:
+    s = counter([float(i) for i in range(20)], list(range(0, 100, 5)), "m")
+    # (62.999 s, 63.999 s] holds no multiple of 5 s: no points, so no series ...
+    assert at("quantile_over_time(0.9, m[1s:5s])", [s], 63_999).labels == []
+    assert at("avg_over_time(m[1s:5s])", [s], 63_999).labels == []
+    # ... and absent_over_time of it is 1, labelled by nothing (a subquery has no matchers).
+    r = at('absent_over_time(m{job="x"}[1s:5s])', [s], 63_999)
+    assert r.labels == [{}] and only(r) == 1.0
+    assert at("absent_over_time(m[10s:5s])", [s], 63_999).labels == []
+    r = at("absent_over_time(rate(m[10s])[1m:5s])", [s], 200_000)
+    assert r.labels == [{}] and only(r) == 1.0
