@@ -51,6 +51,7 @@ _MAX_EXACT = float(1 << 53)
 _MIN_ZSTD_INPUT = 24  # below this zstd's frame overhead always loses
 _PATCH_BITS = 16  # estimated cost of one patch besides its high bits (position, overheads)
 _MASK64 = (1 << 64) - 1
+_MAGICLESS = zstandard.FORMAT_ZSTD1_MAGICLESS
 
 U64 = np.uint64
 I64 = np.int64
@@ -89,6 +90,11 @@ def _maybe_zstd(payload: bytes) -> bytes | None:
 
 def _unzstd(frame: bytes, size: int) -> bytes:
     try:
+        # Frames are written without their size; zstandard would allocate whatever size a
+        # garbled header declares (MemoryError), so such a header is refused first.
+        declared = zstandard.get_frame_parameters(frame, format=_MAGICLESS).content_size
+        if declared not in (zstandard.CONTENTSIZE_UNKNOWN, size):
+            raise ValueError("corrupt chunk: compressed payload declares the wrong size")
         out = _zstd.d.decompress(frame, max_output_size=size)
     except zstandard.ZstdError as e:
         raise ValueError(f"corrupt chunk: {e}") from e
@@ -1272,15 +1278,250 @@ def _encode_block(ts: IntArray, x: FloatArray, off: IntArray) -> list[bytes]:
     return [buf[a:b] for a, b in itertools.pairwise(o)]
 
 
+# ------------------------------------------------------------------------------- batch decoder
+#
+# The chunks are parsed in lockstep: one read cursor per chunk, and each field of the format is
+# read for all chunks at once (a varint is a gather of 10 bytes per chunk), recursing into the
+# optional fields for the chunks that have them. Bit unpacking, patches, undifferencing
+# (segmented cumsum), decimals and XOR are then single passes over all samples.
+
+
+class _Cursors:
+    """Read cursors over many chunks held in one buffer; every read is bounds-checked."""
+
+    def __init__(self, chunks: list[bytes]) -> None:
+        lens = np.fromiter(map(len, chunks), dtype=I64, count=len(chunks))
+        off = _offsets(lens)
+        data = b"".join(chunks)
+        pad = 16 + (-len(data) % 8)  # varints gather 10 bytes, bit unpacking one word more
+        self.buf = np.frombuffer(data + bytes(pad), dtype=np.uint8)
+        self.pos = off[:-1].copy()
+        self.stop = off[1:]
+        self.extra: list[bytes] = []  # decompressed zstd payloads, addressed past buf
+        self._words: U64Array | None = None
+
+    def fail(self, c: IntArray, bad: BoolArray, what: str) -> None:
+        if bad.any():
+            raise ValueError(f"corrupt chunk (#{int(c[np.argmax(bad)])} of the batch): {what}")
+
+    def u8(self, c: IntArray) -> IntArray:
+        p = self.pos[c]
+        self.fail(c, p >= self.stop[c], "truncated")
+        self.pos[c] = p + 1
+        return self.buf[p].astype(I64)
+
+    def uvarint(self, c: IntArray) -> U64Array:
+        p = self.pos[c]
+        b = self.buf[p[:, None] + np.arange(10)]
+        end = b < 0x80
+        n = np.argmax(end, axis=1) + 1
+        self.fail(c, p + np.where(end.any(axis=1), n, 10) > self.stop[c], "truncated")
+        self.fail(c, ~end.any(axis=1), "varint too long")
+        self.fail(c, (n == 10) & (b[:, 9] > 1), "varint out of range")
+        groups = (b & 0x7F).astype(U64) << (7 * np.arange(10)).astype(U64)
+        groups[np.arange(10) >= n[:, None]] = 0
+        self.pos[c] = p + n
+        return np.bitwise_or.reduce(groups, axis=1)
+
+    def svarint(self, c: IntArray) -> IntArray:
+        u = self.uvarint(c)
+        return (u >> U64(1)).view(I64) ^ -(u & U64(1)).view(I64)
+
+    def take(self, c: IntArray, lens: npt.NDArray[np.integer]) -> IntArray:
+        """Start positions of the next lens[i] bytes of each chunk."""
+        p = self.pos[c]
+        room = self.stop[c] - p
+        self.fail(c, lens.astype(U64) > room.astype(U64), "truncated")
+        self.pos[c] = p + lens.astype(I64)
+        return p
+
+    def unzstd(self, c: IntArray, sizes: IntArray) -> IntArray:
+        """Decompress a length-prefixed zstd frame per chunk; start positions of the results
+        (past buf, in `extra`)."""
+        lens = self.uvarint(c)
+        starts = self.take(c, lens).tolist()
+        at = len(self.buf) + sum(map(len, self.extra))
+        out = []
+        for p, n, size in zip(starts, lens.tolist(), sizes.tolist(), strict=True):
+            blob = _unzstd(self.buf[p : p + n].tobytes(), size)
+            out.append(at)
+            at += len(blob)
+            self.extra.append(blob)
+        self._words = None
+        return np.array(out, dtype=I64)
+
+    def pool(self) -> npt.NDArray[np.uint8]:
+        """buf, then the decompressed payloads (padded for word reads)."""
+        if not self.extra:
+            return self.buf
+        tail = b"".join(self.extra)
+        return np.concatenate(
+            (self.buf, np.frombuffer(tail + bytes(16 + (-len(tail) % 8)), np.uint8))
+        )
+
+    def words(self) -> U64Array:
+        """The pool as little-endian uint64 words, for bit unpacking."""
+        if self._words is None:
+            self._words = self.pool().view("<u8").astype(U64)
+        return self._words
+
+
+def _bitunpack_many(
+    words: U64Array, starts: IntArray, counts: IntArray, width: IntArray
+) -> U64Array:
+    """The inverse of `_rag_bitpack`: counts[i] values of width[i] bits from byte starts[i]."""
+    total = int(counts.sum())
+    off = _offsets(counts)
+    bitpos = np.arange(total)
+    bitpos *= np.repeat(width, counts)
+    bitpos += np.repeat(starts * 8 - off[:-1] * width, counts)
+    q = bitpos >> 6
+    sh = (bitpos & 63).view(U64)
+    u = words[q] >> sh
+    hi = words[q + 1] << U64(1)
+    hi <<= U64(63) - sh  # a shift by 64 - sh, which may be 64
+    u |= hi
+    mask = np.where(width > 0, _ALL64 >> (64 - np.maximum(width, 1)).astype(U64), U64(0))
+    u &= np.repeat(mask, counts)
+    return u
+
+
+def _get_ints_many(r: _Cursors, c: IntArray, counts: IntArray) -> IntArray:
+    """One int stream per chunk c[i] of counts[i] values (`_get_ints`), concatenated."""
+    head = r.uvarint(c)
+    r.fail(c, (head >> U64(10)) != 0, "bad int stream header")
+    width = (head & U64(0x7F)).astype(I64)
+    r.fail(c, width > 64, "bad int stream header")
+    base = r.svarint(c)
+    g = np.ones(len(c), dtype=U64)
+    has_g = (head & U64(0x100)) != 0
+    if has_g.any():
+        g[has_g] = r.uvarint(c[has_g])
+    patched = np.flatnonzero((head & U64(0x200)) != 0)
+    if len(patched):
+        pc, pn, pw = c[patched], counts[patched], width[patched]
+        pcount = r.uvarint(pc)
+        r.fail(pc, (pcount == 0) | (pcount > pn.astype(U64)) | (pw >= 64), "bad patch count")
+        pcount = pcount.astype(I64)
+        ppos = _get_diffs_many(r, pc, pcount, np.ones(len(pc), dtype=I64))
+        high = _get_ints_many(r, pc, pcount).view(U64)
+        limit = np.repeat(pn, pcount)
+        r.fail(np.repeat(pc, pcount), (ppos < 0) | (ppos >= limit), "patch position out of range")
+    size = (counts * width + 7) // 8
+    zstd = (head & U64(0x80)) != 0
+    starts = np.zeros(len(c), dtype=I64)
+    plain = np.flatnonzero(~zstd)
+    starts[plain] = r.take(c[plain], size[plain])
+    if zstd.any():
+        z = np.flatnonzero(zstd)
+        starts[z] = r.unzstd(c[z], size[z])
+    u = _bitunpack_many(r.words(), starts, counts, width)
+    off = _offsets(counts)
+    if len(patched):
+        at = np.repeat(off[:-1][patched], pcount) + ppos
+        u[at] |= high << np.repeat(pw, pcount).astype(U64)
+    if has_g.any():
+        u *= np.repeat(g, counts)
+    u += np.repeat(base.view(U64), counts)
+    return u.view(I64)
+
+
+def _prepend_cumsum(v: IntArray, off: IntArray, seeds: IntArray, mask: BoolArray) -> IntArray:
+    """Segments of v (at off) where mask: cumsum of [seed] + segment; elsewhere unchanged."""
+    lens = np.diff(off)
+    grow = mask.astype(I64)
+    nlens = lens + grow
+    noff = _offsets(nlens)
+    out = np.empty(int(noff[-1]), dtype=I64)
+    out[np.arange(len(v)) + np.repeat(noff[:-1] + grow - off[:-1], lens)] = v
+    out[noff[:-1][mask]] = seeds
+    total = np.cumsum(out)  # int64 wraps, undoing the wrapped differences
+    before = np.where(noff[:-1] > 0, total[np.maximum(noff[:-1] - 1, 0)], 0)
+    summed = total - np.repeat(before, nlens)
+    return summed if mask.all() else np.where(np.repeat(mask, nlens), summed, out)
+
+
+def _get_diffs_many(r: _Cursors, c: IntArray, counts: IntArray, order: IntArray) -> IntArray:
+    """`_get_diffs` for one stream per chunk c[i]: seeds, then the differences, undone."""
+    k = np.minimum(order, counts)
+    first = k >= 1
+    second = k >= 2
+    s0 = r.svarint(c[first]) if first.any() else None
+    s1 = r.svarint(c[second]) if second.any() else None
+    v = _get_ints_many(r, c, counts - k)
+    off = _offsets(counts - k)
+    if s1 is not None:
+        v = _prepend_cumsum(v, off, s1, second)
+        off = _offsets(counts - k + second)
+    if s0 is not None:
+        v = _prepend_cumsum(v, off, s0, first)
+    return v
+
+
 def decode_chunks(chunks: list[bytes]) -> tuple[IntArray, FloatArray, IntArray]:
     """Decode many chunks: (timestamps, values, bounds), chunk i's samples at
-    bounds[i]:bounds[i + 1]. ValueError if any chunk is corrupt."""
-    parts = [decode_chunk(c) for c in chunks]
-    bounds = _offsets(np.fromiter((len(p[0]) for p in parts), dtype=I64, count=len(parts)))
-    if not parts:
-        return np.zeros(0, dtype=I64), np.zeros(0), bounds
-    return (
-        np.concatenate([p[0] for p in parts]),
-        np.concatenate([p[1] for p in parts]),
-        bounds,
-    )
+    bounds[i]:bounds[i + 1], the same as `decode_chunk` of each. All chunks are parsed in
+    lockstep, field by field, so the cost is per sample rather than per chunk. ValueError if any
+    chunk is corrupt."""
+    s = len(chunks)
+    if s == 0:
+        return np.zeros(0, dtype=I64), np.zeros(0), np.zeros(1, dtype=I64)
+    r = _Cursors(chunks)
+    c = np.arange(s)
+    version = r.u8(c)
+    if (version != VERSION).any():
+        raise ValueError(f"unsupported chunk version {int(version[version != VERSION][0])}")
+    n = r.uvarint(c)
+    r.fail(c, (n < 1) | (n > MAX_SAMPLES), "bad sample count")
+    n = n.astype(I64)
+    bounds = _offsets(n)
+    order = r.u8(c)
+    r.fail(c, (order < 1) | (order > 2), "bad timestamp order")
+    ts = _get_diffs_many(r, c, n, order)
+    mode = r.u8(c)
+    r.fail(c, mode > _XOR, "unknown value mode")
+    x = np.empty(int(bounds[-1]), dtype=np.float64)
+    dec = np.flatnonzero(mode == _DECIMAL)
+    if len(dec):
+        dn = n[dec]
+        e = r.u8(dec)
+        vorder = r.u8(dec)
+        r.fail(dec, (e > _MAX_EXP) | (vorder > 2), "bad decimal header")
+        xd = _get_diffs_many(r, dec, dn, vorder).astype(np.float64) / np.repeat(_POW10[e], dn)
+        count = r.uvarint(dec)
+        r.fail(dec, count > dn.astype(U64), "too many exceptions")
+        has = np.flatnonzero(count)
+        if len(has):
+            hc, cnt = dec[has], count[has].astype(I64)
+            pos = _get_diffs_many(r, hc, cnt, np.ones(len(hc), dtype=I64))
+            r.fail(
+                np.repeat(hc, cnt),
+                (pos < 0) | (pos >= np.repeat(dn[has], cnt)),
+                "exception position out of range",
+            )
+            raw = r.buf[_ranges(r.take(hc, 8 * cnt), 8 * cnt)]
+            at = np.repeat(_offsets(dn)[:-1][has], cnt) + pos
+            xd.view(U64)[at] = raw.view("<u8")  # keeps NaN payloads
+        x[_ranges(bounds[:-1][dec], dn)] = xd
+    xor = np.flatnonzero(mode == _XOR)
+    if len(xor):
+        xn = n[xor]
+        zstd = r.u8(xor) != 0
+        starts = np.zeros(len(xor), dtype=I64)
+        plain = np.flatnonzero(~zstd)
+        starts[plain] = r.take(xor[plain], 8 * xn[plain])
+        if zstd.any():
+            z = np.flatnonzero(zstd)
+            starts[z] = r.unzstd(xor[z], 8 * xn[z])
+        pool = r.pool()
+        xoff = _offsets(xn)
+        at = np.arange(int(xoff[-1])) + np.repeat(starts - xoff[:-1], xn)  # plane 0 of each value
+        step = np.repeat(xn, xn)
+        xo = np.zeros(len(at), dtype=U64)
+        for b in range(8):
+            xo |= pool[at + b * step].astype(U64) << U64(8 * b)
+        acc = np.bitwise_xor.accumulate(xo)
+        before = np.where(xoff[:-1] > 0, acc[np.maximum(xoff[:-1] - 1, 0)], U64(0))
+        x[_ranges(bounds[:-1][xor], xn)] = (acc ^ np.repeat(before, xn)).view(np.float64)
+    r.fail(c, r.pos != r.stop, "trailing bytes")
+    return ts, x, bounds

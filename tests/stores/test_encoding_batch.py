@@ -240,3 +240,49 @@ def test_large_batches_are_cut_into_blocks_of_whole_chunks(
         _check(chunks)
     finally:
         encoding._BLOCK = saved
+
+
+@settings(max_examples=200, deadline=None)
+@given(batches(max_chunks=3), st.data())
+def test_batch_decoder_agrees_with_decode_chunk_on_garbled_chunks(
+    chunks: list[tuple[np.ndarray, np.ndarray]], data: st.DataObject
+) -> None:
+    """Truncated, garbled or extended chunks: decode_chunks rejects exactly what decode_chunk
+    rejects (ValueError), and otherwise returns the same samples, next to intact chunks."""
+    blobs = encode_chunks(*_flatten(chunks))
+    i = data.draw(st.integers(0, len(blobs) - 1))
+    g = bytearray(blobs[i])
+    how = data.draw(st.sampled_from(["truncate", "garble", "extend"]))
+    if how == "truncate":
+        g = g[: data.draw(st.integers(0, len(g) - 1))]
+    elif how == "garble":
+        for _ in range(data.draw(st.integers(1, 3))):
+            g[data.draw(st.integers(0, len(g) - 1))] ^= data.draw(st.integers(1, 255))
+    else:
+        g += bytes([data.draw(st.integers(0, 255))])
+    blobs[i] = bytes(g)
+    try:
+        expected = [decode_chunk(b) for b in blobs]
+    except ValueError:
+        with pytest.raises(ValueError):
+            decode_chunks(blobs)
+        return
+    ts, x, bounds = decode_chunks(blobs)
+    for j, (ts1, x1) in enumerate(expected):
+        np.testing.assert_array_equal(ts[bounds[j] : bounds[j + 1]], ts1)
+        np.testing.assert_array_equal(
+            x[bounds[j] : bounds[j + 1]].view(np.uint64), x1.view(np.uint64)
+        )
+
+
+def test_a_zstd_frame_declaring_a_huge_size_is_refused_not_allocated() -> None:
+    """python-zstandard allocates the content size a frame header declares (MemoryError for
+    a garbled one); chunk frames never declare it, so both decoders refuse such a frame."""
+    garbled = bytes.fromhex(
+        "010801ac8aadfef96204a8ea010a090209010128f0001d0100d8ffff010101010000ffff000fff0008f8f008"
+        "00007f00007f7f808002002b1808c00b"
+    )
+    with pytest.raises(ValueError, match="corrupt"):
+        decode_chunk(garbled)
+    with pytest.raises(ValueError, match="corrupt"):
+        decode_chunks([garbled])
