@@ -298,6 +298,147 @@ def _decode_bulk(b: _InfluxBuilder, lines: list[str], lo: int, hi: int) -> bool:
     return True
 
 
+CACHE_BYTES = 64 << 20  # series key bytes kept per metric column and limits (see `_key_bytes`)
+# (metric column, limits) -> series key as bytes -> its template (the same as `_templates`')
+_byte_templates: dict[tuple[str, LabelLimits], dict[bytes, _Template]] = {}
+_byte_sizes: dict[tuple[str, LabelLimits], int] = {}
+_SP, _NL, _EQ, _ZERO = 0x20, 0x0A, 0x3D, 0x30
+_MAX_DIGITS = 18  # < 10**18 < 2**63: a timestamp of at most 18 digits is exact in int64
+_POW10 = 10 ** np.arange(_MAX_DIGITS - 1, -1, -1, dtype=np.int64)
+_RIGHT = np.arange(-_MAX_DIGITS, 0)  # the last 18 bytes of a line, relative to its end
+_FLOAT_BYTES = _FLOAT_CHARS.encode()
+
+
+def _decode_columns(b: _InfluxBuilder, raw: bytes, lo: int, hi: int) -> bool:
+    """The common message without a Python object per token where it can be helped: lines of
+    `key name=float timestamp` with the same field name, no escapes, quotes or tabs (the caller
+    checked), timestamps of 1 to 18 digits. NumPy finds the spaces and newlines and reads the
+    timestamps; keys are looked up as bytes (`_byte_templates`, as `_template` parsed them);
+    values go through float(), as in the line loop. False, with `b` untouched, for any other
+    message or anything in doubt: `_decode_bulk` and then the line loop decide, and every
+    message decodes as the line loop decodes it (hypothesis tests)."""
+    if raw[-1:] == b"\n":
+        raw = raw[:-1]  # one trailing newline, as the line split drops one empty last line
+    if not raw:
+        return False
+    buf = np.frombuffer(raw, np.uint8)
+    cuts = np.flatnonzero(buf <= _SP)  # spaces and newlines (tabs are not here: the caller)
+    is_nl = buf[cuts] == _NL
+    nl = cuts[is_nl]
+    sp = cuts[~is_nl]
+    n = len(nl) + 1
+    if (buf[sp] != _SP).any():  # another control character
+        return False
+    if len(sp) != 2 * n:
+        return False
+    line_end = np.append(nl, len(raw))
+    key_end, field_end = sp[0::2], sp[1::2]
+    # each line exactly two spaces: the k-th pair lies between the k-th line's start and end
+    if (field_end > line_end).any() or (key_end[1:] < nl).any():
+        return False
+    # timestamps: 1 to 18 ASCII digits, read right-aligned from the last 18 bytes of each line
+    digits = line_end - field_end - 1
+    shortest, longest = int(digits.min()), int(digits.max())
+    if shortest < 1 or longest > _MAX_DIGITS:
+        return False
+    if shortest == longest:  # the usual message: every timestamp as long
+        block = buf.take(line_end[:, None] + _RIGHT[-longest:]) - np.uint8(_ZERO)
+        if (block > 9).any():  # (uint8: bytes under "0" wrap above 9)
+            return False
+        t = block @ _POW10[-longest:]
+    else:
+        block = buf.take(line_end[:, None] + _RIGHT, mode="clip") - np.uint8(_ZERO)
+        in_stamp = -digits[:, None] <= _RIGHT
+        if (block[in_stamp] > 9).any():
+            return False
+        block[~in_stamp] = 0
+        t = block @ _POW10
+    if int(t.min()) < lo or int(t.max()) > hi:
+        return False
+    # fields: every line's field starts with the first line's `name=`, then the value
+    first_field = raw[int(key_end[0]) + 1 : int(field_end[0])]
+    name, eq, _ = first_field.partition(b"=")
+    if not name or not eq or b"," in name:
+        return False
+    prefix = np.frombuffer(name + b"=", np.uint8)
+    value_start = key_end + 1 + len(prefix)
+    if (value_start >= field_end).any():  # an empty value, or no room for the prefix
+        return False
+    if (buf.take(key_end[:, None] + 1 + np.arange(len(prefix))) != prefix).any():
+        return False
+    values_text = [raw[a:z] for a, z in zip(value_start.tolist(), field_end.tolist(), strict=True)]
+    if b"".join(values_text).translate(None, _FLOAT_BYTES):
+        return False  # (so no "=" or "," either: one field per line, as the loop needs)
+    try:
+        vals = list(map(float, values_text))
+    except ValueError:
+        return False
+    x = np.abs(np.array(vals, np.float64))
+    normal = (x >= _FLOAT_MIN) & (x <= _FLOAT_MAX)
+    if not normal.all():  # zeros pass unless they are underflows ("1e-400"): as the loop says
+        zeros = np.flatnonzero(x == 0).tolist()
+        if len(zeros) != int((~normal).sum()) or any(
+            _nonzero_mantissa(values_text[i].decode()) for i in zeros
+        ):
+            return False
+    # series keys, as bytes: one dict lookup per line once known
+    starts = [0, *(nl + 1).tolist()]
+    keys = [raw[a:z] for a, z in zip(starts, key_end.tolist(), strict=True)]
+    known_keys = _key_bytes(b)
+    templates: list[_Template | None] = list(map(known_keys.get, keys))
+    if None in templates:
+        try:
+            templates = [
+                tp or _learn_key(b, known_keys, k) for tp, k in zip(templates, keys, strict=True)
+            ]
+        except (_Fallback, UnicodeDecodeError):
+            return False
+    field = name.decode()
+    canon = list(map(_canonical_of, templates))
+    if len(set(canon)) == n:  # every line its own series: the usual scrape
+        by_series: list[_Template] = templates  # type: ignore[assignment]
+        b.idx = np.arange(n, dtype=np.int32)  # type: ignore[assignment]
+    else:  # series in order of first appearance, each with its first line's template
+        order = list(dict.fromkeys(canon))
+        number = dict(zip(order, range(len(order)), strict=True))
+        first = dict(zip(canon[::-1], templates[::-1], strict=True))
+        by_series = list(map(first.__getitem__, order))
+        b.idx = list(map(number.__getitem__, canon))
+    get_known = map(dict.get, map(_fields_of, by_series), [field] * len(by_series))
+    known = list(get_known)
+    if None in known:
+        known = [s or b.make_series(tp, field) for s, tp in zip(known, by_series, strict=True)]
+    b.series.extend(map(_labels_of, known))
+    b.codes.extend(map(_code_of, known))
+    b.keys.extend(map(_key_of, known))
+    b.ts = t  # type: ignore[assignment]
+    b.vals = vals
+    return True
+
+
+def _key_bytes(b: _InfluxBuilder) -> dict[bytes, _Template]:
+    """The series keys known as bytes, for `b`'s metric column and limits."""
+    cache_key = (b.metric_column, b.limits)
+    known = _byte_templates.get(cache_key)
+    if known is None:
+        known = _byte_templates.setdefault(cache_key, {})
+    return known
+
+
+def _learn_key(b: _InfluxBuilder, known: dict[bytes, _Template], key: bytes) -> _Template:
+    """A series key's template (`_template`), kept by its bytes too (bounded: emptied when its
+    keys' bytes reach CACHE_BYTES, or its count CACHE_SIZE)."""
+    template = _template(b.templates, key.decode("utf-8"))
+    cache_key = (b.metric_column, b.limits)
+    size = _byte_sizes.get(cache_key, 0) + len(key)
+    if size > CACHE_BYTES or len(known) >= CACHE_SIZE:
+        known.clear()
+        size = len(key)
+    _byte_sizes[cache_key] = size
+    known[key] = template
+    return template
+
+
 def _decode_lines(
     b: _InfluxBuilder,
     lines: Sequence[str | bytes],
@@ -482,11 +623,22 @@ def decode_influx(
     try:
         text = data if isinstance(data, str) else bytes(data).decode("utf-8")
         special = "\\" in text or '"' in text or "\t" in text
+        if fast_path and not special:
+            raw = data.encode() if isinstance(data, str) else bytes(data)
+            if _decode_columns(b, raw, lo, hi):
+                return _decoded(b, div, mul, metric_column, limits)
         lines = text.split("\n")
     except UnicodeDecodeError:
         lines = bytes(data).split(b"\n")  # the parser reports the bad lines
     if not (fast_path and not special and _decode_bulk(b, lines, lo, hi)):  # type: ignore[arg-type]
         _decode_lines(b, lines, default_ts, lo, hi, fast_path, special)
+    return _decoded(b, div, mul, metric_column, limits)
+
+
+def _decoded(
+    b: _InfluxBuilder, div: int, mul: int, metric_column: str, limits: LabelLimits
+) -> Decoded:
+    """The builder's samples as a batch, timestamps in milliseconds, bad series dropped."""
     ts = np.array(b.ts, dtype=np.int64)
     ts = ts // div if mul == 1 else ts * mul
     idx = np.array(b.idx, dtype=np.int32)

@@ -3,20 +3,32 @@
 - Remote write 1.0's known-series path (`remote_write_v1._decode_known`: every series one
   sample of the usual shape, its labels cached) against the full upb parse, on generated
   requests, corrupt bytes and label values crafted to look like a sample.
+- Line protocol's column path (`line_protocol._decode_columns`: NumPy over the body's bytes)
+  against the line loop alone, on plain messages and adversarial ones (escapes, quoted strings,
+  booleans, integer fields, several fields, missing or odd timestamps, every precision, bad
+  lines, control characters, invalid UTF-8): the same samples, series, label order, counts
+  of refused samples and first offender.
 """
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from filopy.dataset import LabelLimits
 from filopy.ingest_http import remote_write_v1
+from filopy.ingest_http.influx import decode_lines
 from filopy.ingest_http.prompb.remote_pb2 import WriteRequest
+from ingest import line_protocol
 from ingest.bad_records import Decoded
 from ingest.gateway import KeyedBatch
+from ingest.line_protocol import decode_influx
 
 T0 = 1_700_000_000_000
 
@@ -159,3 +171,175 @@ def test_label_bytes_that_look_like_a_sample_are_labels() -> None:
     known = _known(both)
     assert known is not None
     _same(known, _full(both))
+
+
+# ----- line protocol ---------------------------------------------------------------------------
+
+
+@contextmanager
+def _line_loop_only() -> Iterator[None]:
+    """decode_influx with its whole-message paths off: the line loop decides every line."""
+    columns, bulk = line_protocol._decode_columns, line_protocol._decode_bulk
+    line_protocol._decode_columns = lambda *_: False  # type: ignore[assignment]
+    line_protocol._decode_bulk = lambda *_: False  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        line_protocol._decode_columns, line_protocol._decode_bulk = columns, bulk
+
+
+def _exactly(a: Decoded, b: Decoded) -> None:
+    """The same batch, each series' labels in the same order (the binary format keeps it)."""
+    _same(a, b)
+    assert [list(s.items()) for s in a.batch.series] == [list(s.items()) for s in b.batch.series]
+    assert type(a.batch) is type(b.batch)
+
+
+def _mostly(usual: list[str], odd: list[str]) -> st.SearchStrategy[str]:
+    """Usual values most of the time, so whole messages often qualify; odd ones sometimes."""
+    return st.sampled_from(usual * (10 * len(odd)) + odd)
+
+
+_lp_measurements = _mostly(["cpu", "mem", "disk_io", "é"], ["#x", "a=b", "m\\ x", "", "a,"])
+_lp_tags = _mostly(
+    ["host=a,dc=x", "dc=x,host=a", "host=b", "", "k=é"],
+    ["h=1,h=2", "k=", "a=b=c", "=v", "k=v\\,w", 'q="x"', "k=v\r"],
+)
+_lp_names = _mostly(["value", "v"], ["x y", "", "a,b", "a=b", '"q"', "value\t"])
+_lp_values = _mostly(
+    ["1.5", "0", "-12", ".5", "3e5", "0.0", "1E-3", "991.315"],
+    [
+        "-0.0", "1e-400", "1e400", "2.2e-308", "1-2", "7i", "-7i", "7u", "t", "FALSE",
+        '"str"', '"a b"', "0e-999", "00", "nan", "inf", "+1", "1_0", ".", "-", "e5",
+        "9223372036854775808i", "18446744073709551615u", "1.5,v=2", "1=2", "",
+    ],
+)  # fmt: skip
+_lp_stamps = _mostly(
+    ["1700000000000", "1700000000001", "1700000000"],
+    [
+        "", "0", "7", "9223372036854775807", "9223372036854775808", "-5", "+5", "1_0",
+        "99999999999999999999", "\uff11\uff17", "999999999999999999", "1700000000000 ",
+        " 1700000000000", "17e2", "1700000000000\r",
+    ],
+)  # fmt: skip
+_lp_joins = _mostly(["\n"], ["\r\n", "\n\n", "\n \n", "\n# comment here\n"])
+
+
+@st.composite
+def lp_messages(draw: st.DrawFn) -> bytes:
+    lines = []
+    for _ in range(draw(st.integers(1, 8))):
+        m, tags, name, value, stamp = (
+            draw(_lp_measurements),
+            draw(_lp_tags),
+            draw(_lp_names),
+            draw(_lp_values),
+            draw(_lp_stamps),
+        )
+        line = f"{m}{',' + tags if tags else ''} {name}={value}{' ' + stamp if stamp else ''}"
+        lines.append(line)
+    text = lines[0]
+    for line in lines[1:]:
+        text += draw(_lp_joins) + line
+    text += draw(st.sampled_from(["", "", "\n", "\n\n", " "]))
+    raw = text.encode()
+    if draw(st.integers(0, 19)) == 0:  # invalid UTF-8 somewhere
+        at = draw(st.integers(0, len(raw)))
+        raw = raw[:at] + b"\xff" + raw[at:]
+    return raw
+
+
+_precisions = _mostly(["ms"], ["ns", "us", "s", "m", "h"])
+_columns = st.sampled_from(
+    [("_metric_", LabelLimits()), ("__name__", LabelLimits(max_labels_per_series=2))]
+)
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(lp_messages(), _precisions, _columns)
+def test_line_protocol_column_path_equals_the_line_loop(
+    raw: bytes, precision: str, column_limits: tuple[str, LabelLimits]
+) -> None:
+    column, limits = column_limits
+    got = decode_lines(raw, T0, column, precision, limits)
+    again = decode_lines(raw, T0, column, precision, limits)  # every key known now
+    with _line_loop_only():
+        loop = decode_lines(raw, T0, column, precision, limits)
+    _exactly(got, loop)
+    _exactly(again, loop)
+    if isinstance(got.batch, KeyedBatch) and isinstance(again.batch, KeyedBatch):
+        assert got.batch.keys == again.batch.keys
+
+
+@settings(max_examples=300, deadline=None)
+@given(lp_messages(), st.booleans())
+def test_line_protocol_str_and_bytes_decode_alike(raw: bytes, forget: bool) -> None:
+    """decode_influx takes str too (the same path), and what it keeps across messages (series
+    keys as text and as bytes) changes nothing."""
+    try:
+        text = raw.decode()
+    except UnicodeDecodeError:
+        return
+    if forget:
+        line_protocol._templates.clear()
+        line_protocol._byte_templates.clear()
+    _exactly(decode_influx(text, T0, "_metric_", "ms"), decode_influx(raw, T0, "_metric_", "ms"))
+
+
+def _plain(n: int, stamp: str = "1700000000000", field: str = "value") -> bytes:
+    lines = [f"cpu,host=h{i},dc=x {field}={i * 0.5} {stamp}" for i in range(n)]
+    return "\n".join(lines).encode()
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        _plain(50),
+        _plain(50) + b"\n",
+        _plain(3, "1"),
+        _plain(3, "170000000000000000"),  # 18 digits
+        b"cpu value=1 1700000000000\ncpu value=2 1700000000001",  # one series, two samples
+        b"cpu,a=1,b=2 value=1 1700000000000\ncpu,b=2,a=1 value=2 1700000000001",  # tag order
+        b"cpu,host=a value=1 17\ncpu,host=b value=2 1700000000000",  # stamps of two lengths
+        "mém,hôte=é valeur=1 1700000000000".encode(),
+    ],
+)
+def test_plain_messages_take_the_column_path(raw: bytes) -> None:
+    b = line_protocol._InfluxBuilder("_metric_")
+    assert line_protocol._decode_columns(b, raw, 0, 2**62)
+    got = decode_influx(raw, T0, "_metric_", "ms")
+    with _line_loop_only():
+        _exactly(got, decode_influx(raw, T0, "_metric_", "ms"))
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        _plain(3, "1700000000000000000"),  # 19 digits: the next path decides
+        _plain(3) + b"\n\n",
+        b"cpu value=1 1700000000000\r\ncpu value=2 1700000000000",
+        b"cpu value=1 1700000000000\ncpu v=2 1700000000000",  # two field names
+        b"cpu value=1,v=2 1700000000000",
+        b"cpu value=1i 1700000000000",
+        b"cpu value=1 -1700000000000",
+        b"cpu value=1",
+        b" cpu value=1 1700000000000",
+        b"cpu  value=1 1700000000000",
+        b"cpu value=1 1700000000000 ",
+        b"cpu value= 1700000000000",
+        b"cpu =1 1700000000000",
+        b"cpu value=nan 1700000000000",
+        b"cpu value=1e-400 1700000000000",
+        b"cpu value=1\x0b 1700000000000",
+        b"cpu,h=a,h=b value=1 1700000000000",
+        b"",
+        b"\n",
+    ],
+)
+def test_other_messages_leave_the_column_path(raw: bytes) -> None:
+    b = line_protocol._InfluxBuilder("_metric_")
+    assert not line_protocol._decode_columns(b, raw, 0, 2**62)
+    assert not b.series and not b.idx and not b.ts and not b.vals
+    got = decode_influx(raw, T0, "_metric_", "ms")
+    with _line_loop_only():
+        _exactly(got, decode_influx(raw, T0, "_metric_", "ms"))
