@@ -42,12 +42,13 @@ KINDS = [
 
 @pytest.fixture(autouse=True, scope="module")
 def _always_vectorised() -> Iterator[None]:
-    """Small batches normally go chunk by chunk (`encode_chunk`); here every batch takes the
-    vectorised path, so the comparison with `encode_chunk` means something."""
-    saved = encoding._FEW_CHUNKS
-    encoding._FEW_CHUNKS = 0
+    """Small batches normally go chunk by chunk (`encode_chunk`, `decode_chunk`); here every
+    batch takes the vectorised path, so the comparison with the single-chunk codec means
+    something."""
+    saved = encoding._FEW_CHUNKS, encoding._FEW_DECODES
+    encoding._FEW_CHUNKS = encoding._FEW_DECODES = 0
     yield
-    encoding._FEW_CHUNKS = saved
+    encoding._FEW_CHUNKS, encoding._FEW_DECODES = saved
 
 
 def _timestamps(rng: np.random.Generator, n: int, style: str) -> np.ndarray:
@@ -127,6 +128,12 @@ def _check(chunks: list[tuple[np.ndarray, np.ndarray]]) -> list[bytes]:
         np.testing.assert_array_equal(ts2, ts)
         np.testing.assert_array_equal(x2.view(np.uint64), x.view(np.uint64))
         assert blob == encode_chunk(ts, x)  # the same choices, hence the same bytes
+    ts, x, bounds = decode_chunks(blobs)
+    for j, (ts1, x1) in enumerate(chunks):
+        np.testing.assert_array_equal(ts[bounds[j] : bounds[j + 1]], ts1)
+        np.testing.assert_array_equal(
+            x[bounds[j] : bounds[j + 1]].view(np.uint64), x1.view(np.uint64)
+        )
     return blobs
 
 
