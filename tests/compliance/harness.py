@@ -428,7 +428,12 @@ def summary(outcomes: list[Outcome]) -> str:
         passed = sum(o.verdict == "pass" for o in mine)
         unsup = sum(o.verdict == "unsupported" for o in mine)
         pct = 100.0 * passed / max(1, len(mine))
-        lines.append(f"{mode:>7}: {passed} / {len(mine)} ({pct:.2f}%) passed, {unsup} unsupported")
+        line = f"{mode:>7}: {passed} / {len(mine)} ({pct:.2f}%) passed, {unsup} unsupported"
+        ref_errors = [o for o in mine if o.verdict == "reference_error"]
+        if ref_errors:
+            same = sum("FiloPy's answer is the same" in o.why for o in ref_errors)
+            line += f", {len(ref_errors)} reference errors (FiloPy answers as it: {same})"
+        lines.append(line)
     return "\n".join(lines)
 
 
