@@ -8,11 +8,16 @@ singleton.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import anyio
-from fastapi import APIRouter, FastAPI, Response
+from fastapi import APIRouter, FastAPI, Request, Response
+from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.routing import get_route_path
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from filopy.config import Settings
 from filopy.dataset import Dataset
@@ -22,14 +27,66 @@ from filopy.ingest_http.otlp import otlp_router
 from filopy.ingest_http.remote_write import remote_write_router
 from filopy.store import open_stores
 
+Endpoint = Callable[[str, Request], Awaitable[Response]]
 
-def ingest_router(ingestion: Ingestion) -> APIRouter:
+
+def ingest_routers(ingestion: Ingestion) -> list[APIRouter]:
+    """The routers of every protocol, sharing `ingestion`'s producers."""
+    return [remote_write_router(ingestion), influx_router(ingestion), otlp_router(ingestion)]
+
+
+def ingest_router(ingestion: Ingestion, routers: Iterable[APIRouter] | None = None) -> APIRouter:
     """Every ingestion endpoint (docs/ingestion-http.md), sharing `ingestion`'s producers."""
     router = APIRouter(on_shutdown=[ingestion.close])
-    router.include_router(remote_write_router(ingestion))
-    router.include_router(influx_router(ingestion))
-    router.include_router(otlp_router(ingestion))
+    for one in routers if routers is not None else ingest_routers(ingestion):
+        router.include_router(one)
     return router
+
+
+class DirectWrites:
+    """ASGI middleware: a POST to a write endpoint calls its endpoint function directly, the
+    function its route calls, without FastAPI's routing, dependency solving and exception
+    middleware (~0.2 ms of a request that decodes 2,000 samples in ~1 ms). The endpoints take
+    `(dataset, request)` and answer every outcome themselves (`Ingestion.handle`); anything
+    else, and any other request, goes to the app."""
+
+    def __init__(self, app: ASGIApp, routes: Iterable[tuple[re.Pattern[str], Endpoint]]) -> None:
+        self.app = app
+        self.routes = list(routes)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            path = get_route_path(scope)
+            for regex, endpoint in self.routes:
+                match = regex.match(path)
+                if match is not None:
+                    response = await endpoint(match["dataset"], Request(scope, receive, send))
+                    await response(scope, receive, send)
+                    return
+        await self.app(scope, receive, send)
+
+
+def direct_writes(routers: Iterable[APIRouter]) -> list[tuple[re.Pattern[str], Endpoint]]:
+    """The POST routes of `routers` whose endpoint is `(dataset: str, request: Request)`."""
+    found = []
+    for router in routers:
+        for route in router.routes:
+            if (
+                isinstance(route, APIRoute)
+                and route.methods == {"POST"}
+                and list(route.param_convertors) == ["dataset"]
+                and list(route.endpoint.__annotations__) == ["dataset", "request", "return"]
+            ):
+                found.append((route.path_regex, route.endpoint))
+    return found
+
+
+def serve_ingestion(app: FastAPI, ingestion: Ingestion) -> None:
+    """Every ingestion endpoint on `app`, the write endpoints' POSTs called directly
+    (`DirectWrites`)."""
+    routers = ingest_routers(ingestion)
+    app.include_router(ingest_router(ingestion, routers))
+    app.add_middleware(DirectWrites, routes=direct_writes(routers))
 
 
 def stored_datasets(settings: Settings) -> list[Dataset]:
@@ -52,7 +109,7 @@ def create_gateway_app(settings: Settings) -> FastAPI:
         version="1",
     )
     ingestion = Ingestion(lambda: stored_datasets(settings), settings.gateway)
-    app.include_router(ingest_router(ingestion))
+    serve_ingestion(app, ingestion)
 
     @app.get("/__liveness", tags=["operations"])
     async def liveness() -> dict[str, Any]:
