@@ -109,8 +109,9 @@ OFFICIAL_VARIANTS: dict[str, list[str]] = {
     "smoothingFactor": ["0.1", "0.5", "0.8"],
     "trendFactor": ["0.1", "0.5", "0.8"],
 }
-# A Go template action naming a field of the variant map: `{{.name}}`, `{{- .name -}}`.
-_GO_FIELD = re.compile(r"\{\{-?\s*\.(\w+)\s*-?\}\}")
+# A Go template action naming a field of the variant map: `{{.name}}`, `{{- .name -}}` (whose
+# dashes trim the white space before / after it), with the white space around it.
+_GO_FIELD = re.compile(r"(\s*)\{\{(-\s)?\s*\.(\w+)\s*(\s-)?\}\}(\s*)")
 
 
 # ------------------------------------------------------------------------------------ queries
@@ -143,9 +144,9 @@ def expand_official(template: str, variant_args: list[str]) -> list[str]:
     out: list[str] = []
 
     def fill(m: re.Match[str]) -> str:
-        if m.group(1) not in values:  # Go prints "<no value>" for a missing map key
-            return "<no value>"
-        return values[m.group(1)]
+        before, trim_before, name, trim_after, after = m.groups()
+        value = values.get(name, "<no value>")  # Go prints "<no value>" for a missing key
+        return ("" if trim_before else before) + value + ("" if trim_after else after)
 
     def walk(remaining: list[str]) -> None:
         if not remaining:
