@@ -36,7 +36,7 @@ from __future__ import annotations
 import itertools
 import math
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -675,10 +675,10 @@ class _Rag:
 
     data: U8Array
     off: IntArray
+    lens: IntArray = field(init=False)
 
-    @property
-    def lens(self) -> IntArray:
-        return np.diff(self.off)
+    def __post_init__(self) -> None:
+        self.lens = np.diff(self.off)
 
 
 _Parts = list[_Rag]  # fields of the same strings, to be concatenated string by string
@@ -709,10 +709,15 @@ def _bitlen(u: U64Array) -> IntArray:
     return f - over
 
 
+_VARINT_LIMITS = np.array([1 << (7 * j) for j in range(1, 10)], dtype=U64)
+
+
 def _rag_uvarint(v: npt.NDArray[np.integer], present: BoolArray | None = None) -> _Rag:
     """LEB128 of each value as uint64 (nothing where `present` is False)."""
     u = v.astype(U64)
-    lens = np.maximum((_bitlen(u) + 6) // 7, 1)
+    if present is None and (len(u) == 0 or u.max() < 0x80):  # one byte each, the usual case
+        return _Rag(u.astype(np.uint8), np.arange(len(u) + 1))
+    lens = np.searchsorted(_VARINT_LIMITS, u, side="right") + 1
     if present is not None:
         lens = np.where(present, lens, 0)
     j = np.arange(int(lens.max(initial=0)))
@@ -860,7 +865,7 @@ def _gcds(u: U64Array, starts: IntArray) -> U64Array:
 
 def _expand(parts: _Parts, idx: IntArray, s: int) -> _Parts:
     """Parts of the segments idx as parts of s segments (empty strings for the others)."""
-    return [_rag_scatter(s, [(idx, p)]) for p in parts]
+    return [_rag_scatter(s, [(idx, _rag_concat(parts))])]
 
 
 def _int_parts(v: IntArray, off: IntArray, patch: bool) -> _Parts:
