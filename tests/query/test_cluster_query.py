@@ -107,8 +107,9 @@ def _load(r: Rest, kafka_bootstrap: str) -> None:
         stats = r.client.ingest_stats(NAME)
         shards = [st for per_node in stats.values() for st in per_node.values()]
         ingested = sum(st["memstore"].ingested for st in shards)
-        written = sum(st["flush"].samples for st in shards if st["flush"] is not None)
-        return ingested == written == TOTAL
+        # durable: in chunks (most: every hour bucket but the last is sealed) or in snapshots
+        unflushed = sum(st["unflushed_samples"] for st in shards)
+        return ingested == TOTAL and unflushed == 0
 
     r.wait_for("every sample ingested and flushed", flushed, 120)
 

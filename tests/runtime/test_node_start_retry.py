@@ -31,6 +31,7 @@ from filopy.shard_status import Active, Degraded
 from filopy.store import encode_part_key, open_stores
 from filopy.testing import LocalRayCluster
 from ingest.gateway import Gateway
+from tests.durable import durable_series
 from tests.ingest.tcp_proxy import TcpProxy
 from tests.runtime.conftest import FiloPyCluster, cluster_settings
 
@@ -130,12 +131,12 @@ def _send(ds: Dataset, rounds: range) -> None:
         gw.flush()
 
 
-def _flushed(c: FiloPyCluster, ds: Dataset) -> int:
+def _durable(c: FiloPyCluster, ds: Dataset) -> int:
+    """Samples ingested and durable in the store (in chunks or a flushed open-buffer snapshot)."""
     return sum(
-        st["flush"].samples
+        st["memstore"].ingested - st["unflushed_samples"]
         for by_shard in c.client.ingest_stats(ds.ref).values()
         for st in by_shard.values()
-        if st["flush"] is not None
     )
 
 
@@ -150,9 +151,8 @@ def _assert_stored_exactly_once(c: FiloPyCluster, ds: Dataset, rounds: int) -> N
         want = T0 + 1000 * np.arange(10 * rounds, dtype=np.int64)
         stored: dict[str, np.ndarray] = {}
         for s in range(SHARDS):
-            keys = [pk.part_key for pk in columns.list_part_keys(ds.ref, s)]
-            for key, chunks in columns.read_chunks(ds.ref, s, keys, T0, T0 + 10**9).items():
-                stored[key] = np.concatenate([ch.samples()[0] for ch in chunks])
+            for key, (ts, _) in durable_series(meta, columns, ds, s).items():
+                stored[key] = ts
         assert set(stored) == {encode_part_key(_labels(i)) for i in range(SERIES)}
         for key, ts in stored.items():
             assert np.array_equal(ts, want), f"{key}: {len(ts)} samples"  # none lost, none twice
@@ -219,7 +219,7 @@ def test_a_node_that_cannot_open_the_store_shows_degraded_then_starts_by_itself(
         assert ray.get(coordinator.running_shards.remote()) == {ds.name: list(range(SHARDS))}
         assert c.client.shard_map(ds.name).shards_for_node(node) == list(range(SHARDS))
         assert c.client.reassignment_stats().get(ds.name, (0, 0)) == (0, 0)
-        c.wait_for("all flushed", lambda: _flushed(c, ds) == 5 * PER_ROUND, 60)
+        c.wait_for("all durable", lambda: _durable(c, ds) == 5 * PER_ROUND, 60)
         _assert_stored_exactly_once(c, ds, 5)
 
 
@@ -265,7 +265,7 @@ def test_a_node_failing_past_start_max_attempts_gives_its_shards_to_one_that_can
             ),
             90,
         )
-        c.wait_for("all flushed", lambda: _flushed(c, ds) == 5 * PER_ROUND, 60)
+        c.wait_for("all durable", lambda: _durable(c, ds) == 5 * PER_ROUND, 60)
         _assert_stored_exactly_once(c, ds, 5)
 
 

@@ -26,6 +26,7 @@ from filopy.shard_status import Active, Degraded
 from filopy.store import encode_part_key, open_stores
 from filopy.testing import LocalRayCluster
 from ingest.gateway import Gateway
+from tests.durable import durable_series
 from tests.rest.conftest import ServerThread
 from tests.runtime.conftest import FiloPyCluster, cluster_settings
 
@@ -75,15 +76,16 @@ def _send(ds: Dataset, kafka: str, rounds: range) -> None:
 
 
 def _totals(c: FiloPyCluster, ds: Dataset) -> dict[str, int]:
-    """Summed over every ingester: samples ingested, flushed, unflushed; flush failures."""
-    out = dict.fromkeys(("ingested", "flushed", "unflushed", "failures", "degraded"), 0)
+    """Summed over every ingester: samples ingested, durable (in chunks or a flushed open-buffer
+    snapshot), unflushed; flush failures."""
+    out = dict.fromkeys(("ingested", "durable", "unflushed", "failures", "degraded"), 0)
     for by_shard in c.client.ingest_stats(ds.ref).values():
         for st in by_shard.values():
             out["ingested"] += st["memstore"].ingested
             out["unflushed"] += st["unflushed_samples"]
+            out["durable"] += st["memstore"].ingested - st["unflushed_samples"]
             out["degraded"] += st["degraded"] is not None
             if st["flush"] is not None:
-                out["flushed"] += st["flush"].samples
                 out["failures"] += st["flush"].failures
     return out
 
@@ -117,7 +119,7 @@ def test_a_store_stall_past_its_timeout_degrades_shards_then_heals_without_help(
     owners = [c.client.shard_map(ds.name).owner(s) for s in range(SHARDS)]
     _send(ds, kafka_bootstrap, range(0, 3))
     per_round = SERIES * 10
-    c.wait_for("flushed", lambda: _totals(c, ds)["flushed"] == 3 * per_round, 60)
+    c.wait_for("durable", lambda: _totals(c, ds)["durable"] == 3 * per_round, 60)
 
     locker = sqlite3.connect(c.settings.store.sqlite_path, isolation_level=None, timeout=10)
     locker.execute("BEGIN EXCLUSIVE")
@@ -152,7 +154,7 @@ def test_a_store_stall_past_its_timeout_degrades_shards_then_heals_without_help(
         time.sleep(8 * c.settings.store.sqlite_busy_timeout_s)
         totals = _totals(c, ds)
         assert totals["failures"] >= 2 * len(degraded), totals  # retried, each one counted
-        assert totals["flushed"] == 3 * per_round and totals["unflushed"] == 5 * per_round
+        assert totals["durable"] == 3 * per_round and totals["unflushed"] == 5 * per_round
         metrics = http.get("/metrics").text
         assert _metric(metrics, "filopy_flush_failures_total") >= totals["failures"] - 1
         assert _metric(metrics, "filopy_shard_degraded") >= len(degraded)
@@ -167,7 +169,7 @@ def test_a_store_stall_past_its_timeout_degrades_shards_then_heals_without_help(
 
     # Healed by itself: Active everywhere, same owners, everything flushed and checkpointed.
     c.wait_for("all active again", lambda: c.client.shard_map(ds.name).is_healthy(), 60)
-    c.wait_for("caught up", lambda: _totals(c, ds)["flushed"] == 8 * per_round, 60)
+    c.wait_for("caught up", lambda: _totals(c, ds)["durable"] == 8 * per_round, 60)
     totals = _totals(c, ds)
     assert totals["unflushed"] == 0 and totals["degraded"] == 0, totals
     mapper = c.client.shard_map(ds.name)
@@ -180,10 +182,10 @@ def test_a_store_stall_past_its_timeout_degrades_shards_then_heals_without_help(
         want = T0 + 1000 * np.arange(80, dtype=np.int64)
         stored: dict[str, np.ndarray] = {}
         for s in range(SHARDS):
-            keys = [pk.part_key for pk in columns.list_part_keys(ds.ref, s)]
-            for key, chunks in columns.read_chunks(ds.ref, s, keys, T0, T0 + 10**9).items():
-                stored[key] = np.concatenate([ch.samples()[0] for ch in chunks])
-            if keys:  # every group checkpointed at the shard's last offset
+            durable = durable_series(meta, columns, ds, s)
+            for key, (ts, _) in durable.items():
+                stored[key] = ts
+            if durable:  # every group checkpointed at the shard's last offset
                 assert len(set(meta.read_checkpoints(ds.ref, s).values())) == 1
         assert set(stored) == {encode_part_key(_labels(i)) for i in range(SERIES)}
         for key, ts in stored.items():
