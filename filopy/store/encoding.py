@@ -1226,6 +1226,16 @@ def encode_chunks(
     if len(short):
         c = int(short[0])
         raise ValueError(f"a chunk holds 1 to {MAX_SAMPLES} samples, got {n[c]} in chunk {c}")
+    s = len(n)
+    small = int(np.count_nonzero(n < _SMALL))
+    if 3 * small + 20 * (s - small) < _FEW_CHUNKS:  # the batch's ~2 ms setup would dominate
+        single: list[bytes] = []
+        for i, (a, b) in enumerate(itertools.pairwise(off.tolist())):
+            try:
+                single.append(encode_chunk(ts[a:b], x[a:b]))
+            except ValueError as e:
+                raise ValueError(f"{e} in chunk {i}") from None
+        return single
     bad = np.flatnonzero(ts[1:] <= ts[:-1]) + 1
     if len(bad):
         bad = bad[np.isin(bad, off, invert=True)]
@@ -1237,11 +1247,6 @@ def encode_chunks(
             f"timestamps must be strictly increasing: ts[{j}]={ts[i]} after ts[{j - 1}]="
             f"{ts[i - 1]} in chunk {c}"
         )
-    s = len(n)
-    small = int(np.count_nonzero(n < _SMALL))
-    if 3 * small + 20 * (s - small) < _FEW_CHUNKS:  # the batch's ~2 ms setup would dominate
-        o = off.tolist()
-        return [encode_chunk(ts[a:b], x[a:b]) for a, b in itertools.pairwise(o)]
     # Blocks of whole chunks, ~_BLOCK samples each: the temporaries then stay in cache.
     cuts = np.flatnonzero(np.diff(off[:-1] // _BLOCK)) + 1
     if not len(cuts):

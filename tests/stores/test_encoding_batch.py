@@ -234,6 +234,9 @@ def test_a_few_chunks_go_chunk_by_chunk_with_the_same_result(
     monkeypatch.setattr(encoding, "_FEW_CHUNKS", 0)
     assert encode_chunks(*_flatten(chunks)) == few
     assert calls == [120, 5, 40]
+    monkeypatch.setattr(encoding, "_FEW_CHUNKS", 100)
+    with pytest.raises(ValueError, match=r"increasing: ts\[1\]=20 after ts\[0\]=20 in chunk 1"):
+        encode_chunks(np.array([1, 20, 20]), np.zeros(3), [0, 1, 3])
 
 
 @settings(max_examples=40, deadline=None)
