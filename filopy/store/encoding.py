@@ -26,6 +26,9 @@ int stream: uvarint head (width | zstd << 7 | gcd << 8 | patched << 9) | svarint
     patches: uvarint count, positions (svarint seed + int stream of deltas), int stream of high
     bits. With the zstd flag the packed bytes are a magicless zstd frame after its uvarint length.
 
+`encode_chunks` / `decode_chunks` do the same for many chunks at once, vectorised across chunks
+(a flush, a query): the same bytes, at a cost per sample rather than per chunk.
+
 Differences wrap around int64, so any int64 timestamps round-trip. Timestamps must be strictly
 increasing: the encoder rejects equal or out-of-order ones (ValueError) rather than guess which
 duplicate wins; ordering and deduplication are the ingester's policy.
