@@ -298,10 +298,10 @@ def _decode_bulk(b: _InfluxBuilder, lines: list[str], lo: int, hi: int) -> bool:
     return True
 
 
-CACHE_BYTES = 64 << 20  # series key bytes kept per metric column and limits (see `_key_bytes`)
-# (metric column, limits) -> series key as bytes -> its template (the same as `_templates`')
-_byte_templates: dict[tuple[str, LabelLimits], dict[bytes, _Template]] = {}
-_byte_sizes: dict[tuple[str, LabelLimits], int] = {}
+CACHE_BYTES = 64 << 20  # key bytes kept per metric column, limits and field (`_known_series`)
+# (metric column, limits, field) -> series key text as bytes -> what is known (`_Known`)
+_known_by_bytes: dict[tuple[str, LabelLimits, str], dict[bytes, _Known]] = {}
+_known_bytes: dict[tuple[str, LabelLimits, str], int] = {}  # their keys' bytes
 _SP, _NL, _EQ, _ZERO = 0x20, 0x0A, 0x3D, 0x30
 _MAX_DIGITS = 18  # < 10**18 < 2**63: a timestamp of at most 18 digits is exact in int64
 _POW10 = 10 ** np.arange(_MAX_DIGITS - 1, -1, -1, dtype=np.int64)
@@ -313,7 +313,7 @@ def _decode_columns(b: _InfluxBuilder, raw: bytes, lo: int, hi: int) -> bool:
     """The common message without a Python object per token where it can be helped: lines of
     `key name=float timestamp` with the same field name, no escapes, quotes or tabs (the caller
     checked), timestamps of 1 to 18 digits. NumPy finds the spaces and newlines and reads the
-    timestamps; keys are looked up as bytes (`_byte_templates`, as `_template` parsed them);
+    timestamps; each series key text is looked up as bytes (`_known_series`: one dict per field);
     values go through float(), as in the line loop. False, with `b` untouched, for any other
     message or anything in doubt: `_decode_bulk` and then the line loop decide, and every
     message decodes as the line loop decodes it (hypothesis tests)."""
@@ -381,62 +381,77 @@ def _decode_columns(b: _InfluxBuilder, raw: bytes, lo: int, hi: int) -> bool:
             _nonzero_mantissa(values_text[i].decode()) for i in zeros
         ):
             return False
-    # series keys, as bytes: one dict lookup per line once known
+    # series: one dict lookup per line (series key bytes -> what the line loop would find)
+    field = name.decode()
+    known = _known_series(b, field)
+    get = known.get
     starts = [0, *(nl + 1).tolist()]
-    keys = [raw[a:z] for a, z in zip(starts, key_end.tolist(), strict=True)]
-    known_keys = _key_bytes(b)
-    templates: list[_Template | None] = list(map(known_keys.get, keys))
-    if None in templates:
+    ends = key_end.tolist()
+    entries = [get(raw[a:z]) for a, z in zip(starts, ends, strict=True)]
+    if None in entries:
         try:
-            templates = [
-                tp or _learn_key(b, known_keys, k) for tp, k in zip(templates, keys, strict=True)
+            entries = [
+                e or _learn_series(b, known, field, raw[a:z])
+                for e, a, z in zip(entries, starts, ends, strict=True)
             ]
         except (_Fallback, UnicodeDecodeError):
             return False
-    field = name.decode()
-    canon = list(map(_canonical_of, templates))
-    if len(set(canon)) == n:  # every line its own series: the usual scrape
-        by_series: list[_Template] = templates  # type: ignore[assignment]
+    keys = list(map(_key_of, entries))
+    if len(set(keys)) == n and all(map(_sorted_of, entries)):
+        # every line its own series (the usual scrape): distinct key texts, each with its tags
+        # in order, are distinct series (a series' tags in another order would be another text)
+        b.series = list(map(_labels_of, entries))
+        b.codes = list(map(_code_of, entries))
+        b.keys = keys  # type: ignore[assignment]
         b.idx = np.arange(n, dtype=np.int32)  # type: ignore[assignment]
     else:  # series in order of first appearance, each with its first line's template
+        templates = list(map(_template_of, entries))
+        canon = list(map(_canonical_of, templates))
         order = list(dict.fromkeys(canon))
         number = dict(zip(order, range(len(order)), strict=True))
         first = dict(zip(canon[::-1], templates[::-1], strict=True))
         by_series = list(map(first.__getitem__, order))
+        series = [tp[3].get(field) or b.make_series(tp, field) for tp in by_series]
+        b.series.extend(map(_labels_of, series))
+        b.codes.extend(map(_code_of, series))
+        b.keys.extend(map(_key_of, series))
         b.idx = list(map(number.__getitem__, canon))
-    get_known = map(dict.get, map(_fields_of, by_series), [field] * len(by_series))
-    known = list(get_known)
-    if None in known:
-        known = [s or b.make_series(tp, field) for s, tp in zip(known, by_series, strict=True)]
-    b.series.extend(map(_labels_of, known))
-    b.codes.extend(map(_code_of, known))
-    b.keys.extend(map(_key_of, known))
     b.ts = t  # type: ignore[assignment]
     b.vals = vals
     return True
 
 
-def _key_bytes(b: _InfluxBuilder) -> dict[bytes, _Template]:
-    """The series keys known as bytes, for `b`'s metric column and limits."""
-    cache_key = (b.metric_column, b.limits)
-    known = _byte_templates.get(cache_key)
+# What the column path knows of a series key text and field: its `_Series` (labels, contract
+# code, key), whether the text has its tags in sorted order, and the text's template.
+_Known = tuple[Labels, int, int, bool, _Template]
+_sorted_of, _template_of = itemgetter(3), itemgetter(4)
+
+
+def _known_series(b: _InfluxBuilder, field: str) -> dict[bytes, _Known]:
+    """The series key texts known as bytes for `field`, `b`'s metric column and limits."""
+    cache_key = (b.metric_column, b.limits, field)
+    known = _known_by_bytes.get(cache_key)
     if known is None:
-        known = _byte_templates.setdefault(cache_key, {})
+        known = _known_by_bytes.setdefault(cache_key, {})
     return known
 
 
-def _learn_key(b: _InfluxBuilder, known: dict[bytes, _Template], key: bytes) -> _Template:
-    """A series key's template (`_template`), kept by its bytes too (bounded: emptied when its
-    keys' bytes reach CACHE_BYTES, or its count CACHE_SIZE)."""
+def _learn_series(b: _InfluxBuilder, known: dict[bytes, _Known], field: str, key: bytes) -> _Known:
+    """A series key text's entry for `field`, from its template (`_template`, which raises
+    `_Fallback` where the parser must decide) as the line loop finds it; kept by bytes
+    (bounded: emptied when its keys' bytes reach CACHE_BYTES, or their count CACHE_SIZE)."""
     template = _template(b.templates, key.decode("utf-8"))
-    cache_key = (b.metric_column, b.limits)
-    size = _byte_sizes.get(cache_key, 0) + len(key)
+    labels, code, series_key = template[3].get(field) or b.make_series(template, field)
+    tags = list(template[1])
+    entry = (labels, code, series_key, tags == sorted(tags), template)
+    cache_key = (b.metric_column, b.limits, field)
+    size = _known_bytes.get(cache_key, 0) + len(key)
     if size > CACHE_BYTES or len(known) >= CACHE_SIZE:
         known.clear()
         size = len(key)
-    _byte_sizes[cache_key] = size
-    known[key] = template
-    return template
+    _known_bytes[cache_key] = size
+    known[key] = entry  # type: ignore[assignment]
+    return entry  # type: ignore[return-value]
 
 
 def _decode_lines(

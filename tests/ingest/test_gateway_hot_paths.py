@@ -282,7 +282,7 @@ def test_line_protocol_str_and_bytes_decode_alike(raw: bytes, forget: bool) -> N
         return
     if forget:
         line_protocol._templates.clear()
-        line_protocol._byte_templates.clear()
+        line_protocol._known_by_bytes.clear()
     _exactly(decode_influx(text, T0, "_metric_", "ms"), decode_influx(raw, T0, "_metric_", "ms"))
 
 
