@@ -290,87 +290,102 @@ class KafkaShardIngester(ReportingIngester):
             self._live()
         last_bad_log = last_misrouted_log = 0.0
         limit = cfg.max_unflushed_samples
-        while not self._stopping.is_set():
-            if self._pause_or_resume(consumer, partition):
-                # Paused: nothing to read until flushes get through; flush (or retry) now.
-                flusher.flush_now()
-                self._report_health()
-                self._stopping.wait(min(cfg.consume_timeout_s, flusher.seconds_until_due()))
-                continue
-            got = False
-            for m in consumer.consume(
-                num_messages=cfg.consume_batch, timeout=cfg.consume_timeout_s
-            ):
-                err = m.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        continue
-                    if not is_transient(err):
-                        raise KafkaException(err)
-                    self._kafka_trouble(err)
+        # Flushes run on a thread of their own, so the store's latency (a Cassandra round trip,
+        # an SQLite commit) overlaps consuming instead of stalling it.
+        flushing = _FlushThread(flusher, lambda: self.paused, f"flush-{ref.name}-{shard}")
+        try:
+            while not self._stopping.is_set():
+                flushing.check()
+                if self._pause_or_resume(consumer, partition):
+                    # Paused: nothing to read until flushes get through; the flush thread flushes
+                    # (or retries) every group meanwhile.
+                    flushing.wake()
+                    self._report_health()
+                    self._stopping.wait(cfg.consume_timeout_s)
                     continue
-                got = True
-                decoded = decode(m.value() or b"", m.timestamp()[1])
-                bad = decoded.batch.bad_records
-                if bad:
-                    self.bad_records.update(bad)
-                    now = time.monotonic()
-                    if now - last_bad_log >= cfg.bad_record_log_interval_s:
-                        last_bad_log = now
-                        log.warning(
-                            "%s shard %d: skipped bad records %s at offset %d, e.g. %r",
-                            ref.name,
-                            shard,
-                            dict(bad),
-                            m.offset(),
-                            decoded.first_bad,
-                        )
-                st = self.memstore.ingest(decoded.batch, m.offset())
-                if st.misrouted:
-                    now = time.monotonic()
-                    if now - last_misrouted_log >= cfg.bad_record_log_interval_s:
-                        last_misrouted_log = now
-                        log.warning(
-                            "%s shard %d: %d samples at offset %d belong to another shard by "
-                            "the dataset's shard key (kept; queries routed by shard key miss "
-                            "them: producers must route by FiloPy's hash or use the gateway), "
-                            "e.g. series %s",
-                            ref.name,
-                            shard,
-                            st.misrouted,
-                            m.offset(),
-                            self.memstore.part_key(st.first_misrouted),
-                        )
-                self.messages += 1
-                self.next_offset = m.offset() + 1
-                if self.memstore.unflushed_samples() > limit:
-                    # Over the memory bound: leave the rest of the batch to be read again.
-                    consumer.seek(TopicPartition(self.dataset.topic, shard, self.next_offset))
-                    break
-            if got:
-                self._kafka_since = self._kafka_error = None
-            elif self._kafka_since is not None:
-                self._probe_kafka(consumer, partition)
-            # The end offset librdkafka learnt from its last fetch: no request to the broker.
-            _, end = consumer.get_watermark_offsets(partition, cached=True)
-            if end >= 0:
-                self.end_offset = end
-            if replaying and self.memstore.recovering:
-                position = self._position(consumer)
-                if position is not None and position >= high:
-                    # Covers a backlog ending in offsets that carry no message (e.g. markers).
-                    self.memstore.end_recovery()
-                elif position is not None and backlog > 0:
-                    pct = min(99, int(100 * (position - first) / backlog))
-                    if pct >= self._recovery_pct + PROGRESS_STEP_PCT:
-                        self._recovery_pct = pct - pct % PROGRESS_STEP_PCT
-                        self._emit(RecoveryInProgress(ref, shard, self.node, self._recovery_pct))
-                        self._health_key = None
-            if replaying and not self.memstore.recovering:  # ingest() ends it at the end offset
-                replaying = False
-                self._live()
-            flusher.flush_due()
-            self._report_health()
+                got = False
+                for m in consumer.consume(
+                    num_messages=cfg.consume_batch, timeout=cfg.consume_timeout_s
+                ):
+                    err = m.error()
+                    if err is not None:
+                        if err.code() == KafkaError._PARTITION_EOF:
+                            continue
+                        if not is_transient(err):
+                            raise KafkaException(err)
+                        self._kafka_trouble(err)
+                        continue
+                    got = True
+                    decoded = decode(m.value() or b"", m.timestamp()[1])
+                    bad = decoded.batch.bad_records
+                    if bad:
+                        self.bad_records.update(bad)
+                        now = time.monotonic()
+                        if now - last_bad_log >= cfg.bad_record_log_interval_s:
+                            last_bad_log = now
+                            log.warning(
+                                "%s shard %d: skipped bad records %s at offset %d, e.g. %r",
+                                ref.name,
+                                shard,
+                                dict(bad),
+                                m.offset(),
+                                decoded.first_bad,
+                            )
+                    st = self.memstore.ingest(decoded.batch, m.offset())
+                    if st.misrouted:
+                        now = time.monotonic()
+                        if now - last_misrouted_log >= cfg.bad_record_log_interval_s:
+                            last_misrouted_log = now
+                            log.warning(
+                                "%s shard %d: %d samples at offset %d belong to another shard by "
+                                "the dataset's shard key (kept; queries routed by shard key miss "
+                                "them: producers must route by FiloPy's hash or use the gateway), "
+                                "e.g. series %s",
+                                ref.name,
+                                shard,
+                                st.misrouted,
+                                m.offset(),
+                                self.memstore.part_key(st.first_misrouted),
+                            )
+                    self.messages += 1
+                    self.next_offset = m.offset() + 1
+                    if self.memstore.unflushed_samples() > limit:
+                        # Over the memory bound: leave the rest of the batch to be read again.
+                        consumer.seek(TopicPartition(self.dataset.topic, shard, self.next_offset))
+                        break
+                if got:
+                    self._kafka_since = self._kafka_error = None
+                elif self._kafka_since is not None:
+                    self._probe_kafka(consumer, partition)
+                # The end offset librdkafka learnt from its last fetch: no request to the broker.
+                _, end = consumer.get_watermark_offsets(partition, cached=True)
+                if end >= 0:
+                    self.end_offset = end
+                if replaying and self.memstore.recovering:
+                    self._replay_progress(consumer, first, high)
+                if replaying and not self.memstore.recovering:  # ingest() ends it at the end
+                    replaying = False
+                    self._live()
+                self._report_health()
+        finally:
+            flushing.stop()
+        flushing.check()
+
+    def _replay_progress(self, consumer: Consumer, first: int, high: int) -> None:
+        """End the recovery once the consumer passed the end offset seen at start; report
+        `RecoveryInProgress` in steps meanwhile."""
+        position = self._position(consumer)
+        backlog = max(0, high - first)
+        if position is not None and position >= high:
+            # Covers a backlog ending in offsets that carry no message (e.g. markers).
+            self.memstore.end_recovery()
+        elif position is not None and backlog > 0:
+            pct = min(99, int(100 * (position - first) / backlog))
+            if pct >= self._recovery_pct + PROGRESS_STEP_PCT:
+                self._recovery_pct = pct - pct % PROGRESS_STEP_PCT
+                ref, shard = self.dataset.ref, self.shard
+                self._emit(RecoveryInProgress(ref, shard, self.node, self._recovery_pct))
+                self._health_key = None
 
     # ----- health: Degraded while the store or Kafka is out ------------------------------------
 
@@ -588,3 +603,49 @@ class KafkaShardIngester(ReportingIngester):
         if self.end_offset is None or self.next_offset is None:
             return None
         return max(0, self.end_offset - self.next_offset)
+
+
+class _FlushThread:
+    """A shard's flusher on its own thread: `flush_due()` whenever a group is due (every group
+    at once while `paused()`: consumption waits for the store), retries after store errors by
+    the flusher's backoff. A failure the flusher raises (`StaleEpochError`, a bug) ends the
+    thread and is re-raised on the ingesting thread by `check()`."""
+
+    MIN_WAIT_S = 0.02  # under memory pressure a group is always due: do not spin
+
+    def __init__(self, flusher: Flusher, paused: Callable[[], bool], name: str) -> None:
+        self._flusher = flusher
+        self._paused = paused
+        self._wake = threading.Event()
+        self._stopped = threading.Event()
+        self._failure: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        flusher = self._flusher
+        try:
+            while not self._stopped.is_set():
+                if self._paused():
+                    flusher.flush_now()
+                else:
+                    flusher.flush_due()
+                wait = max(self.MIN_WAIT_S, min(0.5, flusher.seconds_until_due()))
+                self._wake.wait(wait)
+                self._wake.clear()
+        except BaseException as e:
+            self._failure = e
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def check(self) -> None:
+        """Re-raise what ended the flush thread, if anything did."""
+        if self._failure is not None:
+            raise self._failure
+
+    def stop(self) -> None:
+        """Stop after the flush in progress, if any (the final flush is the caller's)."""
+        self._stopped.set()
+        self._wake.set()
+        self._thread.join()
