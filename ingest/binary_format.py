@@ -101,17 +101,42 @@ def encode_binary_parts(
         raise RecordEncodeError("series_idx out of range of the series table")
     if n_series and counts.max() > 0xFFFF:
         raise RecordEncodeError("a series has more than 65535 labels")
-    idx_width = 1 if n_series <= 1 << 8 else 2 if n_series <= 1 << 16 else 4
     base = int(ts.min()) if n else 0
     # Offsets from the minimum, modulo 2**64 so any int64 span round-trips exactly.
     offsets = ts.view(np.uint64) - np.uint64(base & 0xFFFFFFFFFFFFFFFF)
-    ts_width = 4 if n == 0 or int(offsets.max()) <= 0xFFFFFFFF else 8
+    wide = n > 0 and int(offsets.max()) > 0xFFFFFFFF
+    return encode_checked(series_blobs, counts, idx, offsets, wide, base, vals, compression_level)
+
+
+def idx_width_for(n_series: int) -> int:
+    """Bytes per series index in a message of `n_series` series."""
+    return 1 if n_series <= 1 << 8 else 2 if n_series <= 1 << 16 else 4
+
+
+def encode_checked(
+    series_blobs: Sequence[bytes],
+    label_counts: npt.NDArray[np.integer],
+    series_idx: npt.NDArray[np.integer],
+    offsets: npt.NDArray[np.uint64],
+    wide: bool,
+    base: int,
+    values: npt.NDArray[np.float64],
+    compression_level: int = DEFAULT_COMPRESSION_LEVEL,
+) -> bytes:
+    """Encode one message from columns the caller has checked (what `encode_binary_parts`
+    checks: lengths agree, indexes within the table, label counts under 65536), the
+    timestamps as offsets from `base` (their minimum) modulo 2**64, `wide` if one is over
+    2**32 - 1. The gateway computes these for all its messages at once; the bytes are
+    `encode_binary_parts`' for the same samples."""
+    n, n_series = len(values), len(series_blobs)
+    idx_width = idx_width_for(n_series)
+    ts_width = 8 if wide else 4
     body = b"".join(
         (
-            vals.astype(_F64, copy=False).tobytes(),
-            offsets.astype(_TS_DTYPES[ts_width]).tobytes(),
-            idx.astype(_IDX_DTYPES[idx_width]).tobytes(),
-            counts.astype(_U16).tobytes(),
+            values.astype(_F64, copy=False).tobytes(),
+            offsets.astype(_TS_DTYPES[ts_width], copy=False).tobytes(),
+            series_idx.astype(_IDX_DTYPES[idx_width], copy=False).tobytes(),
+            label_counts.astype(_U16, copy=False).tobytes(),
             _string_table(series_blobs),
         )
     )

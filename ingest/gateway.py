@@ -41,6 +41,7 @@ from ingest.binary_format import (
     DEFAULT_COMPRESSION_LEVEL,
     HEADER,
     encode_binary_parts,
+    encode_checked,
     encode_labels,
 )
 from ingest.topics import DEFAULT_TIMEOUT_S, check_topic
@@ -568,19 +569,37 @@ class Gateway:
         sorted_shards = shard[order]
         cuts = np.flatnonzero(sorted_shards[1:] != sorted_shards[:-1]) + 1
         bounds = [0, *cuts.tolist(), len(order)]
-        # The series used, sorted by (shard, series index), and each row's index among its
-        # shard's series: what np.unique(..., return_inverse) per message would give.
-        used, inverse = np.unique(batch.series_idx[order], return_inverse=True)
-        by_shard = np.argsort(series_shard[used], kind="stable")
-        used_sorted = used[by_shard]
-        rank = np.empty(len(used), np.intp)
-        rank[by_shard] = np.arange(len(used))
         group_shards = sorted_shards[np.array(bounds[:-1])]
-        series_start = np.searchsorted(series_shard[used_sorted], group_shards)
-        series_end = np.searchsorted(series_shard[used_sorted], group_shards, side="right")
-        local_all = rank[inverse.reshape(-1)]
-        used_cost = cached.cost[slots[used_sorted]]
+        if len(batch.series) == len(batch) and (batch.series_idx[order] == order).all():
+            # each row its own series (a scrape of remote write or line protocol): the rows'
+            # order is the series' order, and each row's index in its message is its place
+            used_sorted = order
+            series_start, series_end = np.array(bounds[:-1]), np.array(bounds[1:])
+            local_all = np.arange(len(order))
+        else:
+            # The series used, sorted by (shard, series index), and each row's index among its
+            # shard's series: what np.unique(..., return_inverse) per message would give.
+            used, inverse = np.unique(batch.series_idx[order], return_inverse=True)
+            by_shard = np.argsort(series_shard[used], kind="stable")
+            used_sorted = used[by_shard]
+            rank = np.empty(len(used), np.intp)
+            rank[by_shard] = np.arange(len(used))
+            series_start = np.searchsorted(series_shard[used_sorted], group_shards)
+            series_end = np.searchsorted(series_shard[used_sorted], group_shards, side="right")
+            local_all = rank[inverse.reshape(-1)]
+        used_slots = slots[used_sorted]
+        used_cost = cached.cost[used_slots]
         cost_cum = np.concatenate(([0], np.cumsum(used_cost)))
+        # Every message's columns at once: each shard's rows are contiguous in `order`, so
+        # its message's timestamp base and widest offset are one reduceat each.
+        starts = np.array(bounds[:-1])
+        ts_sorted = batch.timestamps[order]
+        values_sorted = batch.values[order]
+        bases = np.minimum.reduceat(ts_sorted, starts)
+        offsets = ts_sorted.view(np.uint64) - np.repeat(bases.view(np.uint64), np.diff(bounds))
+        wide = (np.maximum.reduceat(offsets, starts) > 0xFFFFFFFF).tolist()
+        bases_list = bases.tolist()
+        label_counts = cached.n_labels[used_slots]
         table: _Table | None = None  # the batch's series table, for per-piece tables
 
         def batch_table() -> _Table:
@@ -607,15 +626,16 @@ class Gateway:
             if pieces > 1:
                 accepted += self._send_split(shard_id, batch, rows, batch_table(), pieces)
                 continue
-            slot_ids = slots[used_sorted[sa:sb]]
-            ids = slot_ids.tolist()
+            ids = used_slots[sa:sb].tolist()
             blobs = itemgetter(*ids)(cached.blobs) if len(ids) > 1 else [cached.blobs[ids[0]]]
-            message = encode_binary_parts(
+            message = encode_checked(
                 blobs,
-                cached.n_labels[slot_ids],
+                label_counts[sa:sb],
                 local_all[a:b] - sa,
-                batch.timestamps[rows],
-                batch.values[rows],
+                offsets[a:b],
+                wide[g],
+                bases_list[g],
+                values_sorted[a:b],
                 self.compression_level,
             )
             self._ratio = 0.8 * self._ratio + 0.2 * min(len(message) / raw_bound, 1.0)

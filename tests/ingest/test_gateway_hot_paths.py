@@ -8,6 +8,9 @@
   booleans, integer fields, several fields, missing or odd timestamps, every precision, bad
   lines, control characters, invalid UTF-8): the same samples, series, label order, counts
   of refused samples and first offender.
+- The gateway's messages, their columns computed for all shards at once
+  (`binary_format.encode_checked`), are byte for byte what `encode_binary_parts` makes of the
+  same samples, for batches of one sample per series and others, any timestamps.
 """
 
 from __future__ import annotations
@@ -21,13 +24,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from filopy.dataset import LabelLimits
+from filopy.dataset import Dataset, LabelLimits, SourceSettings
+from filopy.hashing import shard_for_series
 from filopy.ingest_http import remote_write_v1
 from filopy.ingest_http.influx import decode_lines
 from filopy.ingest_http.prompb.remote_pb2 import WriteRequest
-from ingest import line_protocol
+from ingest import gateway, line_protocol
 from ingest.bad_records import Decoded
-from ingest.gateway import KeyedBatch
+from ingest.batch import SampleBatch
+from ingest.binary_format import decode_binary, encode_binary_parts, encode_labels
+from ingest.gateway import Gateway, KeyedBatch
 from ingest.line_protocol import decode_influx
 
 T0 = 1_700_000_000_000
@@ -343,3 +349,74 @@ def test_other_messages_leave_the_column_path(raw: bytes) -> None:
     got = decode_influx(raw, T0, "_metric_", "ms")
     with _line_loop_only():
         _exactly(got, decode_influx(raw, T0, "_metric_", "ms"))
+
+
+# ----- the gateway's messages ------------------------------------------------------------------
+
+
+class _Capture:
+    """A Producer that keeps what it is given (no Kafka)."""
+
+    def __init__(self, _config: object) -> None:
+        self.messages: list[tuple[int, bytes]] = []
+
+    def produce(self, _topic: str, value: bytes, partition: int, on_delivery: object) -> None:
+        self.messages.append((partition, value))
+
+    def poll(self, _timeout: float) -> int:
+        return 0
+
+    def flush(self, _timeout: float = 0) -> int:
+        return 0
+
+
+_hosts = [f"h{i}" for i in range(40)]
+_batch_stamps = st.integers(-(2**63), 2**63 - 1) | st.integers(T0, T0 + 2**33)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.tuples(st.sampled_from(_hosts), _batch_stamps, _floats), min_size=1, max_size=60),
+    st.booleans(),
+)
+def test_gateway_messages_are_what_encode_binary_parts_makes(
+    rows: list[tuple[str, int, float]], one_per_series: bool
+) -> None:
+    if one_per_series:  # each row its own series, as a scrape
+        rows = list({h: (h, t, v) for h, t, v in rows}.values())
+    hosts = list(dict.fromkeys(h for h, _, _ in rows))
+    series = [{"_metric_": "up", "host": h} for h in hosts]
+    idx = np.array([hosts.index(h) for h, _, _ in rows], np.int32)
+    ts = np.array([t for _, t, _ in rows], np.int64)
+    vals = np.array([v for _, _, v in rows], np.float64)
+    ds = Dataset(name="capture", num_shards=4, source=SourceSettings(bootstrap_servers="x:1"))
+    original = gateway.Producer
+    gateway.Producer = _Capture  # type: ignore[assignment,misc]
+    try:
+        gw = Gateway(ds, verify_topic=False, ts_range=(-(2**63), 2**63 - 1))
+        assert gw.send_batch(SampleBatch(series, idx, ts, vals)) == len(rows)
+        messages = gw._producer.messages  # type: ignore[attr-defined]
+    finally:
+        gateway.Producer = original  # type: ignore[misc]
+    got = []
+    for partition, message in messages:
+        batch = decode_binary(message, ts_range=(-(2**63), 2**63 - 1)).batch
+        again = encode_binary_parts(
+            [encode_labels(s) for s in batch.series],
+            [len(s) for s in batch.series],
+            batch.series_idx,
+            batch.timestamps,
+            batch.values,
+        )
+        assert again == message
+        for i, t, v in zip(batch.series_idx, batch.timestamps, batch.values, strict=True):
+            got.append((partition, batch.series[i]["host"], int(t), struct.pack("<d", v)))
+    want = [
+        (shard_for_series(ds, series[hosts.index(h)]), h, t, struct.pack("<d", v))
+        for h, t, v in rows
+    ]
+    assert sorted(got) == sorted(want)
+    for partition in range(ds.num_shards):  # in order within a partition
+        assert [r[1:] for r in got if r[0] == partition] == [
+            r[1:] for r in want if r[0] == partition
+        ]
