@@ -9,6 +9,11 @@ Series repeat from one message to the next (each a scrape), so what the fast pat
 series key text (its measurement and tags) and about each of its fields (the labels, the contract
 check, a `KeyedBatch` key for the gateway) is kept across messages, bounded by `CACHE_SIZE`:
 a known series costs the line's split and a few dict lookups.
+
+Whole messages of one-field lines (`key name=float timestamp`, as scrapes are sent) skip the
+per-line loop: `_decode_columns` works on the message's bytes with NumPy and one dict lookup per
+line, `_decode_bulk` on its text with whole-message string operations. Each steps aside at the
+first doubt, and the loop decides; every message decodes as the loop decodes it.
 """
 
 from __future__ import annotations
