@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import schemathesis
+import schemathesis.specs.openapi.schemas  # imported at collection: see below
 from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
@@ -27,6 +28,11 @@ from coordinator.messages import RejectReason
 from tests.rest.conftest import Rest
 
 pytestmark = pytest.mark.ray
+# schemathesis' OpenAPI loader is imported above, at collection, rather than lazily by
+# `from_dict` mid-run: pytest rewrites the modules of packages with a pytest plugin entry point
+# as they are imported, and CPython 3.11.7's AST constructor can fail spuriously when that happens
+# in a process full of threads (python/cpython#106905: "AST constructor recursion depth
+# mismatch", seen in a full run).
 
 EXAMPLES = 25  # per operation and generation mode
 REASONS = {r.value for r in RejectReason}
