@@ -5,7 +5,7 @@ to Kafka through `ingest.gateway.Gateway`. Needs Kafka and the dataset definitio
 protocol module only decodes its bodies. See docs/ingestion-http.md.
 """
 
-from filopy.ingest_http.app import create_gateway_app, ingest_router
+from filopy.ingest_http.app import create_gateway_app, ingest_router, serve_ingestion
 from filopy.ingest_http.core import Ingestion
 
-__all__ = ["Ingestion", "create_gateway_app", "ingest_router"]
+__all__ = ["Ingestion", "create_gateway_app", "ingest_router", "serve_ingestion"]

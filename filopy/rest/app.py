@@ -25,7 +25,7 @@ from coordinator.client import FiloPyClient, Subscription
 from coordinator.cluster_queries import cluster_query_service
 from filopy.config import Settings
 from filopy.dataset import _NAME_RE, Dataset
-from filopy.ingest_http import Ingestion, ingest_router
+from filopy.ingest_http import Ingestion, serve_ingestion
 from filopy.mapper import ShardEventError, ShardMapper, shard_ranges
 from filopy.rest.errors import (
     NOT_FOUND,
@@ -99,7 +99,7 @@ def create_app(client: FiloPyClient, settings: Settings) -> FastAPI:
     queries = cluster_query_service(client, timeout_s)
     app.include_router(promql_router(client, queries, registry))
     ingestion = Ingestion(client.datasets, settings.gateway)  # docs/ingestion-http.md
-    app.include_router(ingest_router(ingestion))
+    serve_ingestion(app, ingestion)  # write POSTs called directly: docs/ingestion-http.md
     registry.register(ingestion.metrics.registry)
     app.router.add_event_handler("shutdown", queries.close)  # stop following maps before Ray goes
     # The web console (docs/operations.md): static files of the package, reading this API.
