@@ -6,6 +6,8 @@ touches, once each, and per sample an index into them plus the timestamp and val
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,3 +37,19 @@ class SampleBatch:
     @classmethod
     def empty(cls) -> SampleBatch:
         return cls([], np.empty(0, np.int32), np.empty(0, np.int64), np.empty(0, np.float64))
+
+
+@dataclass(slots=True)
+class KeyedBatch(SampleBatch):
+    """A batch whose decoder gives each series a cheap hashable key: equal keys mean equal
+    labels, for the life of the process: an int from `new_series_key` per cached label dict
+    (remote write's and line protocol's decoders), or the bytes of the series' labels as the
+    binary format encodes them (ints and bytes never compare equal). The gateway and the
+    memstore find known series by key, without building and hashing a tuple of the labels. A
+    batch derived with other series must not keep the keys."""
+
+    keys: list[Hashable] = field(default_factory=list)
+
+
+new_series_key: Callable[[], int] = itertools.count(1).__next__  # atomic under the GIL
+"""A `KeyedBatch` key never given before in this process, so decoders' keys never collide."""

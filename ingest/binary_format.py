@@ -12,7 +12,6 @@ from __future__ import annotations
 import struct
 import threading
 from collections.abc import Mapping, Sequence
-from itertools import islice
 
 import numpy as np
 import numpy.typing as npt
@@ -28,7 +27,7 @@ from ingest.bad_records import (
     series_codes_from_lengths,
     undecodable,
 )
-from ingest.batch import SampleBatch
+from ingest.batch import KeyedBatch, SampleBatch
 
 MAGIC = b"FPB"
 VERSION = 1
@@ -229,15 +228,40 @@ def _parse_binary(
         lens = np.empty(0, np.int64)
     if len(lens) != n_strings:
         raise _Undecodable(f"series table has {len(lens)} strings, expected {n_strings}")
-    parts = table.split(SEPARATOR) if table else []
+    # Each series' slice of the table is its key: equal bytes, equal labels (in the same
+    # order). Known series are found by it with one dict lookup, not decoded again.
+    first = 2 * np.cumsum(counts, dtype=np.int64) - 2 * counts.astype(np.int64)
+    last = first + 2 * counts.astype(np.int64) - 1
+    empty = counts == 0
+    if len(lens):
+        ends = np.cumsum(lens + 1) - 1  # each string's end (its separator's position)
+        starts = np.where(first > 0, ends[np.maximum(first - 1, 0)] + 1, 0)
+        stops = np.where(empty, starts, ends[np.maximum(last, 0)])
+    else:
+        starts = stops = np.zeros(n_series, np.int64)
+    keys = [table[a:b] for a, b in zip(starts.tolist(), stops.tolist(), strict=True)]
+    cache = _labels_cache
+    series = [cache.get(k) or _labels_of(k) for k in keys]
+    return KeyedBatch(series, series_idx, timestamps, values, keys=keys), counts, lens  # type: ignore[arg-type]
+
+
+_labels_cache: dict[bytes, dict[str, str]] = {}  # a series' table bytes -> its labels (shared)
+_LABELS_CACHE_MAX = 1 << 20
+
+
+def _labels_of(key: bytes) -> dict[str, str]:
+    """Decode one series' labels (key, value, ... joined by the separator) and cache them.
+    The cache starts afresh past `_LABELS_CACHE_MAX` series (a churn of series names)."""
     try:
-        strings = [p.decode("utf-8") for p in parts]
+        strings = [p.decode("utf-8") for p in key.split(SEPARATOR)] if key else []
     except UnicodeDecodeError as e:
         raise _Undecodable(f"label is not UTF-8: {e}") from None
     it = iter(strings)
-    pairs = zip(it, it, strict=False)
-    series = [dict(islice(pairs, c)) for c in counts.tolist()]
-    return SampleBatch(series, series_idx, timestamps, values), counts, lens
+    labels = dict(zip(it, it, strict=False))
+    if len(_labels_cache) >= _LABELS_CACHE_MAX:
+        _labels_cache.clear()
+    _labels_cache[key] = labels
+    return labels
 
 
 def decode_binary(

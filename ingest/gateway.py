@@ -36,7 +36,9 @@ from filopy.dataset import Dataset
 from filopy.errors import Invalid, Unavailable
 from filopy.hashing import shard_for_series
 from ingest.bad_records import DEFAULT_TS_RANGE, SERIES_REASONS, BadRecord, series_problem
+from ingest.batch import KeyedBatch as KeyedBatch  # also imported from here by the decoders
 from ingest.batch import Labels, SampleBatch
+from ingest.batch import new_series_key as new_series_key
 from ingest.binary_format import (
     DEFAULT_COMPRESSION_LEVEL,
     HEADER,
@@ -96,21 +98,6 @@ class _Series(NamedTuple):
     cost: int  # bytes in a message's series table
     code: int = 0  # 0, or 1 + the index in SERIES_REASONS of why the series is refused
     why: str = ""  # the refusal, for the log or InvalidSeries
-
-
-@dataclass(slots=True)
-class KeyedBatch(SampleBatch):
-    """A batch whose decoder gives each series a cheap hashable key: equal keys mean equal
-    labels, for the life of the process (e.g. an int from `new_series_key` per cached label
-    dict, as remote write's decoder does). The gateway finds cached series by key, without
-    building and hashing a tuple of the labels. A batch derived with other series must not
-    keep the keys."""
-
-    keys: list[Hashable] = field(default_factory=list)
-
-
-new_series_key: Callable[[], int] = itertools.count(1).__next__  # atomic under the GIL
-"""A `KeyedBatch` key never given before in this process, so decoders' keys never collide."""
 
 
 @dataclass(slots=True)

@@ -52,8 +52,7 @@ from filopy.store.api import (
     encode_part_key,
 )
 from filopy.store.encoding import encode_chunks
-from ingest.batch import Labels, SampleBatch
-from ingest.gateway import KeyedBatch
+from ingest.batch import KeyedBatch, Labels, SampleBatch
 from ingest.open_buffers import OpenBuffers
 from ingest.series_index import SeriesIndex
 
@@ -648,84 +647,88 @@ class ShardMemstore:
         with self._lock:
             self._settle()
             span, most = self.chunk_span_ms, self.max_chunk_samples
-            now_bucket = self._max_ts // span
-            # Pass 1: per series, how much of its buffer seals and where its chunks cut.
-            sealing: list[tuple[int, _Series, int, int, npt.NDArray[np.intp]]] = []
-            for sid in self._group_series[group]:
-                ser = self._series[sid]
-                n = ser.n
-                if not n:
-                    continue
-                ts = ser.ts[:n]
-                cuts = chunk_cuts(ts, span, most)
-                last = int(cuts[-2])  # the last chunk's start: it may still grow
-                if not complete_only or n - last >= most or int(ts[n - 1]) // span < now_bucket:
-                    last = n
-                sealing.append((sid, ser, n, last, cuts[cuts <= last]))
-            # Pass 2: every complete chunk of the group encoded in one vectorised call.
-            sealed_parts = [(ser.ts[:last], ser.vals[:last]) for _, ser, _, last, _ in sealing]
-            chunk_bounds = [c[1:] for _, _, _, last, c in sealing if last]
-            lengths = np.fromiter((last for _, _, _, last, _ in sealing), I64, len(sealing))
-            starts = np.zeros(len(sealing) + 1, I64)
-            np.cumsum(lengths, out=starts[1:])
-            datas: list[bytes] = []
-            if chunk_bounds:
-                seal_ts = np.concatenate([p[0] for p in sealed_parts])
-                seal_vals = np.concatenate([p[1] for p in sealed_parts])
-                offsets = starts[:-1][lengths > 0]
-                bounds = np.concatenate(
-                    [[0], *(c + o for c, o in zip(chunk_bounds, offsets.tolist(), strict=True))]
-                )
-                datas = encode_chunks(seal_ts, seal_vals, bounds)
-            # Pass 3: chunk records, part keys, and each buffer's open rest moved to its front.
-            open_sids: list[int] = []
-            open_ts: list[npt.NDArray[np.int64]] = []
-            open_vals: list[npt.NDArray[np.float64]] = []
+            series = self._series
+            sids = [sid for sid in self._group_series[group] if series[sid].n]
+            sizes = np.fromiter((series[sid].n for sid in sids), I64, len(sids))
+            offsets = np.zeros(len(sids) + 1, I64)
+            np.cumsum(sizes, out=offsets[1:])
+            total = int(offsets[-1])
+            if not total:
+                empty = OpenBuffers([], np.empty(0, I64), np.zeros(1, I64), _NO_TS, _NO_VALS)
+                return SealedGroup(group, int(self._watermark[group]), empty)
+            all_ts = np.concatenate([series[sid].ts[: series[sid].n] for sid in sids])
+            all_vals = np.concatenate([series[sid].vals[: series[sid].n] for sid in sids])
+            # Chunk cuts of every buffer at once (as `chunk_cuts` per buffer): a buffer's first
+            # sample, a new time bucket, and every `most` samples within a bucket's run.
+            idx = np.arange(total, dtype=I64)
+            bucket = all_ts // span
+            run_start = np.zeros(total, bool)
+            run_start[offsets[:-1]] = True
+            run_start[1:] |= bucket[1:] != bucket[:-1]
+            run_first = np.maximum.accumulate(np.where(run_start, idx, 0))
+            chunk_start = run_start | ((idx - run_first) % most == 0)
+            # Per buffer: its last chunk's start; the chunk is complete when full or its bucket
+            # is over (the shard's newest sample is in a later bucket); `keep` samples stay open.
+            last_start = np.maximum.reduceat(np.where(chunk_start, idx, -1), offsets[:-1])
+            ends = offsets[1:]
+            complete = (ends - last_start >= most) | (bucket[ends - 1] < self._max_ts // span)
+            if not complete_only:
+                complete[:] = True
+            sealed_to = np.where(complete, ends, last_start)  # absolute end of the sealed part
+            keep = ends - sealed_to
+            in_sealed = idx < np.repeat(sealed_to, sizes)
+            seal_ts, seal_vals = all_ts[in_sealed], all_vals[in_sealed]
+            bounds = np.append(np.flatnonzero(chunk_start[in_sealed]), len(seal_ts))
+            datas = encode_chunks(seal_ts, seal_vals, bounds) if len(seal_ts) else []
+            c_first = seal_ts[bounds[:-1]].tolist()
+            c_last = seal_ts[bounds[1:] - 1].tolist()
+            c_n = np.diff(bounds).tolist()
+            per_series = np.add.reduceat(chunk_start & in_sealed, offsets[:-1]).tolist()
+            # Python per sealed chunk (its record) and per buffer (its open rest moved to front).
             chunks: list[ChunkRecord] = []
             mems: list[_MemChunk] = []
             part_keys: list[PartKeyRecord] = []
-            sealed_samples = 0
             k = 0
-            for sid, ser, n, last, cut in sealing:
-                ts, vals = ser.ts[:n], ser.vals[:n]
-                if last:
+            open_sids: list[int] = []
+            for sid, n, left, count in zip(
+                sids, sizes.tolist(), keep.tolist(), per_series, strict=True
+            ):
+                ser = series[sid]
+                if count:
                     part_key = self._index.part_key(sid)
                     if not ser.chunks:
                         ser.chunks = []
-                    for a, b in itertools.pairwise(cut.tolist()):
-                        rec = ChunkRecord(part_key, int(ts[a]), int(ts[b - 1]), b - a, datas[k])
-                        k += 1
+                    for j in range(k, k + count):
+                        rec = ChunkRecord(part_key, c_first[j], c_last[j], c_n[j], datas[j])
                         mem = _MemChunk(sid, rec)
                         ser.chunks.append(mem)  # type: ignore[union-attr]
                         chunks.append(rec)
                         mems.append(mem)
+                    k += count
                     part_keys.append(
-                        PartKeyRecord(part_key, int(self._first_ts[sid]), int(ts[last - 1]))
+                        PartKeyRecord(part_key, int(self._first_ts[sid]), c_last[k - 1])
                     )
-                    sealed_samples += last
-                if last == n:
+                if not left:
                     ser.n = 0
                     ser.hint = max(_INITIAL_CAPACITY, n)
                     ser.ts, ser.vals = _NO_TS, _NO_VALS
                     continue
-                if last:  # keep the open rest at the buffer's front
-                    ser.ts[: n - last] = ts[last:]
-                    ser.vals[: n - last] = vals[last:]
-                    ser.n = n - last
+                if left < n:  # keep the open rest at the buffer's front
+                    ser.ts[:left] = ser.ts[n - left : n]
+                    ser.vals[:left] = ser.vals[n - left : n]
+                    ser.n = left
                 open_sids.append(sid)
-                open_ts.append(ser.ts[: ser.n])
-                open_vals.append(ser.vals[: ser.n])
-            sizes = np.fromiter(map(len, open_ts), I64, len(open_ts))
-            bounds = np.zeros(len(open_ts) + 1, I64)
-            np.cumsum(sizes, out=bounds[1:])
-            sids = np.asarray(open_sids, I64)
+            open_n = keep[keep > 0]
+            open_bounds = np.zeros(len(open_n) + 1, I64)
+            np.cumsum(open_n, out=open_bounds[1:])
             snapshot = OpenBuffers(
                 [self._index.part_key(sid) for sid in open_sids],
-                self._first_ts[sids],
-                bounds,
-                np.concatenate(open_ts) if open_ts else np.empty(0, I64),
-                np.concatenate(open_vals) if open_vals else np.empty(0, F64),
+                self._first_ts[np.asarray(open_sids, I64)],
+                open_bounds,
+                all_ts[~in_sealed],
+                all_vals[~in_sealed],
             )
+            sealed_samples = len(seal_ts)
             sealed = SealedGroup(
                 group, int(self._watermark[group]), snapshot, chunks, part_keys, sealed_samples
             )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -475,3 +477,37 @@ def test_keyed_batches_find_their_series_by_key_as_by_labels() -> None:
     for i, want in ((0, [10]), (1, [10, 20, 30]), (2, [20, 30])):
         assert m.samples(_sid(m, _labels(i)))[0].tolist() == want
     assert m.num_series == 3
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    steps=st.lists(st.lists(st.integers(1, 700), min_size=1, max_size=60), min_size=1, max_size=6),
+    span=st.sampled_from([1_000, 2_000, 3_600_000]),
+    most=st.integers(1, 9),
+)
+def test_sealing_everything_cuts_each_buffer_as_chunk_cuts_says(
+    steps: list[list[int]], span: int, most: int
+) -> None:
+    """The vectorised seal cuts all of a group's buffers at once; each buffer's chunks are
+    exactly the ones `chunk_cuts` (the rule, per buffer) gives."""
+    m = ShardMemstore(DS, 0, groups_per_shard=1, max_chunk_samples=most, chunk_span_ms=span)
+    streams = {}
+    for i, deltas in enumerate(steps):
+        ts = np.cumsum(np.array(deltas, np.int64)) - 5_000
+        streams[encode_part_key(_labels(i))] = ts
+        batch = SampleBatch([_labels(i)], np.zeros(len(ts), np.int32), ts, ts * 0.5)
+        m.ingest(batch, i)
+    sealed = m.seal_group(0)
+    by_key: dict[str, list] = {}
+    for c in sealed.chunks:
+        by_key.setdefault(c.part_key, []).append(c)
+    assert sorted(by_key) == sorted(streams)
+    for key, ts in streams.items():
+        cuts = chunk_cuts(ts, span, most).tolist()
+        want = [(int(ts[a]), int(ts[b - 1]), b - a) for a, b in itertools.pairwise(cuts)]
+        got = [(c.start_time, c.end_time, c.num_samples) for c in by_key[key]]
+        assert got == want
+        for c in by_key[key]:
+            assert np.array_equal(
+                decode_chunk(c.data)[0], ts[(ts >= c.start_time) & (ts <= c.end_time)]
+            )
