@@ -202,6 +202,18 @@ def machine() -> str:
     )
 
 
+def kafka_pid() -> int | None:
+    """The broker scripts/services.sh started (None if its pid file is missing)."""
+    try:
+        return int((ROOT / ".services" / "run" / "kafka.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def cpu_of(pids: dict[str, int | None]) -> dict[str, float]:
+    return {name: cpu_seconds(pid) for name, pid in pids.items() if pid is not None}
+
+
 def orphaned(parent: int) -> bool:
     """The parent died (a child must then stop by itself)."""
     return os.getppid() != parent
@@ -221,6 +233,7 @@ class Shared:
         "live",
         "generated",  # VM feeder: samples built and queued
         "held_ms",  # the producer waited for the ingester's lag to shrink
+        "cpu_ms",  # the producer's / feeder's own CPU time, set when it finishes
     )
 
     def __init__(self, ctx: Any) -> None:
@@ -306,6 +319,7 @@ def produce_filopy(
             shared.set("messages", gw.messages_per_shard[0])
             if gw.progress().samples_acked != sent or gw.skipped:
                 raise RuntimeError(f"Kafka acked {gw.progress().samples_acked} of {sent} samples")
+        shared.set("cpu_ms", int(time.process_time() * 1000))
         shared.set("done", 1)
     except BaseException:
         shared.set("done", 2)
@@ -481,6 +495,8 @@ class FiloPyResult:
     messages: int = 0
     produce_s: float = 0.0
     held_s: float = 0.0
+    cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds while producing
+    host_pct: float = 0.0
     drained: bool = True
     drain_s: float = 0.0
     kill_at_s: float = 0.0
@@ -536,6 +552,8 @@ def run_filopy(args: argparse.Namespace, t0: int, tmp: Path, ctx: Any) -> FiloPy
         if not ready.wait(120):
             raise RuntimeError("the ingester did not get live within 120 s")
         time.sleep(3.0)  # the producer builds its labels and connects meanwhile
+        pids = {"ingester": ing.pid, "Kafka broker": kafka_pid()}
+        cpu0, host0 = cpu_of(pids), host_cpu()
         shared.start.value = start = time.monotonic()
         go.set()
         print(f"FiloPy: producing for {args.duration_s:.0f} s at {args.rate:,.0f} samples/s")
@@ -546,6 +564,10 @@ def run_filopy(args: argparse.Namespace, t0: int, tmp: Path, ctx: Any) -> FiloPy
         if prod.exitcode != 0 or shared.done != 1:
             raise RuntimeError(f"the producer failed (exit code {prod.exitcode})")
         res.produce_s = time.monotonic() - start
+        cpu1 = cpu_of(pids)
+        res.cpu = {k: cpu1[k] - cpu0[k] for k in cpu0 if k in cpu1}
+        res.cpu["producer (all its life)"] = shared.cpu_ms / 1000
+        res.host_pct = host_pct(host0, host_cpu())
         res.produced, res.messages = shared.produced, shared.messages
         res.held_s = shared.held_ms / 1000
         # Let the ingester read everything (a crash under load, not after idling).
@@ -754,6 +776,7 @@ def feed_victoria(
             th.join()
         if failures:
             raise RuntimeError(f"VictoriaMetrics refused a request: {failures[0]}")
+        shared.set("cpu_ms", int(time.process_time() * 1000))
         shared.set("done", 1)
     except BaseException:
         shared.set("done", 2)
@@ -789,6 +812,8 @@ class VictoriaResult:
     count_query_s: float = 0.0
     data_bytes: int = 0
     version: str = ""
+    cpu: dict[str, float] = field(default_factory=dict)
+    host_pct: float = 0.0
     rows: list[list[str]] = field(default_factory=list)
 
 
@@ -847,6 +872,8 @@ def run_victoria(args: argparse.Namespace, t0: int, tmp: Path, ctx: Any) -> Vict
         )
         feeder.start()
         time.sleep(3.0)  # the feeder builds its label bytes meanwhile
+        pids = {"VictoriaMetrics": vm.pid}
+        cpu0, host0 = cpu_of(pids), host_cpu()
         shared.start.value = start = time.monotonic()
         go.set()
         print(f"VictoriaMetrics: feeding for {args.duration_s:.0f} s")
@@ -888,6 +915,10 @@ def run_victoria(args: argparse.Namespace, t0: int, tmp: Path, ctx: Any) -> Vict
                 raise RuntimeError("victoria-metrics died")
         feeder.join(30)
         res.produce_s = now - start
+        cpu1 = cpu_of(pids)
+        res.cpu = {k: cpu1[k] - cpu0[k] for k in cpu0 if k in cpu1}
+        res.cpu["feeder (all its life)"] = shared.cpu_ms / 1000
+        res.host_pct = host_pct(host0, host_cpu())
         res.produced, res.generated = shared.produced, shared.generated
         res.inserted = int(rows)
         if vm_get(port, "/internal/force_flush")[0] != 200:
@@ -971,16 +1002,22 @@ def summary(
             since, last_cp = t, cp
         stall = max(stall, t - since)
     reread = max(0, fp.crashed_next_offset - rec["replayed_from"])
+    drain = [_f(r[FIELDS.index("samples_per_s")]) for r in fp.rows if r[1] == "drain"]
+    drain_rate = float(np.mean(drain[1:])) if len(drain) > 1 else float("nan")
+    fp_cpu = fp.cpu.get("ingester", float("nan"))
+    fp_per_cpu = fp_mean * d / fp_cpu if fp_cpu else float("nan")
     out = [
         "Sustained ingestion: one FiloPy ingester process (Kafka, flushing and checkpointing to "
         "SQLite) and VictoriaMetrics single-node, the same samples",
         f"{time.strftime('%Y-%m-%d %H:%M')}; {machine()}",
         "command: " + shlex.join(["python", "bench/bench_sustained.py", *sys.argv[1:]]),
         f"load average {load[0]:.1f} at the start, {load[1]:.1f} at the end; run took "
-        f"{wall_s / 60:.1f} min. The CPUs were shared by Kafka, the producer, the ingester and "
-        "VictoriaMetrics (one phase after the other), and by other work on the machine.",
-        f"{args.series:,} series x 8 labels, one sample every 15 s each (synthetic time: one "
-        f"scrape per batch), half gauges with 1-2 decimals, half integer counters; offered "
+        f"{wall_s / 60:.1f} min. The {os.cpu_count()} CPUs were shared by Kafka, the producer "
+        "and the ingester (FiloPy phase), then by the feeder and VictoriaMetrics (the phase after),"
+        " and all along by other work running on the machine at the same time.",
+        f"{args.series:,} series x 8 labels, one sample every 15 s each (synthetic time: a "
+        f"scrape of all series every {args.series / args.rate:.3f} s), half gauges with 1-2 "
+        "decimals, half integer counters; offered "
         f"{args.rate:,.0f} samples/s for {d:.0f} s = {fp.offered_scrapes:,} scrapes, data from "
         f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime(t0 / 1000))} UTC",
         "",
@@ -1001,7 +1038,8 @@ def summary(
         )
         + ")",
         f"  ingested, run mean  {fp_mean:>12,.0f} samples/s (seconds 0-{d:.0f}); "
-        f"second half {fp_steady:,.0f}",
+        f"second half {fp_steady:,.0f}; {fp_per_cpu:,.0f} per ingester CPU second; "
+        f"{drain_rate:,.0f} while draining the backlog (producer stopped)",
         f"  consumer lag        {at(fp.rows, 10, 'lag_samples'):>12,.0f} samples at 10 s, "
         f"{at(fp.rows, mid, 'lag_samples'):,.0f} at {mid:.0f} s, "
         f"{at(fp.rows, end, 'lag_samples'):,.0f} at {end:.0f} s",
@@ -1017,6 +1055,10 @@ def summary(
         f"  ingester CPU        {rate_between(fp.rows, 0, d, 'cpu_pct'):>12.0f} % of one core "
         f"(mean over the run; the whole machine {rate_between(fp.rows, 0, d, 'host_cpu_pct'):.0f}"
         " % busy)",
+        "  CPU seconds while producing: "
+        + ", ".join(f"{k} {v:.0f}" for k, v in fp.cpu.items())
+        + f" (of {(os.cpu_count() or 1) * fp.produce_s:.0f} on {os.cpu_count()} CPUs; the "
+        f"machine was {fp.host_pct:.0f} % busy)",
         f"  drained the backlog in {fp.drain_s:.1f} s after the producer stopped"
         + ("" if fp.drained else f" -- NOT drained within --drain-timeout-s {args.drain_timeout_s}")
         + f"; SIGKILL at {fp.kill_at_s:.1f} s (next offset {fp.crashed_next_offset:,})",
@@ -1051,6 +1093,8 @@ def summary(
     if vm is not None:
         vm_mean = rate_between(vm.rows, 0, d)
         vm_steady = rate_between(vm.rows, d / 2, d)
+        vm_cpu = vm.cpu.get("VictoriaMetrics", float("nan"))
+        vm_per_cpu = vm_mean * d / vm_cpu if vm_cpu else float("nan")
         out += [
             "",
             f"VictoriaMetrics {vm.version} (single node; remote write 1.0, "
@@ -1060,7 +1104,7 @@ def summary(
             f"  feeder achieved     {vm.produced / vm.produce_s:>12,.0f} samples/s "
             f"({vm.produced:,} samples answered in {vm.produce_s:.1f} s)",
             f"  inserted, run mean  {vm_mean:>12,.0f} samples/s (seconds 0-{d:.0f}); "
-            f"second half {vm_steady:,.0f}",
+            f"second half {vm_steady:,.0f}; {vm_per_cpu:,.0f} per VictoriaMetrics CPU second",
             f"  lag (due, not yet answered) {at(vm.rows, 10, 'lag_samples'):>4,.0f} samples at "
             f"10 s, {at(vm.rows, mid, 'lag_samples'):,.0f} at {mid:.0f} s, "
             f"{at(vm.rows, end - 1, 'lag_samples'):,.0f} at {end - 1:.0f} s",
@@ -1070,6 +1114,10 @@ def summary(
             f"  VictoriaMetrics CPU {rate_between(vm.rows, 0, d, 'cpu_pct'):>12.0f} % of one core "
             "(mean over the run; the whole machine "
             f"{rate_between(vm.rows, 0, d, 'host_cpu_pct'):.0f} % busy)",
+            "  CPU seconds while feeding: "
+            + ", ".join(f"{k} {v:.0f}" for k, v in vm.cpu.items())
+            + f" (of {(os.cpu_count() or 1) * vm.produce_s:.0f}; the machine was "
+            f"{vm.host_pct:.0f} % busy)",
             f"  stored: {vm.counted:,} samples by count_over_time after force_flush "
             f"({vm.count_query_s:.1f} s), vm_rows_inserted_total {vm.inserted:,} (sent "
             f"{vm.produced:,}: "
@@ -1078,7 +1126,8 @@ def summary(
             "(right after force_flush, before background merges)",
             "",
             f"ratio FiloPy/VictoriaMetrics of sustained samples/s: {fp_mean / vm_mean:.2f} "
-            f"(run means), {fp_steady / vm_steady:.2f} (second halves)",
+            f"(run means), {fp_steady / vm_steady:.2f} (second halves); of samples per server "
+            f"CPU second: {fp_per_cpu / vm_per_cpu:.3f}",
             "  FiloPy's rate counts samples ingested from Kafka (durable there: acks=all) into "
             "the memstore, which the flushes write and checkpoint (every "
             f"{args.flush_interval_s:g} s per group when they keep up; the longest stretch "
