@@ -214,6 +214,24 @@ def cpu_of(pids: dict[str, int | None]) -> dict[str, float]:
     return {name: cpu_seconds(pid) for name, pid in pids.items() if pid is not None}
 
 
+def code_version() -> str:
+    """The commit the run used, and whether ingest/ or filopy/ had uncommitted changes."""
+    try:
+        rev = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(ROOT), "status", "--porcelain", "--", "ingest", "filopy"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    except OSError:
+        return "unknown"
+    return rev + (" (ingest/ or filopy/ with uncommitted changes)" if dirty else "")
+
+
 def orphaned(parent: int) -> bool:
     """The parent died (a child must then stop by itself)."""
     return os.getppid() != parent
@@ -1011,6 +1029,7 @@ def summary(
         "SQLite) and VictoriaMetrics single-node, the same samples",
         f"{time.strftime('%Y-%m-%d %H:%M')}; {machine()}",
         "command: " + shlex.join(["python", "bench/bench_sustained.py", *sys.argv[1:]]),
+        f"code: git {args.code_version} at the start",
         f"load average {load[0]:.1f} at the start, {load[1]:.1f} at the end; run took "
         f"{wall_s / 60:.1f} min. The {os.cpu_count()} CPUs were shared by Kafka, the producer "
         "and the ingester (FiloPy phase), then by the feeder and VictoriaMetrics (the phase after),"
@@ -1234,6 +1253,7 @@ def main(argv: list[str] | None = None) -> None:
     from filopy.config import load_settings
 
     ingest = load_settings().ingest
+    args.code_version = code_version()
     args.groups = ingest.groups_per_shard
     args.consume_batch_used = args.consume_batch or ingest.consume_batch
     args.max_chunk_samples, args.chunk_span_ms = ingest.max_chunk_samples, ingest.chunk_span_ms
