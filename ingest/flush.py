@@ -260,6 +260,10 @@ class Flusher:
                 )
                 stats.checkpoint = committed
                 self._drop_snapshots(group, committed)
+            if not sealed.open.samples and stats.checkpoint is not None:
+                # Nothing open: the checkpoint's own snapshot is all in chunks now (a clean
+                # stop), so a restart need not read it.
+                self._drop_snapshots(group, stats.checkpoint + 1)
         except BaseException:
             stats.failures += 1
             raise

@@ -770,9 +770,10 @@ class ShardMemstore:
                 ser.n = m
                 self._last_ts[sid] = self._store_end[sid] = int(ts[-1])
                 self._max_ts = max(self._max_ts, int(ts[-1]))
+                # open and durable together: `unflushed_samples` reads them without the lock
+                self._open += len(ts)
                 self._snapshotted[int(self._group[sid])] += len(ts)
                 loaded += len(ts)
-            self._open += loaded
             return loaded
 
     def mark_flushed(self, sealed: SealedGroup) -> None:

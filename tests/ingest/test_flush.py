@@ -379,7 +379,11 @@ def test_clean_stop_replays_nothing(stores: Stores) -> None:
     stream = make_stream(random.Random(1), messages=10, series=5, per_message=6)
     node = Node.start_up(stores, ds, produced=0)
     node.run(stream, 10, 0)
-    node.flusher.flush_all()
+    for g in range(GROUPS):  # a flush with open samples: each group's checkpoint has a snapshot
+        node.flusher.flush_group(g)
+    node.flusher.flush_all()  # everything sealed: no snapshot is left to read at the next start
+    for g, offset in stores[0].read_checkpoints(ds.ref, SHARD).items():
+        assert stores[1].read_open_snapshot(ds.ref, SHARD, g, offset) is None
     again = Node.start_up(stores, ds, produced=10)
     assert (again.start, again.replay_until, again.mem.recovering) == (10, -1, False)
     assert again.mem.num_series == 5  # part keys indexed, samples left in the store
