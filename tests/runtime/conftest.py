@@ -60,10 +60,31 @@ def cluster_settings(
     )
 
 
-@pytest.fixture
-def filopy_cluster(ray_cluster: LocalRayCluster, tmp_path: Path) -> Iterator[FiloPyCluster]:
-    settings = cluster_settings(tmp_path)
+def on_backend(settings: Settings, request: pytest.FixtureRequest, kafka: str) -> Settings:
+    """`settings` with the store backend the test is parametrized with (`request.param`:
+    "sqlite", or "cassandra" in a keyspace of its own, Cassandra up or a loud failure) and the
+    cluster's Kafka at `kafka`."""
+    backend = request.param
+    if backend == "cassandra":
+        request.getfixturevalue("cassandra_address")
+    return settings.model_copy(
+        update={
+            "store": settings.store.model_copy(update={"backend": backend}),
+            "cassandra": settings.cassandra.model_copy(
+                update={"keyspace": f"filopy_test_{uuid.uuid4().hex[:8]}"}
+            ),
+            "kafka": settings.kafka.model_copy(update={"bootstrap_servers": kafka}),
+        }
+    )
+
+
+def start_cluster(ray_cluster: LocalRayCluster, settings: Settings) -> FiloPyCluster:
+    """The singleton of a test cluster on `ray_cluster`, ready, with a client."""
     actor = start_cluster_actor(settings)
     ray.get(actor.ready.remote(), timeout=60)
-    client = FiloPyClient(actor, settings)
-    yield FiloPyCluster(ray_cluster, settings, client, actor)
+    return FiloPyCluster(ray_cluster, settings, FiloPyClient(actor, settings), actor)
+
+
+@pytest.fixture
+def filopy_cluster(ray_cluster: LocalRayCluster, tmp_path: Path) -> Iterator[FiloPyCluster]:
+    yield start_cluster(ray_cluster, cluster_settings(tmp_path))

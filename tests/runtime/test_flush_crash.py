@@ -20,8 +20,6 @@ from pathlib import Path
 import pytest
 import ray
 
-from coordinator.client import FiloPyClient
-from coordinator.cluster_actor import start_cluster_actor
 from coordinator.names import node_actor_name
 from filopy import Dataset
 from filopy.dataset import SourceSettings
@@ -29,7 +27,7 @@ from filopy.store import open_stores
 from filopy.testing import LocalRayCluster
 from ingest.gateway import Gateway
 from tests.ingest.test_cluster_ingest import batches, expected, start_three, wait_exact
-from tests.runtime.conftest import FiloPyCluster, cluster_settings
+from tests.runtime.conftest import FiloPyCluster, cluster_settings, on_backend, start_cluster
 
 pytestmark = [pytest.mark.kafka, pytest.mark.ray]
 
@@ -46,20 +44,7 @@ def flushing_cluster(
     kafka_bootstrap: str,
 ) -> Iterator[FiloPyCluster]:
     settings = cluster_settings(tmp_path, "kafka", flush_interval_s=0.2, groups_per_shard=4)
-    settings = settings.model_copy(
-        update={
-            "store": settings.store.model_copy(update={"backend": request.param}),
-            "cassandra": settings.cassandra.model_copy(
-                update={"keyspace": f"filopy_flushcrash_{uuid.uuid4().hex[:8]}"}
-            ),
-            "kafka": settings.kafka.model_copy(update={"bootstrap_servers": kafka_bootstrap}),
-        }
-    )
-    if request.param == "cassandra":
-        request.getfixturevalue("cassandra_address")  # Cassandra up (or a loud failure)
-    actor = start_cluster_actor(settings)
-    ray.get(actor.ready.remote(), timeout=60)
-    yield FiloPyCluster(ray_cluster, settings, FiloPyClient(actor, settings), actor)
+    yield start_cluster(ray_cluster, on_backend(settings, request, kafka_bootstrap))
 
 
 def test_a_node_killed_while_flushing_loses_and_doubles_nothing(

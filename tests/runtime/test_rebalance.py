@@ -35,7 +35,13 @@ from filopy.dataset import SourceSettings
 from ingest.gateway import Gateway
 from ingest.tenure import Tenure
 from tests.ingest.test_cluster_ingest import T0, batches, expected, wait_exact
-from tests.runtime.conftest import FiloPyCluster, LocalRayCluster, cluster_settings
+from tests.runtime.conftest import (
+    FiloPyCluster,
+    LocalRayCluster,
+    cluster_settings,
+    on_backend,
+    start_cluster,
+)
 
 pytestmark = [pytest.mark.kafka, pytest.mark.ray]
 
@@ -56,21 +62,12 @@ def rebalancing_cluster(
     )
     settings = settings.model_copy(
         update={
-            "store": settings.store.model_copy(update={"backend": request.param}),
-            "cassandra": settings.cassandra.model_copy(
-                update={"keyspace": f"filopy_rebalance_{uuid.uuid4().hex[:8]}"}
-            ),
-            "kafka": settings.kafka.model_copy(update={"bootstrap_servers": kafka_bootstrap}),
             "rebalance": settings.rebalance.model_copy(
                 update={"interval_s": 1.0, "max_concurrent_moves": 2, "drain_timeout_s": 60.0}
             ),
         }
     )
-    if request.param == "cassandra":
-        request.getfixturevalue("cassandra_address")  # Cassandra up (or a loud failure)
-    actor = start_cluster_actor(settings)
-    ray.get(actor.ready.remote(), timeout=60)
-    yield FiloPyCluster(ray_cluster, settings, FiloPyClient(actor, settings), actor)
+    yield start_cluster(ray_cluster, on_backend(settings, request, kafka_bootstrap))
 
 
 def test_joining_nodes_get_an_even_share_with_no_replay_no_loss_and_no_failed_query(
