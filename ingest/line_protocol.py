@@ -58,6 +58,26 @@ def _nonzero_mantissa(v: str) -> bool:
     return bool(v.lower().partition("e")[0].strip("0.-"))
 
 
+def _floats_as_the_loop_reads(texts: Sequence[str] | Sequence[bytes]) -> list[float] | None:
+    """`float()` of each field value, or None if the line loop would not take them all: a
+    value that is no number, or a non-zero one outside float64's normal range (an underflow to
+    zero such as "1e-400", or a subnormal), which the loop treats apart."""
+    try:
+        vals = list(map(float, texts))
+    except ValueError:
+        return None
+    x = np.abs(np.array(vals, np.float64))
+    normal = (x >= _FLOAT_MIN) & (x <= _FLOAT_MAX)
+    if not normal.all():  # zeros pass unless they are underflows ("1e-400"): as the loop says
+        zeros = np.flatnonzero(x == 0).tolist()
+        if len(zeros) != int((~normal).sum()) or any(
+            _nonzero_mantissa(t.decode() if isinstance(t, bytes) else t)
+            for t in (texts[i] for i in zeros)
+        ):
+            return None
+    return vals
+
+
 class _Fallback(Exception):
     """The fast path met something it does not handle; the full parser decides the line."""
 
@@ -258,16 +278,9 @@ def _decode_bulk(b: _InfluxBuilder, lines: list[str], lo: int, hi: int) -> bool:
     names, values = pieces[0::2], pieces[1::2]
     if "" in names or "" in values or "".join(values).translate(_NOT_FLOAT_CHARS):
         return False
-    try:
-        vals = list(map(float, values))
-    except ValueError:
+    vals = _floats_as_the_loop_reads(values)
+    if vals is None:
         return False
-    x = np.abs(np.array(vals, np.float64))
-    normal = (x >= _FLOAT_MIN) & (x <= _FLOAT_MAX)
-    if not normal.all():  # zeros pass unless they are underflows ("1e-400"): as the loop says
-        zeros = np.flatnonzero(x == 0).tolist()
-        if len(zeros) != int((~normal).sum()) or any(_nonzero_mantissa(values[i]) for i in zeros):
-            return False
     templates: list[_Template | None] = list(map(b.templates.get, keys))
     if None in templates:
         try:
@@ -374,18 +387,9 @@ def _decode_columns(b: _InfluxBuilder, raw: bytes, lo: int, hi: int) -> bool:
     values_text = [raw[a:z] for a, z in zip(value_start.tolist(), field_end.tolist(), strict=True)]
     if b"".join(values_text).translate(None, _FLOAT_BYTES):
         return False  # (so no "=" or "," either: one field per line, as the loop needs)
-    try:
-        vals = list(map(float, values_text))
-    except ValueError:
+    vals = _floats_as_the_loop_reads(values_text)
+    if vals is None:
         return False
-    x = np.abs(np.array(vals, np.float64))
-    normal = (x >= _FLOAT_MIN) & (x <= _FLOAT_MAX)
-    if not normal.all():  # zeros pass unless they are underflows ("1e-400"): as the loop says
-        zeros = np.flatnonzero(x == 0).tolist()
-        if len(zeros) != int((~normal).sum()) or any(
-            _nonzero_mantissa(values_text[i].decode()) for i in zeros
-        ):
-            return False
     # series: one dict lookup per line (series key bytes -> what the line loop would find)
     field = name.decode()
     known = _known_series(b, field)
