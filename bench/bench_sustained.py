@@ -68,6 +68,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))  # bench_ingest_http's series
 
 BOOTSTRAP = f"127.0.0.1:{os.environ.get('FILOPY_KAFKA_PORT', '9092')}"
 VICTORIA = shutil.which("victoria-metrics") or "/usr/bin/victoria-metrics"
@@ -95,25 +96,11 @@ FIELDS = [
 
 
 def series_labels(n: int) -> list[dict[str, str]]:
-    """`n` series of a node-exporter-like fleet, 8 labels each (`_metric_` is FiloPy's metric
-    name label; VictoriaMetrics gets it as `__name__`)."""
-    modes = ["idle", "user", "system", "iowait", "irq", "softirq", "steal", "nice"]
-    out = []
-    for i in range(n):
-        host = i // 500
-        out.append(
-            {
-                "_metric_": f"node_metric_{i % 100}",
-                "cluster": f"c{host % 4}",
-                "cpu": str(i % 16),
-                "env": "prod",
-                "instance": f"host-{host:04d}.example.net:9100",
-                "job": "node",
-                "mode": modes[(i // 16) % len(modes)],
-                "region": ["eu-west-1", "us-east-1", "ap-south-1"][host % 3],
-            }
-        )
-    return out
+    """`n` series of a node-exporter-like fleet, 8 labels each: bench_ingest_http.py's, with
+    `_metric_` (FiloPy's metric name label; VictoriaMetrics gets it as `__name__`)."""
+    from bench_ingest_http import series_labels as fleet  # the same fleet as the HTTP bench
+
+    return [{("_metric_" if k == "__name__" else k): v for k, v in labels} for labels in fleet(n)]
 
 
 class Scrapes:
