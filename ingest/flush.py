@@ -204,6 +204,10 @@ class Flusher:
             if g in self.group_stats:
                 self.group_stats[g].checkpoint = off
         self._pending: dict[int, SealedGroup] = {}
+        # Per group: the store may hold snapshots of it (those of the checkpoints it started
+        # from, or one written since), so the next flush has some to drop: an idle group's
+        # flushes then cost no delete (no Cassandra tombstone per flush).
+        self._may_hold_snapshots = {g: g in (checkpoints or {}) for g in range(groups)}
         self._next_group = 0
         self._next_due: float | None = None
         self.retry_initial_s = retry_initial_s
@@ -259,11 +263,7 @@ class Flusher:
                     self.ref, self.shard, group, sealed.offset, self.epoch
                 )
                 stats.checkpoint = committed
-                self._drop_snapshots(group, committed)
-            if not sealed.open.samples and stats.checkpoint is not None:
-                # Nothing open: the checkpoint's own snapshot is all in chunks now (a clean
-                # stop), so a restart need not read it.
-                self._drop_snapshots(group, stats.checkpoint + 1)
+            self._forget_old_snapshots(group, snapshot, sealed.open.samples == 0)
         except BaseException:
             stats.failures += 1
             raise
@@ -283,19 +283,28 @@ class Flusher:
         in chunks."""
         return [self.flush_group(g, everything=True) for g in range(self.memstore.groups_per_shard)]
 
-    def _drop_snapshots(self, group: int, below: int) -> None:
-        """Forget the group's snapshots older than its new checkpoint. Best effort: one left
-        behind by an outage is never read, and the next flush's drop covers it."""
-        try:
-            self.column_store.drop_open_snapshots(self.ref, self.shard, group, below)
-        except StoreUnavailable as e:
-            log.info(
-                "%s shard %d: old snapshots of group %d stay for now: %s",
-                self.ref.name,
-                self.shard,
-                group,
-                e,
-            )
+    def _forget_old_snapshots(self, group: int, wrote: bool, nothing_open: bool) -> None:
+        """After a flush: drop the group's snapshots below its checkpoint (superseded by the one
+        just written), or all of them once nothing is open (every sample of the checkpoint's
+        snapshot is in chunks now, e.g. after a clean stop). Only if the store may hold any.
+        Best effort: one left behind by an outage is never read, and a later drop covers it."""
+        checkpoint = self.group_stats[group].checkpoint
+        if checkpoint is None or not (wrote or nothing_open):
+            return  # the checkpoint's snapshot (if any) still holds open samples
+        if self._may_hold_snapshots[group]:
+            below = checkpoint if wrote else checkpoint + 1
+            try:
+                self.column_store.drop_open_snapshots(self.ref, self.shard, group, below)
+            except StoreUnavailable as e:
+                log.info(
+                    "%s shard %d: old snapshots of group %d stay for now: %s",
+                    self.ref.name,
+                    self.shard,
+                    group,
+                    e,
+                )
+                return
+        self._may_hold_snapshots[group] = wrote
 
     def flush_due(self, now: float | None = None) -> list[FlushResult]:
         """Flush the groups whose turn has come (at most one round), and the next ones early

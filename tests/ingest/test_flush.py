@@ -702,3 +702,27 @@ def assert_exact_any_chunk_size(
         parts = [c.samples() for c in chunks]
         got = (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
         assert _same(got, want[key]), key
+
+
+def test_idle_groups_flush_without_deleting_anything(stores: Stores) -> None:
+    """Snapshots are dropped only when the store may hold some: a group with nothing open
+    flushes again and again without a delete (on Cassandra each would be a tombstone)."""
+    ds = _dataset()
+    node = Node.start_up(stores, ds, produced=0)
+    drops: list[tuple[int, int]] = []
+    inner_drop = node.column.inner.drop_open_snapshots
+
+    def counting_drop(ref: DatasetRef, shard: int, group: int, below: int) -> None:
+        drops.append((group, below))
+        inner_drop(ref, shard, group, below)
+
+    node.column.drop_open_snapshots = counting_drop  # type: ignore[method-assign]
+    stream = make_stream(random.Random(5), messages=6, series=4, per_message=5)
+    node.run(stream, 6, 0)
+    node.flusher.flush_all()  # everything sealed, nothing open: no snapshot was ever written
+    for off in range(6, 12):  # messages of other series only advance the watermarks
+        node.mem.ingest(SampleBatch.empty(), off)
+        node.flusher.flush_all()
+    assert drops == []
+    for g, offset in stores[0].read_checkpoints(ds.ref, SHARD).items():
+        assert offset == 11 and stores[1].read_open_snapshot(ds.ref, SHARD, g, offset) is None
