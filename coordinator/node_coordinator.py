@@ -40,6 +40,7 @@ from coordinator.guardian import GuardianState, NodeGuardian
 from coordinator.inbox import Delivery, OrderedInbox
 from coordinator.messages import NodeShardMap
 from coordinator.names import CLUSTER_ACTOR_NAME
+from coordinator.query_channel import QueryEndpoint, QueryServer
 from filopy.config import Settings
 from filopy.dataset import Dataset, DatasetRef
 from filopy.shard_status import (
@@ -290,6 +291,9 @@ class NodeCoordinator:
         self._retry_task: asyncio.Task[None] | None = None
         self._draining = False
         self._queried: Counter[tuple[str, int]] = Counter()
+        self._queried_lock = threading.Lock()  # counted from the query channel's threads too
+        self._channel: QueryServer | None = None  # started by the first `query_endpoint`
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._report: EventReporter = reporter or self._sender.report
 
     @property
@@ -398,26 +402,63 @@ class NodeCoordinator:
 
     async def query(self, ref: DatasetRef, shards: list[int], request: NodeQuery) -> NodeAnswer:
         """Evaluate a node's part of a query (`query.executor.NodeQuery`) over the given shards,
-        which must run here: a caller with a stale map gets `ShardsNotHere` naming them."""
+        which must run here: a caller with a stale map gets `ShardsNotHere` naming them. The
+        Ray path; callers use the query channel (`query_endpoint`) when they can."""
+        dataset, memstores = self._query_shards(ref, shards)
+        _, columns = await self._open_stores()
+        source = ShardSource(dataset, memstores, columns)
+        return await asyncio.to_thread(run_node_query, request, source)
+
+    async def query_endpoint(self) -> QueryEndpoint:
+        """Where this node takes query parts over TCP, and the key to sign them with
+        (`coordinator.query_channel`): callers fetch it once and skip a Ray call per query. The
+        channel listens on this Ray node's address; it starts on the first ask."""
+        if self._channel is None:
+            self._loop = asyncio.get_running_loop()
+            self._channel = QueryServer(ray.util.get_node_ip_address(), self._query_here)
+            log.info("node %s: query channel on %s", self.node_id, self._channel.endpoint)
+        return self._channel.endpoint
+
+    async def query_channel_stats(self) -> dict[str, int]:
+        """The query channel's counters: parts served, connections refused, open now."""
+        return {} if self._channel is None else self._channel.stats()
+
+    def _query_here(self, ref: DatasetRef, shards: list[int], request: NodeQuery) -> NodeAnswer:
+        """`query`, on a query channel's thread: evaluated where the frame was read (no hop to
+        the event loop and back); only opening the store, once, goes through the loop."""
+        dataset, memstores = self._query_shards(ref, shards)
+        stores = self._stores
+        if stores is None:
+            assert self._loop is not None
+            opening = asyncio.run_coroutine_threadsafe(self._open_stores(), self._loop)
+            stores = opening.result(timeout=120)
+        return run_node_query(request, ShardSource(dataset, memstores, stores[1]))
+
+    def _query_shards(
+        self, ref: DatasetRef, shards: list[int]
+    ) -> tuple[Dataset, dict[int, ShardMemstore]]:
+        """The dataset and the memstores of `shards`, counted as queried; `ShardsNotHere` if
+        this node does not run them all. Safe off the event loop: it only looks things up."""
         held = self._maps.get(ref)
-        missing = [s for s in shards if (ref, s) not in self._ingesters]
+        ingesters = [self._ingesters.get((ref, s)) for s in shards]
+        missing = [s for s, ing in zip(shards, ingesters, strict=True) if ing is None]
         if held is None or missing:
             raise ShardsNotHere(ref.name, self.node_id, missing or shards)
         memstores: dict[int, ShardMemstore] = {}
-        for shard in shards:
-            ing = self._ingesters[(ref, shard)]
+        for shard, ing in zip(shards, ingesters, strict=True):
             if isinstance(ing, KafkaShardIngester):  # else it reads nothing: an empty shard
                 memstores[shard] = ing.memstore
-        for shard in shards:
-            self._queried[(ref.name, shard)] += 1
-        _, columns = await self._open_stores()
-        source = ShardSource(held.dataset, memstores, columns)
-        return await asyncio.to_thread(run_node_query, request, source)
+        with self._queried_lock:
+            for shard in shards:
+                self._queried[(ref.name, shard)] += 1
+        return held.dataset, memstores
 
     async def query_stats(self) -> dict[str, dict[int, int]]:
         """Per dataset and shard: how many query parts this node evaluated on it."""
         out: dict[str, dict[int, int]] = {}
-        for (name, shard), n in sorted(self._queried.items()):
+        with self._queried_lock:
+            queried = sorted(self._queried.items())
+        for (name, shard), n in queried:
             out.setdefault(name, {})[shard] = n
         return out
 

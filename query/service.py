@@ -142,6 +142,9 @@ class QueryService:
 
     def close(self) -> None:
         self._maps.close()
+        close_nodes = getattr(self._nodes, "close", None)  # a caller may hold connections
+        if close_nodes is not None:
+            close_nodes()
 
     # ----- queries ---------------------------------------------------------------------------
 

@@ -1,0 +1,212 @@
+"""The query channel's protocol without Ray: frames, HMAC, errors, refusals, timeouts, pooling
+(coordinator/query_channel.py). The cluster tests are in tests/runtime/test_query_channel.py."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from coordinator.query_channel import (
+    HEADER,
+    MAGIC,
+    NONCE_BYTES,
+    REQUEST,
+    ChannelClosed,
+    ChannelError,
+    ChannelPool,
+    Connection,
+    QueryEndpoint,
+    QueryServer,
+    RemoteQueryError,
+    _mac,
+    request_payload,
+)
+from filopy.dataset import DatasetRef
+from query.executor import NodeAnswer, NodeQuery, ShardsNotHere
+from query.promql import QueryError
+
+REF = DatasetRef(name="m")
+SERIES = NodeQuery("series")
+release = threading.Event()
+
+
+class Unpicklable(Exception):
+    def __reduce__(self) -> object:
+        raise TypeError("not today")
+
+
+def handler(ref: DatasetRef, shards: list[int], request: NodeQuery) -> NodeAnswer:
+    """Answers its shards; 9 moved away, 8 fails the query, 7 is a bug, 6 waits."""
+    if 9 in shards:
+        raise ShardsNotHere(ref.name, "n1", [9])
+    if 8 in shards:
+        raise QueryError("execution", "many-to-many matching not allowed")
+    if 7 in shards:
+        raise Unpicklable("boom")
+    if 6 in shards:
+        release.wait(10)
+    return NodeAnswer([{"shard": str(s)} for s in shards], tuple(shards), len(shards), 5)
+
+
+@pytest.fixture
+def server() -> Iterator[QueryServer]:
+    release.clear()
+    srv = QueryServer("127.0.0.1", handler)
+    yield srv
+    release.set()
+    srv.close()
+
+
+def ask(conn: Connection, shards: list[int], timeout_s: float = 5.0) -> tuple[str, object]:
+    conn.send(request_payload(REF, shards, SERIES))
+    return conn.receive(time.monotonic() + timeout_s)
+
+
+def wait_for(check: object, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_answers_and_errors_come_back_as_the_node_raised_them(server: QueryServer) -> None:
+    conn = Connection(server.endpoint, 2.0)
+    kind, answer = ask(conn, [1, 2])
+    assert kind == "ok" and answer == NodeAnswer([{"shard": "1"}, {"shard": "2"}], (1, 2), 2, 5)
+    kind, err = ask(conn, [9])
+    assert kind == "error" and type(err) is ShardsNotHere
+    assert (err.dataset, err.node, err.shards) == ("m", "n1", [9])
+    kind, err = ask(conn, [8])
+    assert isinstance(err, QueryError) and err.kind == "execution"
+    kind, err = ask(conn, [7])  # an error that does not pickle: its type and message
+    assert isinstance(err, RemoteQueryError) and "Unpicklable: boom" in str(err)
+    assert ask(conn, [3])[0] == "ok"  # the connection goes on after every error
+    conn.close()
+    assert server.stats()["served"] == 5
+
+
+def _raw(server: QueryServer) -> tuple[socket.socket, bytes]:
+    sock = socket.create_connection((server.endpoint.host, server.endpoint.port), timeout=5)
+    hello = b""
+    while len(hello) < len(MAGIC) + NONCE_BYTES:
+        hello += sock.recv(64)
+    assert hello.startswith(MAGIC)
+    return sock, hello[len(MAGIC) :]
+
+
+def _closed_by_peer(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + b" " * 40,  # garbage
+        HEADER.pack(5, b"\0" * 32) + b"hello",  # a frame with a made-up MAC
+        HEADER.pack(1 << 40, b"\0" * 32),  # a frame too large to accept
+    ],
+    ids=["garbage", "bad-hmac", "too-large"],
+)
+def test_bad_frames_close_their_connection_and_nothing_else(
+    server: QueryServer, frame: bytes
+) -> None:
+    good = Connection(server.endpoint, 2.0)
+    sock, _ = _raw(server)
+    sock.sendall(frame)
+    assert _closed_by_peer(sock)
+    sock.close()
+    assert server.stats()["refused"] == 1
+    assert ask(good, [1])[0] == "ok"  # the server, and other connections, go on
+    assert ask(Connection(server.endpoint, 2.0), [1])[0] == "ok"
+
+
+def test_a_caller_with_the_wrong_key_is_refused(server: QueryServer) -> None:
+    wrong = QueryEndpoint(server.endpoint.host, server.endpoint.port, b"k" * 32)
+    conn = Connection(wrong, 2.0)
+    conn.send(request_payload(REF, [1], SERIES))
+    with pytest.raises((ChannelClosed, ConnectionResetError)):
+        conn.receive(time.monotonic() + 5)
+    assert server.stats()["refused"] == 1
+
+
+def test_a_recorded_frame_cannot_be_replayed(server: QueryServer) -> None:
+    """The MAC covers the connection's nonce and the frame's number: a frame sent twice on its
+    connection is refused the second time, and a frame copied to another connection too."""
+    sock, nonce = _raw(server)
+    payload = request_payload(REF, [1], SERIES)
+    frame = HEADER.pack(len(payload), _mac(server.endpoint.key, REQUEST, nonce, 0, payload))
+    frame += payload
+    sock.sendall(frame)
+    length, _ = HEADER.unpack(_recv(sock, HEADER.size))
+    _recv(sock, length)  # answered
+    sock.sendall(frame)  # the same frame again
+    assert _closed_by_peer(sock)
+    other, _ = _raw(server)
+    other.sendall(frame)
+    assert _closed_by_peer(other)
+    assert server.stats() == {"served": 1, "refused": 2, "open": 0}
+
+
+def _recv(sock: socket.socket, n: int) -> bytes:
+    out = b""
+    while len(out) < n:
+        out += sock.recv(n - len(out))
+    return out
+
+
+def test_a_slow_answer_times_out_at_the_deadline(server: QueryServer) -> None:
+    conn = Connection(server.endpoint, 2.0)
+    conn.send(request_payload(REF, [6], SERIES))
+    began = time.monotonic()
+    with pytest.raises(TimeoutError):
+        conn.receive(time.monotonic() + 0.3)
+    assert 0.25 < time.monotonic() - began < 2
+
+
+def test_a_node_that_goes_away_mid_query_closes_the_connection(server: QueryServer) -> None:
+    conn = Connection(server.endpoint, 2.0)
+    conn.send(request_payload(REF, [6], SERIES))  # waits on the node
+    time.sleep(0.1)
+    threading.Thread(target=server.close).start()
+    with pytest.raises((ChannelClosed, ConnectionResetError)):
+        conn.receive(time.monotonic() + 5)
+    release.set()
+
+
+def test_the_pool_reuses_connections_and_drops_closed_ones(server: QueryServer) -> None:
+    pool = ChannelPool(server.endpoint)
+    a = pool.checkout()
+    b = pool.checkout()  # concurrent parts: a connection each
+    assert a is not b
+    pool.checkin(a)
+    pool.checkin(b)
+    assert pool.checkout() is b  # most recent first
+    pool.checkin(b)
+    wait_for(lambda: server.stats()["open"] == 2)
+    server.close()  # the node drops its connections: idle ones are not handed out again
+    wait_for(lambda: server.stats()["open"] == 0)
+    with pytest.raises(OSError):
+        pool.checkout()  # and a new one cannot be opened
+    assert pool.connected
+
+
+def test_a_port_that_is_not_a_channel_is_refused() -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def speak_http() -> None:
+        conn, _ = listener.accept()
+        conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+        conn.close()
+
+    threading.Thread(target=speak_http, daemon=True).start()
+    with pytest.raises(ChannelError):
+        Connection(QueryEndpoint("127.0.0.1", port, b"k" * 32), 2.0)
+    listener.close()
