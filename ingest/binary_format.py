@@ -12,6 +12,7 @@ from __future__ import annotations
 import struct
 import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -170,13 +171,62 @@ class _Undecodable(Exception):
     pass
 
 
-def _parse_binary(
-    data: bytes,
-) -> tuple[SampleBatch, npt.NDArray[np.uint16], npt.NDArray[np.int64]]:
+@dataclass(slots=True, eq=False)
+class _Table:
+    """A message's series table, parsed: what `_parse_binary` derives from it alone."""
+
+    n_series: int
+    raw: bytes  # the label counts and the string table, as in the message
+    keys: list[bytes]
+    series: list[dict[str, str]]
+    counts: npt.NDArray[np.uint16]
+    lens: npt.NDArray[np.int64]
+    codes: dict[tuple[str, LabelLimits], npt.NDArray[np.int8]] = field(default_factory=dict)
+
+
+class SeriesTables:
+    """The series tables of the last messages a decoder read, parsed once.
+
+    A producer that sends the same series in the same order (one scrape of a fleet, a gateway
+    batch of it) repeats its series table byte for byte in every message. Finding it here
+    costs one length check and one memcmp, instead of a Python pass over the table's series
+    (slicing each series' key, looking up its labels, checking the dataset's contract), which
+    was most of a binary message's decoding cost. The batches of a found table share its
+    `keys` list, so the memstore can also remember their series ids (`ShardMemstore`).
+    One per decoder, used by one thread (an ingester's); not thread-safe."""
+
+    def __init__(self, max_tables: int = 8, max_bytes: int = 64 << 20) -> None:
+        self.max_tables, self.max_bytes = max_tables, max_bytes
+        self._recent: list[_Table] = []  # most recently used first
+        self.hits = self.misses = 0
+
+    def find(self, n_series: int, raw: bytes) -> _Table | None:
+        for i, t in enumerate(self._recent):
+            if t.n_series == n_series and len(t.raw) == len(raw) and t.raw == raw:
+                if i:
+                    self._recent.insert(0, self._recent.pop(i))
+                self.hits += 1
+                return t
+        self.misses += 1
+        return None
+
+    def add(self, table: _Table) -> None:
+        if len(table.raw) > self.max_bytes:
+            return
+        self._recent.insert(0, table)
+        total = 0
+        for i, t in enumerate(self._recent):
+            total += len(t.raw)
+            if i >= self.max_tables or total > self.max_bytes:
+                del self._recent[i:]
+                break
+
+
+def _parse_binary(data: bytes, tables: SeriesTables | None = None) -> tuple[SampleBatch, _Table]:
     """Structural decode; raises `_Undecodable` saying what is wrong.
 
-    Returns the batch, each series' label count and the UTF-8 length of every string of the
-    series table (key, value, key, value...), for the limit checks."""
+    Returns the batch and its parsed series table (each series' label count and the UTF-8
+    length of every string, key, value, key, value..., for the limit checks)."""
     if len(data) < HEADER.size:
         raise _Undecodable(f"{len(data)} bytes is shorter than the {HEADER.size}-byte header")
     magic, version, flags, idx_width, ts_width, n_series, n, base, body_len = HEADER.unpack_from(
@@ -213,13 +263,24 @@ def _parse_binary(
     pos += ts_width * n
     series_idx = np.frombuffer(body, _IDX_DTYPES[idx_width], n, pos).astype(np.int32)
     pos += idx_width * n
-    counts = np.frombuffer(body, _U16, n_series, pos)
-    pos += 2 * n_series
     # (u4 indexes above 2**31 wrap negative in int32: caught by the min check)
     if n and (int(series_idx.max()) >= n_series or int(series_idx.min()) < 0):
         raise _Undecodable("series index beyond the series table")
+    raw = body[pos:].tobytes()
+    table = tables.find(n_series, raw) if tables is not None else None
+    if table is None:
+        table = _parse_table(n_series, raw)
+        if tables is not None:
+            tables.add(table)
+    batch = KeyedBatch(table.series, series_idx, timestamps, values, keys=table.keys)  # type: ignore[arg-type]
+    return batch, table
+
+
+def _parse_table(n_series: int, raw: bytes) -> _Table:
+    """Parse a series table: label counts (u16 each), then the strings."""
+    counts = np.frombuffer(raw, _U16, n_series, 0)
+    table = raw[2 * n_series :]
     n_strings = 2 * int(counts.sum())
-    table = body[pos:].tobytes()
     if table:  # string lengths from the separators' positions: NumPy, not a loop over strings
         seps = np.flatnonzero(np.frombuffer(table, np.uint8) == SEPARATOR[0])
         ends = np.append(seps, len(table))
@@ -242,7 +303,7 @@ def _parse_binary(
     keys = [table[a:b] for a, b in zip(starts.tolist(), stops.tolist(), strict=True)]
     cache = _labels_cache
     series = [cache.get(k) or _labels_of(k) for k in keys]
-    return KeyedBatch(series, series_idx, timestamps, values, keys=keys), counts, lens  # type: ignore[arg-type]
+    return _Table(n_series, raw, keys, series, counts, lens)
 
 
 _labels_cache: dict[bytes, dict[str, str]] = {}  # a series' table bytes -> its labels (shared)
@@ -269,8 +330,10 @@ def decode_binary(
     metric_column: str = METRIC_COLUMN,
     ts_range: tuple[int, int] = DEFAULT_TS_RANGE,
     limits: LabelLimits = DEFAULT_LIMITS,
+    tables: SeriesTables | None = None,
 ) -> Decoded:
-    """Decode one FiloPy binary message; never raises.
+    """Decode one FiloPy binary message; never raises. `tables`: the decoder's recently seen
+    series tables (a message repeating one skips parsing it).
 
     A message that cannot be parsed counts once as "undecodable". Samples of series that break
     the dataset's contract (no metric name, `limits`: see `SERIES_REASONS`) or with timestamps
@@ -278,8 +341,14 @@ def decode_binary(
     are returned.
     """
     try:
-        batch, counts, lens = _parse_binary(data)
-        codes = series_codes_from_lengths(batch.series, counts, lens, metric_column, limits)
+        batch, table = _parse_binary(data, tables)
+        contract = (metric_column, limits)
+        codes = table.codes.get(contract)
+        if codes is None:
+            codes = series_codes_from_lengths(
+                table.series, table.counts, table.lens, metric_column, limits
+            )
+            table.codes = {contract: codes}  # one contract per decoder: keep only the last
         return drop_bad(batch, codes, ts_range, metric_column, limits)
     except _Undecodable as e:
         head = bytes(data[:16]).hex()

@@ -66,7 +66,8 @@ DEFAULT_RETENTION_MS = 2 * 3_600_000
 DEFAULT_MAX_SAMPLES = 50_000_000
 EVICT_TO = 0.9  # over the bound, evict down to this fraction of it so eviction is not per ingest
 _INITIAL_CAPACITY = 8
-_PENDING_MAX = 1 << 16  # pending samples moved into series buffers at once (`_settle`)
+_PENDING_MAX = 1 << 19  # pending samples moved into series buffers at once (`_settle`)
+_RESOLVED_MAX = 16  # key lists whose series ids `_resolve` remembers
 
 
 def flush_group_of(
@@ -213,6 +214,10 @@ class ShardMemstore:
         self._lock = threading.RLock()
         self._index = SeriesIndex()  # series ids, labels, part keys, matcher lookup
         self._by_key: dict[Hashable, int] = {}  # `KeyedBatch` key -> series id
+        # A decoder's `keys` list (kept alive here, so its id is not reused) -> the series ids
+        # of its keys: a binary decoder hands the same list for every message repeating a
+        # series table (`SeriesTables`). Series ids never change, so the ids stay right.
+        self._resolved: dict[int, tuple[list[Hashable], npt.NDArray[np.int64]]] = {}
         self._series: list[_Series] = []  # per series id
         self._group_series: list[list[int]] = [[] for _ in range(groups_per_shard)]
         # per series, NumPy so ingest updates them vectorised
@@ -451,6 +456,9 @@ class ShardMemstore:
         keys = batch.keys if isinstance(batch, KeyedBatch) else None
         if not keys or len(keys) != len(batch.series):
             return self._resolve_labels(batch.series, st)
+        known = self._resolved.get(id(keys))
+        if known is not None and known[0] is keys:
+            return known[1]  # the decoder's series table again: the same series, same ids
         out = np.fromiter(map(self._by_key.get, keys, itertools.repeat(-2)), I64, len(keys))
         missing = np.flatnonzero(out == -2)
         if len(missing):
@@ -461,6 +469,10 @@ class ShardMemstore:
             for i, sid in zip(missing.tolist(), found.tolist(), strict=True):
                 if sid >= 0:
                     self._by_key[keys[i]] = sid
+        if len(self._resolved) >= _RESOLVED_MAX:
+            self._resolved.pop(next(iter(self._resolved)))
+        out.flags.writeable = False  # shared by every batch of these keys
+        self._resolved[id(keys)] = (keys, out)
         return out
 
     def _resolve_labels(self, series: Sequence[Labels], st: IngestStats) -> npt.NDArray[np.int64]:

@@ -12,19 +12,21 @@ from collections.abc import Callable
 
 from filopy.dataset import Dataset, RecordFormat
 from ingest.bad_records import DEFAULT_TS_RANGE, Decoded, undecodable
-from ingest.binary_format import decode_binary
+from ingest.binary_format import SeriesTables, decode_binary
 from ingest.line_protocol import decode_influx
 
 Decoder = Callable[[bytes, int], Decoded]
 
 
 def decoder_for(dataset: Dataset, ts_range: tuple[int, int] = DEFAULT_TS_RANGE) -> Decoder:
-    """The dataset's decoder: `decode(message_value, message_timestamp_ms) -> Decoded`."""
+    """The dataset's decoder: `decode(message_value, message_timestamp_ms) -> Decoded`.
+    A decoder keeps state (the series tables it has seen): one per consuming thread."""
     column, limits = dataset.metric_column, dataset.limits
     if dataset.source.record_format == RecordFormat.BINARY:
+        tables = SeriesTables()
 
         def binary(data: bytes, _ts_ms: int) -> Decoded:
-            return decode_binary(data, column, ts_range, limits)
+            return decode_binary(data, column, ts_range, limits, tables)
 
         return binary
 
