@@ -9,14 +9,15 @@ Needs Kafka from `scripts/services.sh up kafka` and Debian's victoria-metrics pa
    per batch; half the series gauges with 1-2 decimals, half monotone counters) through
    `Gateway.send_batch`, paced to `--rate` samples/s (when it cannot keep up, it sends as fast as
    it can and the achieved rate is reported). One `KafkaShardIngester` runs in its own process,
-   with the SQLite store in a temporary directory, `ingest.flush_interval_s` =
+   with the SQLite store in a temporary directory (`--store cassandra`: the local Cassandra, in a
+   keyspace of the run's own), `ingest.flush_interval_s` =
    `--flush-interval-s` and the config's chunk settings; every second it writes a row: samples
    ingested/s, consumer lag (end offset - next offset, times samples per message), RSS, CPU,
    unflushed samples, samples in memory, the lowest committed checkpoint. After `--duration-s`
    the producer stops; once the ingester has read everything (at most `--drain-timeout-s`), it is
    killed with SIGKILL (a crash), and a fresh ingester process on the same store and topic
    recovers: the offsets it read again, the open samples loaded from snapshots, the seconds until
-   it was live. Then it stops cleanly (flushing everything as chunks), and the SQLite file must
+   it was live. Then it stops cleanly (flushing everything as chunks), and the store must
    hold exactly the samples produced (else the run fails), at some bytes per sample.
 2. VictoriaMetrics (single node, temporary storage, loopback port). A feeder process sends the
    same samples (same labels, `_metric_` as `__name__`, timestamps and values) for the same
@@ -331,6 +332,44 @@ def produce_filopy(
         raise
 
 
+CASSANDRA_PREFIX = "cassandra:"
+
+
+def open_stores(spec: str) -> tuple[Any, Any]:
+    """The bench's stores: an SQLite file path, or `cassandra:<keyspace>` on the local
+    Cassandra (scripts/services.sh up cassandra)."""
+    if spec.startswith(CASSANDRA_PREFIX):
+        from filopy.store.cassandra import open_cassandra_stores
+
+        return open_cassandra_stores(["127.0.0.1"], keyspace=spec[len(CASSANDRA_PREFIX) :])
+    from filopy.store.sqlite import open_sqlite_stores
+
+    return open_sqlite_stores(spec)
+
+
+def cassandra_counts(keyspace: str) -> tuple[int, int, int, int, int]:
+    """Samples, chunk bytes, chunks, snapshots and part keys in the run's keyspace (all of it is
+    this run's), read with paging; the keyspace is dropped after."""
+    from cassandra.cluster import Cluster
+
+    cluster = Cluster(["127.0.0.1"])
+    try:
+        session = cluster.connect()
+        session.default_timeout = 120
+        samples = nbytes = chunks = 0
+        rows = session.execute(f"SELECT num_samples, data FROM {keyspace}.chunks")
+        for n, data in rows:
+            samples += n
+            nbytes += len(data)
+            chunks += 1
+        snaps = session.execute(f"SELECT count(*) FROM {keyspace}.open_snapshots").one()[0]
+        keys = session.execute(f"SELECT count(*) FROM {keyspace}.part_keys").one()[0]
+        session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=120)
+        return samples, nbytes, chunks, snaps, keys
+    finally:
+        cluster.shutdown()
+
+
 def run_ingester(
     mode: str,
     ds_name: str,
@@ -351,7 +390,6 @@ def run_ingester(
     import ingest.ingester as ingester_module
     from filopy.config import load_settings
     from filopy.shard_status import IngestionError
-    from filopy.store.sqlite import open_sqlite_stores
     from ingest.ingester import KafkaShardIngester
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
@@ -372,7 +410,7 @@ def run_ingester(
         overrides["consume_batch"] = consume_batch
     settings = base.model_copy(update={"ingest": base.ingest.model_copy(update=overrides)})
     groups = settings.ingest.groups_per_shard
-    meta, columns = open_sqlite_stores(db)
+    meta, columns = open_stores(db)
     errors: list[str] = []
 
     def report(event: Any) -> None:
@@ -526,10 +564,13 @@ def run_filopy(args: argparse.Namespace, t0: int, tmp: Path, ctx: Any) -> FiloPy
     ensure_topic(ds, BOOTSTRAP)
     res = FiloPyResult(ds.name, scrapes_in(args.duration_s, args.series, args.rate))
     db, rows_path = tmp / "filopy.db", tmp / "filopy-rows.csv"
+    store = str(db)
+    if args.store == "cassandra":
+        store = f"{CASSANDRA_PREFIX}bench_sustained_{ds.name[-8:]}"
     procs: list[Any] = []
     try:
         shared, go, ready = Shared(ctx), ctx.Event(), ctx.Event()
-        common = (ds.name, str(db), args.flush_interval_s, args.consume_batch, str(rows_path))
+        common = (ds.name, store, args.flush_interval_s, args.consume_batch, str(rows_path))
         ing = ctx.Process(
             target=run_ingester,
             args=("run", *common, str(tmp / "run.json"), shared, go, ready, time.monotonic()),
@@ -628,15 +669,20 @@ def run_filopy(args: argparse.Namespace, t0: int, tmp: Path, ctx: Any) -> FiloPy
             admin.delete_topics([ds.topic], operation_timeout=30)[ds.topic].result(60)
         except Exception as e:  # report, go on cleaning up
             print(f"could not delete topic {ds.topic}: {e}", file=sys.stderr)
-    with sqlite3.connect(db) as con:
-        n, nbytes, chunks = con.execute(
-            "SELECT sum(num_samples), sum(length(data)), count(*) FROM chunks WHERE dataset = ?",
-            (ds.name,),
-        ).fetchone()
-        res.stored_samples, res.stored_bytes, res.chunks = n or 0, nbytes or 0, chunks
-        res.snapshots_left = con.execute("SELECT count(*) FROM open_snapshots").fetchone()[0]
-        res.part_keys = con.execute("SELECT count(*) FROM part_keys").fetchone()[0]
-    res.db_bytes = sum(p.stat().st_size for p in tmp.glob("filopy.db*"))
+    if store.startswith(CASSANDRA_PREFIX):
+        counts = cassandra_counts(store[len(CASSANDRA_PREFIX) :])
+        res.stored_samples, res.stored_bytes, res.chunks, res.snapshots_left, res.part_keys = counts
+    else:
+        with sqlite3.connect(db) as con:
+            n, nbytes, chunks = con.execute(
+                "SELECT sum(num_samples), sum(length(data)), count(*) FROM chunks "
+                "WHERE dataset = ?",
+                (ds.name,),
+            ).fetchone()
+            res.stored_samples, res.stored_bytes, res.chunks = n or 0, nbytes or 0, chunks
+            res.snapshots_left = con.execute("SELECT count(*) FROM open_snapshots").fetchone()[0]
+            res.part_keys = con.execute("SELECT count(*) FROM part_keys").fetchone()[0]
+        res.db_bytes = sum(p.stat().st_size for p in tmp.glob("filopy.db*"))
     with rows_path.open() as f:
         res.rows = [r for r in csv.reader(f) if r]
     return res
@@ -1013,7 +1059,8 @@ def summary(
     fp_per_cpu = fp_mean * d / fp_cpu if fp_cpu else float("nan")
     out = [
         "Sustained ingestion: one FiloPy ingester process (Kafka, flushing and checkpointing to "
-        "SQLite) and VictoriaMetrics single-node, the same samples",
+        f"{'Cassandra' if args.store == 'cassandra' else 'SQLite'}) and VictoriaMetrics "
+        "single-node, the same samples",
         f"{time.strftime('%Y-%m-%d %H:%M')}; {machine()}",
         "command: " + shlex.join(["python", "bench/bench_sustained.py", *sys.argv[1:]]),
         f"code: git {args.code_version} at the start",
@@ -1092,7 +1139,8 @@ def summary(
         + ("equal" if fp.stored_samples == fp.produced else "MISMATCH")
         + f"), {fp.stored_bytes / max(1, fp.stored_samples):.2f} chunk bytes/sample, "
         f"{fp.stored_samples / max(1, fp.chunks):.1f} samples per chunk on average; "
-        f"{fp.snapshots_left} snapshots left; SQLite files {fp.db_bytes / 2**20:,.0f} MiB",
+        f"{fp.snapshots_left} snapshots left"
+        + (f"; SQLite files {fp.db_bytes / 2**20:,.0f} MiB" if fp.db_bytes else ""),
     ]
     if fp.stored_samples != fp.produced:
         problems.append(f"FiloPy stored {fp.stored_samples:,} samples, produced {fp.produced:,}")
@@ -1227,6 +1275,13 @@ def main(argv: list[str] | None = None) -> None:
         "memory); 0: never",
     )
     p.add_argument("--servers", default="filopy,vm", help="filopy, or filopy,vm")
+    p.add_argument(
+        "--store",
+        choices=("sqlite", "cassandra"),
+        default="sqlite",
+        help="FiloPy's store: SQLite in a temporary directory, or the local Cassandra "
+        "(a keyspace of the run's own, dropped after)",
+    )
     p.add_argument("--vm-block-scrapes", type=int, default=10)
     p.add_argument("--vm-request-samples", type=int, default=20_000)
     p.add_argument("--vm-connections", type=int, default=2)
