@@ -4,7 +4,9 @@ The format is specified byte by byte in docs/ingestion-formats.md: a 32-byte hea
 column of values, timestamp offsets, series indexes and a series string table, optionally
 zstd-compressed. Decoding it is a handful of `np.frombuffer` calls plus one pass over the series
 table, so its cost is per series, not per sample; the dataset's contract on series is checked
-from the table's string lengths (`ingest.bad_records`).
+from the table's string lengths (`ingest.bad_records`). A table seen again (the same series in
+the same order, as a scraper's batches are) is found in the decoder's `SeriesTables` and not
+parsed again.
 """
 
 from __future__ import annotations
