@@ -12,13 +12,16 @@ Each query then runs `--runs` times against both through their HTTP query APIs, 
 process of its own, alternating which goes first, after `--warmup` untimed runs each; the
 table gives p50 and p99 wall time of the HTTP call (request to parsed JSON) and the ratio
 FiloPy / Prometheus. Both answers are checked to hold the same number of series. Results:
-bench/results/promql.txt (`--out -` prints).
+bench/results/promql.txt (`--out -` prints). `--transport ray` sends the node parts as Ray
+actor calls instead of over the nodes' query channels (coordinator/query_channel.py), to
+compare the two; the header gives the load average before and after (the machine is shared).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import shutil
 import subprocess
@@ -102,6 +105,10 @@ def measure(fp: str, ref: str, end: float, runs: int, warmup: int) -> list[Any]:
     return out
 
 
+def _load(avg: tuple[float, float, float]) -> str:
+    return " ".join(f"{x:.2f}" for x in avg)
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--client":
         cp = argparse.ArgumentParser()
@@ -117,8 +124,14 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=40)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--kafka", default="127.0.0.1:9092")
+    ap.add_argument("--transport", choices=["channel", "ray"], default="channel")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "promql.txt"))
     args = ap.parse_args()
+    import filopy.testing  # noqa: F401  binds Ray to loopback before anything imports Ray
+    from coordinator import cluster_queries  # the REST server below runs in this process
+
+    cluster_queries.DEFAULT_TRANSPORT = args.transport
+    load_before = os.getloadavg()
     prometheus = shutil.which("prometheus") or "/usr/bin/prometheus"
     version = subprocess.run(
         [prometheus, "--version"], capture_output=True, text=True
@@ -157,14 +170,17 @@ def main() -> None:
                 print(row, file=sys.stderr)
                 lines.append(row)
 
+    load_after = os.getloadavg()
     header = [
         f"# PromQL latency, FiloPy vs {version} (bench/bench_promql.py)",
         f"# {platform.node()}: {platform.processor() or platform.machine()}, "
         f"{len(series)} series, {samples} samples (5 s scrapes, {span_s // 60} min), "
         f"2 FiloPy nodes, 4 shards; {args.runs} interleaved runs per query after "
         f"{args.warmup} warm-up; wall time of each HTTP query in ms",
+        f"# node parts over {'Ray actor calls' if args.transport == 'ray' else 'query channels'}"
+        f"; load average (1, 5, 15 min) {_load(load_before)} before, {_load(load_after)} after",
         f"# command: .venv/bin/python bench/bench_promql.py --instances {args.instances} "
-        f"--runs {args.runs}",
+        f"--runs {args.runs}" + (" --transport ray" if args.transport == "ray" else ""),
         f"{'query':<38} {'series':>6} {'filopy50':>9} {'filopy99':>9} {'prom50':>9} "
         f"{'prom99':>9} {'p50 x':>7} {'p99 x':>7}",
     ]

@@ -165,9 +165,11 @@ class RayNodeCaller:
         return _Call(self, node, handle.query.remote(ref, list(shards), request), None)
 
 
-# How long a node whose query channel cannot be used is asked through Ray instead.
+# How long a node whose query channel cannot be used is asked through Ray instead: doubling
+# while it stays unusable (a connect that times out costs the query that tries it).
 CHANNEL_RETRY_S = 30.0
-ENDPOINT_TIMEOUT_S = 10.0  # for fetching a node's endpoint through Ray (once per node)
+CHANNEL_RETRY_MAX_S = 600.0
+ENDPOINT_TIMEOUT_S = 5.0  # for fetching a node's endpoint through Ray (once per node)
 CONNECT_TIMEOUT_S = 2.0
 
 
@@ -210,14 +212,15 @@ class SocketNodeCaller:
     A node's endpoint is fetched once through Ray and forgotten when its connection fails (a
     node that died comes back as a new process, on a new port). A node whose channel cannot
     be used (an older node without one, a port that cannot be reached) is asked through Ray,
-    for `CHANNEL_RETRY_S` before the channel is tried again; so is a part whose connection
-    cannot be opened: Ray tells a dead node from an unreachable port."""
+    for `CHANNEL_RETRY_S` (doubling up to `CHANNEL_RETRY_MAX_S` while it stays so) before the
+    channel is tried again; so is a part whose connection cannot be opened: Ray tells a dead
+    node from an unreachable port."""
 
     def __init__(self, namespace: str, *, ray_caller: RayNodeCaller | None = None) -> None:
         self._ray = ray_caller or RayNodeCaller(namespace)
         self._lock = threading.Lock()
         self._pools: dict[str, ChannelPool] = {}
-        self._ray_until: dict[str, float] = {}  # node -> when to try its channel again
+        self._ray_until: dict[str, tuple[float, float]] = {}  # node -> (retry at, backoff)
         self.fallbacks = 0  # parts sent through Ray because the channel could not be used
 
     def forget(self, node: str) -> None:
@@ -244,6 +247,9 @@ class SocketNodeCaller:
             except (OSError, ChannelError) as e:
                 self._channel_failed(node, pool, f"cannot connect: {type(e).__name__}: {e}")
             else:
+                if self._ray_until:
+                    with self._lock:
+                        self._ray_until.pop(node, None)  # usable again
                 try:
                     conn.send(request_payload(ref, shards, request))
                 except OSError as e:
@@ -261,7 +267,7 @@ class SocketNodeCaller:
             pool = self._pools.get(node)
             if pool is not None:
                 return pool
-            if time.monotonic() < self._ray_until.get(node, 0.0):
+            if node in self._ray_until and time.monotonic() < self._ray_until[node][0]:
                 return None
         endpoint = self._endpoint(node)
         if endpoint is None:
@@ -302,12 +308,14 @@ class SocketNodeCaller:
 
     def _use_ray(self, node: str, why: str) -> None:
         with self._lock:
-            self._ray_until[node] = time.monotonic() + CHANNEL_RETRY_S
+            _, last = self._ray_until.get(node, (0.0, 0.0))
+            backoff = min(2 * last, CHANNEL_RETRY_MAX_S) if last else CHANNEL_RETRY_S
+            self._ray_until[node] = (time.monotonic() + backoff, backoff)
         log.warning(
             "node %s: query channel unusable (%s); querying it through Ray for %.0f s",
             node,
             why,
-            CHANNEL_RETRY_S,
+            backoff,
         )
 
 
