@@ -194,6 +194,9 @@ class _ChannelCall:
             conn.close()
             self._caller.forget(self._node)
             raise NodeUnavailable(f"node {self._node} failed: {type(e).__name__}") from None
+        except BaseException:  # an answer that does not unpickle here: a bug; do not reuse
+            conn.close()
+            raise
         self._pool.checkin(conn)
         if kind == "ok":
             return value  # type: ignore[no-any-return]

@@ -31,6 +31,7 @@ import contextlib
 import hashlib
 import hmac
 import logging
+import os
 import pickle
 import secrets
 import select
@@ -56,6 +57,9 @@ MAX_REQUEST_BYTES = 64 << 20  # a request is an expression and the step times: f
 MAX_ANSWER_BYTES = 16 << 30
 SMALL_FRAME = 64 << 10  # up to this, header and payload leave in one write
 MAX_CONNECTIONS = 256  # per node; each is a thread while open
+# Parts evaluated at once per node, as many as asyncio.to_thread's default pool ran on the Ray
+# path: more would only share the GIL and hold more memory at once.
+MAX_EVALUATING = min(32, (os.cpu_count() or 1) + 4)
 REFUSAL_LOG_EVERY_S = 10.0
 
 Handler = Callable[[DatasetRef, list[int], NodeQuery], NodeAnswer]
@@ -161,8 +165,16 @@ class QueryServer:
     caller gets it). Threads, not the actor's event loop: a query part runs where its frame was
     read, and a big one blocks nothing but its own connection."""
 
-    def __init__(self, host: str, handler: Handler, *, key: bytes | None = None) -> None:
+    def __init__(
+        self,
+        host: str,
+        handler: Handler,
+        *,
+        key: bytes | None = None,
+        max_evaluating: int = MAX_EVALUATING,
+    ) -> None:
         self._handler = handler
+        self._evaluating = threading.BoundedSemaphore(max_evaluating)
         self._key = key or secrets.token_bytes(32)
         self._sock = socket.create_server((host, 0), backlog=128)
         self.endpoint = QueryEndpoint(host, self._sock.getsockname()[1], self._key)
@@ -247,7 +259,8 @@ class QueryServer:
     def _answer(self, payload: bytearray) -> bytes:
         try:
             ref, shards, request = pickle.loads(payload)
-            reply: tuple[str, Any] = ("ok", self._handler(ref, shards, request))
+            with self._evaluating:
+                reply: tuple[str, Any] = ("ok", self._handler(ref, shards, request))
         except Exception as e:
             if not isinstance(e, FiloPyError):  # a bug, not a stale map or a bad query
                 log.exception("query channel: a query part failed")

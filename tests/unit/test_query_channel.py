@@ -210,3 +210,29 @@ def test_a_port_that_is_not_a_channel_is_refused() -> None:
     with pytest.raises(ChannelError):
         Connection(QueryEndpoint("127.0.0.1", port, b"k" * 32), 2.0)
     listener.close()
+
+
+def test_parts_are_evaluated_a_few_at_a_time() -> None:
+    """Connections are many, evaluations at once are bounded (they share one GIL)."""
+    lock = threading.Lock()
+    now = peak = 0
+
+    def slow(ref: DatasetRef, shards: list[int], request: NodeQuery) -> NodeAnswer:
+        nonlocal now, peak
+        with lock:
+            now += 1
+            peak = max(peak, now)
+        time.sleep(0.05)
+        with lock:
+            now -= 1
+        return NodeAnswer([], tuple(shards), 0, 0)
+
+    srv = QueryServer("127.0.0.1", slow, max_evaluating=2)
+    try:
+        conns = [Connection(srv.endpoint, 2.0) for _ in range(6)]
+        for c in conns:
+            c.send(request_payload(REF, [1], SERIES))
+        assert all(c.receive(time.monotonic() + 5)[0] == "ok" for c in conns)
+        assert peak == 2
+    finally:
+        srv.close()
