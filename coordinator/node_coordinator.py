@@ -419,8 +419,9 @@ class NodeCoordinator:
             log.info("node %s: query channel on %s", self.node_id, self._channel.endpoint)
         return self._channel.endpoint
 
-    async def query_channel_stats(self) -> dict[str, int]:
-        """The query channel's counters: parts served, connections refused, open now."""
+    async def query_channel_stats(self) -> dict[str, float]:
+        """The query channel's counters: parts served and their CPU seconds, connections
+        refused and open now."""
         return {} if self._channel is None else self._channel.stats()
 
     def _query_here(self, ref: DatasetRef, shards: list[int], request: NodeQuery) -> NodeAnswer:
