@@ -11,16 +11,19 @@ check, a `KeyedBatch` key for the gateway) is kept across messages, bounded by `
 a known series costs the line's split and a few dict lookups.
 
 Whole messages of one-field lines (`key name=float timestamp`, as scrapes are sent) skip the
-per-line loop: `_decode_columns` works on the message's bytes with NumPy and one dict lookup per
-line, `_decode_bulk` on its text with whole-message string operations. Each steps aside at the
-first doubt, and the loop decides; every message decodes as the loop decodes it.
+per-line loop: `_decode_columns` works on the message's bytes with NumPy alone (timestamps and
+plain decimal values read from the bytes, series key texts found in a NumPy hash table,
+`_SeriesTable`), `_decode_bulk` on its text with whole-message string operations. Each steps
+aside at the first doubt, and the loop decides; every message decodes as the loop decodes it.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Hashable, Sequence
 from operator import itemgetter
+from typing import NamedTuple
 
 import numpy as np
 from line_protocol_parser import LineFormatError, parse_line
@@ -316,24 +319,103 @@ def _decode_bulk(b: _InfluxBuilder, lines: list[str], lo: int, hi: int) -> bool:
     return True
 
 
-CACHE_BYTES = 64 << 20  # key bytes kept per metric column, limits and field (`_known_series`)
-# (metric column, limits, field) -> series key text as bytes -> what is known (`_Known`)
-_known_by_bytes: dict[tuple[str, LabelLimits, str], dict[bytes, _Known]] = {}
-_known_bytes: dict[tuple[str, LabelLimits, str], int] = {}  # their keys' bytes
-_SP, _NL, _EQ, _ZERO = 0x20, 0x0A, 0x3D, 0x30
-_MAX_DIGITS = 18  # < 10**18 < 2**63: a timestamp of at most 18 digits is exact in int64
-_POW10 = 10 ** np.arange(_MAX_DIGITS - 1, -1, -1, dtype=np.int64)
-_RIGHT = np.arange(-_MAX_DIGITS, 0)  # the last 18 bytes of a line, relative to its end
+CACHE_BYTES = 64 << 20  # key bytes kept per metric column, limits and field (`_SeriesTable`)
+_SP, _NL, _EQ, _ZERO, _DOT, _MINUS = 0x20, 0x0A, 0x3D, 0x30, 0x2E, 0x2D
+_MAX_DIGITS = 19  # < 10**19 < 2**64: a timestamp of at most 19 digits is exact in uint64
+_POW10 = 10 ** np.arange(_MAX_DIGITS - 1, -1, -1, dtype=np.uint64)
+_RIGHT = np.arange(-_MAX_DIGITS, 0)  # the last 19 bytes of a line, relative to its end
 _FLOAT_BYTES = _FLOAT_CHARS.encode()
+# Values read by NumPy: at most 18 characters (so at most 18 digits: < 10**18 < 2**63, and at
+# most 17 after the point: 10**17 is an exact float64), their digits M <= 2**53 (an exact
+# float64): M / 10**p is then the correctly rounded value of the text, as float() gives it
+# (Clinger's fast path: one IEEE division of exact operands). Other values go through float().
+_VALUE_WIDTH = 18
+_VALUE_POW10 = 10 ** np.arange(_VALUE_WIDTH - 1, -1, -1, dtype=np.int64)
+_POW10_FLOAT = 10.0 ** np.arange(_VALUE_WIDTH)
+_MANTISSA_MAX = 1 << 53
+_ONES = np.ones(_VALUE_WIDTH, np.int64)
+_COLUMN = np.arange(_VALUE_WIDTH)
+# _INSIDE[w][n]: which of w right-aligned columns hold a value of n bytes (n <= w)
+_INSIDE = [np.arange(w) >= w - np.arange(w + 1)[:, None] for w in range(_VALUE_WIDTH + 1)]
+_INT64_MAX_U = np.uint64(_INT64_MAX)
+
+
+def _stamps(buf: np.ndarray, line_end: np.ndarray, field_end: np.ndarray) -> np.ndarray | None:
+    """Each line's timestamp (the bytes after its second space): 1 to 19 ASCII digits read
+    right-aligned from the line's last bytes, within int64; None for anything else."""
+    digits = line_end - field_end - 1
+    shortest, longest = int(digits.min()), int(digits.max())
+    if shortest < 1 or longest > _MAX_DIGITS:
+        return None
+    if shortest == longest:  # the usual message: every timestamp as long
+        block = buf.take(line_end[:, None] + _RIGHT[-longest:]) - np.uint8(_ZERO)
+        if (block > 9).any():  # (uint8: bytes under "0" wrap above 9)
+            return None
+        t = block @ _POW10[-longest:]
+    else:
+        block = buf.take(line_end[:, None] + _RIGHT, mode="clip") - np.uint8(_ZERO)
+        in_stamp = -digits[:, None] <= _RIGHT
+        if (block[in_stamp] > 9).any():
+            return None
+        block[~in_stamp] = 0
+        t = block @ _POW10
+    if longest == _MAX_DIGITS and (t > _INT64_MAX_U).any():
+        return None  # (the line loop hands these to the parser, which refuses them)
+    return t.astype(np.int64)
+
+
+def _values(raw: bytes, buf: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray | None:
+    """The field values `raw[start:end]` (non-empty) as the line loop reads them, or None if
+    it would not take them all (`_floats_as_the_loop_reads`). Plain decimals (`-12.5`: digits,
+    at most one point, a leading minus) are read by NumPy, exactly (see `_VALUE_WIDTH`); the
+    others (exponents, long mantissas) by float(), one at a time. Row sums are matrix products:
+    NumPy reduces short rows slowly."""
+    length = end - start
+    width = min(int(length.max()), _VALUE_WIDTH)
+    block = buf.take(end[:, None] + np.arange(-width, 0), mode="clip")  # right-aligned
+    inside = _INSIDE[width][np.minimum(length, width)]
+    digit = block - np.uint8(_ZERO)
+    is_digit = ((digit <= 9) & inside).view(np.uint8)
+    is_dot = ((block == _DOT) & inside).view(np.uint8)
+    n_digits = is_digit @ _ONES[:width]
+    n_dots = is_dot @ _ONES[:width]
+    negative = buf.take(start) == _MINUS
+    has_dot = n_dots == 1
+    fraction = np.where(has_dot, width - 1 - is_dot @ _COLUMN[:width], 0)  # after the point
+    # the digits as one integer, the point's place empty: left * 10**(fraction+1) + right
+    whole = (digit * is_digit) @ _VALUE_POW10[-width:]
+    scale = _VALUE_POW10[-1 - fraction]  # 10**fraction
+    mantissa = np.where(has_dot, whole // (scale * 10) * scale + whole % scale, whole)
+    plain = (
+        (length <= width)
+        & (n_digits >= 1)
+        & (n_digits + n_dots + negative == length)  # nothing else: a minus only in front
+        & (n_dots <= 1)
+        & (mantissa <= _MANTISSA_MAX)
+    )
+    vals = mantissa.astype(np.float64) / _POW10_FLOAT[fraction]
+    np.negative(vals, out=vals, where=negative)
+    if plain.all():
+        return vals
+    others = np.flatnonzero(~plain).tolist()
+    starts, ends = start.tolist(), end.tolist()
+    texts = [raw[starts[i] : ends[i]] for i in others]
+    if b"".join(texts).translate(None, _FLOAT_BYTES):
+        return None  # (so no "=" or "," either: one field per line, as the loop needs)
+    read = _floats_as_the_loop_reads(texts)
+    if read is None:
+        return None
+    vals[others] = read
+    return vals
 
 
 def _decode_columns(b: _InfluxBuilder, raw: bytes, lo: int, hi: int) -> bool:
-    """The common message without a Python object per token where it can be helped: lines of
-    `key name=float timestamp` with the same field name, no escapes, quotes or tabs (the caller
-    checked), timestamps of 1 to 18 digits. NumPy finds the spaces and newlines and reads the
-    timestamps; each series key text is looked up as bytes (`_known_series`: one dict per field);
-    values go through float(), as in the line loop. False, with `b` untouched, for any other
-    message or anything in doubt: `_decode_bulk` and then the line loop decide, and every
+    """The common message with no Python per line: lines of `key name=value timestamp` with the
+    same field name, no escapes, quotes or tabs (the caller checked), timestamps of 1 to 19
+    digits. NumPy finds the spaces and newlines, reads the timestamps and the plain decimal
+    values (others go through float(), as in the line loop) and finds each line's series key
+    text in a table of known ones (`_SeriesTable.find`). False, with `b` untouched, for any
+    other message or anything in doubt: `_decode_bulk` and then the line loop decide, and every
     message decodes as the line loop decodes it (hypothesis tests)."""
     if raw[-1:] == b"\n":
         raw = raw[:-1]  # one trailing newline, as the line split drops one empty last line
@@ -354,24 +436,8 @@ def _decode_columns(b: _InfluxBuilder, raw: bytes, lo: int, hi: int) -> bool:
     # each line exactly two spaces: the k-th pair lies between the k-th line's start and end
     if (field_end > line_end).any() or (key_end[1:] < nl).any():
         return False
-    # timestamps: 1 to 18 ASCII digits, read right-aligned from the last 18 bytes of each line
-    digits = line_end - field_end - 1
-    shortest, longest = int(digits.min()), int(digits.max())
-    if shortest < 1 or longest > _MAX_DIGITS:
-        return False
-    if shortest == longest:  # the usual message: every timestamp as long
-        block = buf.take(line_end[:, None] + _RIGHT[-longest:]) - np.uint8(_ZERO)
-        if (block > 9).any():  # (uint8: bytes under "0" wrap above 9)
-            return False
-        t = block @ _POW10[-longest:]
-    else:
-        block = buf.take(line_end[:, None] + _RIGHT, mode="clip") - np.uint8(_ZERO)
-        in_stamp = -digits[:, None] <= _RIGHT
-        if (block[in_stamp] > 9).any():
-            return False
-        block[~in_stamp] = 0
-        t = block @ _POW10
-    if int(t.min()) < lo or int(t.max()) > hi:
+    t = _stamps(buf, line_end, field_end)
+    if t is None or int(t.min()) < lo or int(t.max()) > hi:
         return False
     # fields: every line's field starts with the first line's `name=`, then the value
     first_field = raw[int(key_end[0]) + 1 : int(field_end[0])]
@@ -384,83 +450,402 @@ def _decode_columns(b: _InfluxBuilder, raw: bytes, lo: int, hi: int) -> bool:
         return False
     if (buf.take(key_end[:, None] + 1 + np.arange(len(prefix))) != prefix).any():
         return False
-    values_text = [raw[a:z] for a, z in zip(value_start.tolist(), field_end.tolist(), strict=True)]
-    if b"".join(values_text).translate(None, _FLOAT_BYTES):
-        return False  # (so no "=" or "," either: one field per line, as the loop needs)
-    vals = _floats_as_the_loop_reads(values_text)
+    vals = _values(raw, buf, value_start, field_end)
     if vals is None:
         return False
-    # series: one dict lookup per line (series key bytes -> what the line loop would find)
+    # series: every line's key text found in the field's table at once
     field = name.decode()
-    known = _known_series(b, field)
-    get = known.get
-    starts = [0, *(nl + 1).tolist()]
-    ends = key_end.tolist()
-    entries = [get(raw[a:z]) for a, z in zip(starts, ends, strict=True)]
-    if None in entries:
-        try:
-            entries = [
-                e or _learn_series(b, known, field, raw[a:z])
-                for e, a, z in zip(entries, starts, ends, strict=True)
-            ]
-        except (_Fallback, UnicodeDecodeError):
-            return False
-    keys = list(map(_key_of, entries))
-    if len(set(keys)) == n and all(map(_sorted_of, entries)):
-        # every line its own series (the usual scrape): distinct key texts, each with its tags
-        # in order, are distinct series (a series' tags in another order would be another text)
-        b.series = list(map(_labels_of, entries))
-        b.codes = list(map(_code_of, entries))
-        b.keys = keys  # type: ignore[assignment]
-        b.idx = np.arange(n, dtype=np.int32)  # type: ignore[assignment]
+    key_start = np.empty(n, np.int64)
+    key_start[0] = 0
+    key_start[1:] = nl + 1
+    try:
+        found = _series_table(b, field).find(b, field, raw, key_start, key_end)
+    except (_Fallback, UnicodeDecodeError):
+        return False
+    ids = found.ids
+    if found.tags_sorted():
+        # distinct key texts with their tags in order are distinct series (a series' tags in
+        # another order would be another text): the ids number the series
+        in_order = np.sort(ids)
+        if (in_order[1:] != in_order[:-1]).all():  # every line its own series (a scrape)
+            rows = np.arange(n)
+            b.idx = rows.astype(np.int32)  # type: ignore[assignment]
+        else:  # series in order of first appearance
+            first, inverse = np.unique(ids, return_index=True, return_inverse=True)[1:]
+            order = np.argsort(first)
+            rank = np.empty(len(first), np.int32)
+            rank[order] = np.arange(len(first), dtype=np.int32)
+            rows = first[order]
+            b.idx = rank[inverse.ravel()]  # type: ignore[assignment]
+        b.series, b.codes, b.keys = found.series(rows)  # type: ignore[assignment]
     else:  # series in order of first appearance, each with its first line's template
-        templates = list(map(_template_of, entries))
+        templates = found.templates()
         canon = list(map(_canonical_of, templates))
         order = list(dict.fromkeys(canon))
         number = dict(zip(order, range(len(order)), strict=True))
-        first = dict(zip(canon[::-1], templates[::-1], strict=True))
-        by_series = list(map(first.__getitem__, order))
+        first_of = dict(zip(canon[::-1], templates[::-1], strict=True))
+        by_series = list(map(first_of.__getitem__, order))
         series = [tp[3].get(field) or b.make_series(tp, field) for tp in by_series]
         b.series.extend(map(_labels_of, series))
         b.codes.extend(map(_code_of, series))
         b.keys.extend(map(_key_of, series))
         b.idx = list(map(number.__getitem__, canon))
     b.ts = t  # type: ignore[assignment]
-    b.vals = vals
+    b.vals = vals  # type: ignore[assignment]
     return True
+
+
+class _TableView(NamedTuple):
+    """A state of a `_SeriesTable`. Decoders run on several threads: entries are only appended
+    past `count` and slots only filled (or all replaced), so a reader holding an older view
+    reads entries it knows, and anything else it reads is checked against them."""
+
+    slot_ids: np.ndarray  # int64, open addressing by hash: the entry in each slot, -1 if none
+    slot_hashes: np.ndarray  # uint64: that entry's hash
+    shift: np.uint64  # a hash's slot is its top bits: hash >> shift
+    hashes: np.ndarray  # per entry: its key text's hash (to rebuild the slots)
+    words: np.ndarray  # uint64: every entry's key text from a word boundary, zero padded
+    n_words: int
+    word_start: np.ndarray  # per entry: its first word
+    length: np.ndarray  # per entry: its key text's length in bytes
+    labels: np.ndarray  # per entry, objects: its series' labels
+    codes: np.ndarray  # per entry, int8: its contract code
+    keys: np.ndarray  # per entry, int64: its `KeyedBatch` key
+    tags_sorted: np.ndarray  # per entry: its key text has its tags in sorted order
+    templates: np.ndarray  # per entry, objects: its key text's template
+    count: int
+    n_bytes: int
+    all_sorted: bool  # every entry's tags in sorted order
+
+
+def _empty_view(capacity: int = 1024) -> _TableView:
+    return _TableView(
+        slot_ids=np.full(2 * capacity, -1, np.int64),
+        slot_hashes=np.zeros(2 * capacity, np.uint64),
+        shift=np.uint64(64 - (2 * capacity).bit_length() + 1),
+        hashes=np.zeros(capacity, np.uint64),
+        words=np.zeros(capacity * 8, np.uint64),
+        n_words=0,
+        word_start=np.zeros(capacity, np.int64),
+        length=np.zeros(capacity, np.int64),
+        labels=np.empty(capacity, object),
+        codes=np.zeros(capacity, np.int8),
+        keys=np.zeros(capacity, np.int64),
+        tags_sorted=np.zeros(capacity, bool),
+        templates=np.empty(capacity, object),
+        count=0,
+        n_bytes=0,
+        all_sorted=True,
+    )
+
+
+def _grown(a: np.ndarray, size: int) -> np.ndarray:
+    """`a` if it holds `size` items, else a copy with room for twice as many."""
+    if len(a) >= size:
+        return a
+    out = np.zeros(max(2 * len(a), size), a.dtype)
+    out[: len(a)] = a
+    return out
+
+
+# Hashes of key texts: each 8-byte word times a constant of its place, summed, the length mixed
+# in. Only a hint: a text found by its hash is then compared word for word with the stored one,
+# so a collision costs speed, never exactness.
+_MAX_KEY_WORDS = 1024  # longer key texts (8 KiB) are not indexed: found through the dict
+_MIX = np.random.default_rng(0x5EED).integers(0, 1 << 63, _MAX_KEY_WORDS, dtype=np.uint64)
+_MIX = _MIX * np.uint64(2) + np.uint64(1)
+_LEN_MIX, _FINAL_MIX = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9)
+_TAIL_MASKS = np.array([0] + [(1 << (8 * r)) - 1 for r in range(1, 8)] + [(1 << 64) - 1], np.uint64)
+_WORD = np.dtype("<u8")
+_MAX_PROBES = 32  # a text whose slot is further than this from its hash's goes to the dict
+
+
+def _key_words(
+    raw: bytes, start: np.ndarray, length: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each text `raw[start:start+length]` (length >= 1) as little-endian 8-byte words, the
+    last one zero padded, all in one array; each text's first word there; and its hash."""
+    n_words = (length + 7) >> 3
+    first = np.cumsum(n_words) - n_words
+    total = int(first[-1] + n_words[-1])
+    padded = raw + bytes(8)
+    at_byte = np.ndarray((len(padded) - 7,), _WORD, padded, strides=(1,))  # unaligned words
+    word_no = np.arange(total) - np.repeat(first, n_words)
+    words = at_byte[np.repeat(start, n_words) + 8 * word_no]
+    words[first + n_words - 1] &= _TAIL_MASKS[length - 8 * (n_words - 1)]
+    mixed = words * _MIX[np.minimum(word_no, _MAX_KEY_WORDS - 1)]
+    h = np.add.reduceat(mixed, first) ^ (length.astype(np.uint64) * _LEN_MIX)
+    h ^= h >> np.uint64(31)
+    h *= _FINAL_MIX
+    h ^= h >> np.uint64(29)
+    return words, first, h
+
+
+def _place(view: _TableView, hashes: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Put entries `ids` in the view's free slots (open addressing, linear probing); which
+    were placed: not those whose hash is there already, or that probed too far."""
+    slot_ids, slot_hashes = view.slot_ids, view.slot_hashes
+    mask = len(slot_ids) - 1
+    probe = (hashes >> view.shift).astype(np.int64)
+    pending = np.arange(len(hashes))
+    placed = np.zeros(len(hashes), bool)
+    for _ in range(_MAX_PROBES):
+        if not len(pending):
+            break
+        at = probe[pending]
+        sid = slot_ids[at]
+        empty = sid < 0
+        taken = ~empty & (slot_hashes[at] == hashes[pending])
+        free = np.flatnonzero(empty)
+        win = free[np.unique(at[free], return_index=True)[1]]  # one entry per free slot
+        slot_hashes[at[win]] = hashes[pending[win]]
+        slot_ids[at[win]] = ids[pending[win]]
+        placed[pending[win]] = True
+        go_on = ~taken
+        go_on[win] = False
+        pending = pending[go_on]
+        probe[pending] = (probe[pending] + 1) & mask
+    return placed
+
+
+class _Found(NamedTuple):
+    """Each line's key text as the table found it: `ids` equal for equal texts (entries of
+    `view` below its count; texts met in this message from `view.count` on, in `new`)."""
+
+    ids: np.ndarray
+    view: _TableView
+    new: list[_Known]
+
+    def tags_sorted(self) -> bool:
+        if not self.new and self.view.all_sorted:
+            return True
+        return all(map(_sorted_of, self._entries(np.arange(len(self.ids)))))
+
+    def templates(self) -> list[_Template]:
+        return list(map(_template_of, self._entries(np.arange(len(self.ids)))))
+
+    def series(self, rows: np.ndarray) -> tuple[list[Labels], np.ndarray, list[int]]:
+        """Labels, contract codes and keys of the lines `rows`."""
+        ids = self.ids[rows]
+        if not self.new:
+            view = self.view
+            return view.labels[ids].tolist(), view.codes[ids], view.keys[ids].tolist()
+        entries = self._entries(rows)
+        return (
+            list(map(_labels_of, entries)),
+            np.array(list(map(_code_of, entries)), np.int8),
+            list(map(_key_of, entries)),
+        )
+
+    def _entries(self, rows: np.ndarray) -> list[_Known]:
+        view, count, new = self.view, self.view.count, self.new
+        return [
+            new[i - count]
+            if i >= count
+            else (
+                view.labels[i],
+                int(view.codes[i]),
+                int(view.keys[i]),
+                bool(view.tags_sorted[i]),
+                view.templates[i],
+            )
+            for i in self.ids[rows].tolist()
+        ]
+
+
+class _SeriesTable:
+    """The series key texts of one metric column, limits and field that the column path has
+    met, to find every line's text at once: an open-addressing table of their hashes
+    (`_key_words`) in NumPy, then a word-for-word comparison with the stored text, and per
+    entry what the line loop gives the series (labels, contract code, key). Texts the table
+    cannot hold (a hash taken, too long) are kept in a dict by their bytes. Bounded: emptied
+    when its texts' bytes reach CACHE_BYTES, or their count CACHE_SIZE."""
+
+    __slots__ = ("lock", "overflow", "view")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.clear()
+
+    def clear(self) -> None:
+        with self.lock:
+            self.view = _empty_view()
+            self.overflow: dict[bytes, _Known] = {}
+
+    def find(
+        self, b: _InfluxBuilder, field: str, raw: bytes, start: np.ndarray, end: np.ndarray
+    ) -> _Found:
+        """Each key text `raw[start:end]`; texts not known yet are learnt from their template
+        (`_learn_series`, which raises `_Fallback` where the parser must decide) and added."""
+        view = self.view
+        if view.count >= CACHE_SIZE or view.n_bytes >= CACHE_BYTES:
+            self.clear()
+            view = self.view
+        length = end - start
+        if int(length.min()) < 1:
+            raise _Fallback  # an empty key text: the line loop decides
+        words, first, hashes = _key_words(raw, start, length)
+        # candidates by hash (open addressing), then compared word for word
+        slot_ids, slot_hashes, mask = view.slot_ids, view.slot_hashes, len(view.slot_ids) - 1
+        probe = (hashes >> view.shift).astype(np.int64)
+        ids = slot_ids[probe]
+        match = slot_hashes[probe] == hashes
+        going = np.flatnonzero((ids >= 0) & ~match)  # another text's slot: probe on
+        for _ in range(_MAX_PROBES - 1):
+            if not len(going):
+                break
+            probe[going] = (probe[going] + 1) & mask
+            sid = slot_ids[probe[going]]
+            now = slot_hashes[probe[going]] == hashes[going]
+            ids[going] = sid
+            match[going] = now
+            going = going[(sid >= 0) & ~now]
+        hit = match & (ids >= 0) & (ids < view.count)
+        ids[~hit] = 0
+        hit &= view.length[ids] == length
+        n_words = (length + 7) >> 3
+        stored = view.words.take(
+            np.repeat(view.word_start[ids] - first, n_words) + np.arange(len(words)), mode="clip"
+        )
+        hit &= ~np.logical_or.reduceat(stored != words, first)
+        new: list[_Known] = []  # entries of the texts not found, numbered from view.count
+        if not hit.all():
+            number_of: dict[bytes, int] = {}
+            added: list[tuple[int, _Known]] = []  # line, entry: texts to add to the table
+            starts, ends = start.tolist(), end.tolist()
+            for i in np.flatnonzero(~hit).tolist():
+                text = raw[starts[i] : ends[i]]
+                number = number_of.get(text)
+                if number is None:
+                    known = self.overflow.get(text)
+                    if known is None:
+                        known = _learn_series(b, field, text)
+                        added.append((i, known))
+                    number = number_of[text] = view.count + len(new)
+                    new.append(known)
+                ids[i] = number
+            if added:
+                self._add(raw, start, added, hashes, words, first, length)
+        return _Found(ids, view, new)
+
+    def _add(
+        self,
+        raw: bytes,
+        start: np.ndarray,
+        added: list[tuple[int, _Known]],
+        hashes: np.ndarray,
+        words: np.ndarray,
+        first: np.ndarray,
+        length: np.ndarray,
+    ) -> None:
+        """Add the texts of lines `added` (their hashes and words as `find` computed them):
+        as entries with slots, or in the dict if their hash has a slot already (another text,
+        or the same one added by another thread) or they are too long."""
+        with self.lock:
+            view = self.view
+            lines = np.array([i for i, _ in added], np.int64)
+            m = len(lines)
+            c, w = view.count, view.n_words
+            size = c + m
+            if 2 * size > len(view.slot_ids):
+                view = _resized(view, size)
+            n_words = (length[lines] + 7) >> 3
+            word_start = w + np.cumsum(n_words) - n_words
+            n_w = w + int(n_words.sum())
+            all_words = _grown(view.words, n_w)
+            all_words[w:n_w] = words[
+                np.repeat(first[lines] - word_start, n_words) + np.arange(w, n_w)
+            ]
+            h = hashes[lines]
+            grown = [
+                _grown(a, size)
+                for a in (
+                    view.hashes,
+                    view.word_start,
+                    view.length,
+                    view.labels,
+                    view.codes,
+                    view.keys,
+                    view.tags_sorted,
+                    view.templates,
+                )
+            ]
+            all_hashes, all_word_start, all_length, labels, codes, keys, tags_sorted, templates = (
+                grown
+            )
+            all_hashes[c:size] = h
+            all_word_start[c:size] = word_start
+            all_length[c:size] = length[lines]
+            for k, (_, (lab, code, key, srt, template)) in enumerate(added, start=c):
+                labels[k] = lab
+                codes[k] = code
+                keys[k] = key
+                tags_sorted[k] = srt
+                templates[k] = template
+            short = n_words <= _MAX_KEY_WORDS
+            placed = np.zeros(m, bool)
+            placed[short] = _place(view, h[short], np.arange(c, size)[short])
+            for k in np.flatnonzero(~placed).tolist():
+                i, known = added[k]
+                self.overflow[raw[int(start[i]) : int(start[i] + length[i])]] = known
+            self.view = view._replace(
+                hashes=all_hashes,
+                words=all_words,
+                n_words=n_w,
+                word_start=all_word_start,
+                length=all_length,
+                labels=labels,
+                codes=codes,
+                keys=keys,
+                tags_sorted=tags_sorted,
+                templates=templates,
+                count=size,
+                n_bytes=view.n_bytes + int(length[lines].sum()),
+                all_sorted=view.all_sorted and bool(tags_sorted[c:size].all()),
+            )
+
+
+def _resized(view: _TableView, size: int) -> _TableView:
+    """The view with new slots for `size` entries (at most half of them used), its entries
+    placed again."""
+    n_slots = 1 << (4 * size - 1).bit_length()
+    bigger = view._replace(
+        slot_ids=np.full(n_slots, -1, np.int64),
+        slot_hashes=np.zeros(n_slots, np.uint64),
+        shift=np.uint64(64 - n_slots.bit_length() + 1),
+    )
+    c = view.count
+    if c:
+        was = np.flatnonzero(view.slot_ids >= 0)  # entries that had a slot (not the dict's)
+        ids = view.slot_ids[was]
+        _place(bigger, view.hashes[ids], ids)
+    return bigger
 
 
 # What the column path knows of a series key text and field: its `_Series` (labels, contract
 # code, key), whether the text has its tags in sorted order, and the text's template.
 _Known = tuple[Labels, int, int, bool, _Template]
 _sorted_of, _template_of = itemgetter(3), itemgetter(4)
+# (metric column, limits, field) -> the key texts met, with what the line loop gives them
+_known_by_bytes: dict[tuple[str, LabelLimits, str], _SeriesTable] = {}
 
 
-def _known_series(b: _InfluxBuilder, field: str) -> dict[bytes, _Known]:
-    """The series key texts known as bytes for `field`, `b`'s metric column and limits."""
+def _series_table(b: _InfluxBuilder, field: str) -> _SeriesTable:
+    """The series key texts known for `field`, `b`'s metric column and limits."""
     cache_key = (b.metric_column, b.limits, field)
-    known = _known_by_bytes.get(cache_key)
-    if known is None:
-        known = _known_by_bytes.setdefault(cache_key, {})
-    return known
+    table = _known_by_bytes.get(cache_key)
+    if table is None:
+        table = _known_by_bytes.setdefault(cache_key, _SeriesTable())
+    return table
 
 
-def _learn_series(b: _InfluxBuilder, known: dict[bytes, _Known], field: str, key: bytes) -> _Known:
+def _learn_series(b: _InfluxBuilder, field: str, key: bytes) -> _Known:
     """A series key text's entry for `field`, from its template (`_template`, which raises
-    `_Fallback` where the parser must decide) as the line loop finds it; kept by bytes
-    (bounded: emptied when its keys' bytes reach CACHE_BYTES, or their count CACHE_SIZE)."""
+    `_Fallback` where the parser must decide) as the line loop finds it."""
     template = _template(b.templates, key.decode("utf-8"))
     labels, code, series_key = template[3].get(field) or b.make_series(template, field)
     tags = list(template[1])
-    entry = (labels, code, series_key, tags == sorted(tags), template)
-    cache_key = (b.metric_column, b.limits, field)
-    size = _known_bytes.get(cache_key, 0) + len(key)
-    if size > CACHE_BYTES or len(known) >= CACHE_SIZE:
-        known.clear()
-        size = len(key)
-    _known_bytes[cache_key] = size
-    known[key] = entry  # type: ignore[assignment]
-    return entry  # type: ignore[return-value]
+    return (labels, code, series_key, tags == sorted(tags), template)  # type: ignore[return-value]
 
 
 def _decode_lines(

@@ -304,6 +304,7 @@ def _plain(n: int, stamp: str = "1700000000000", field: str = "value") -> bytes:
         _plain(50) + b"\n",
         _plain(3, "1"),
         _plain(3, "170000000000000000"),  # 18 digits
+        _plain(3, "1700000000000000000"),  # 19 digits (nanoseconds)
         b"cpu value=1 1700000000000\ncpu value=2 1700000000001",  # one series, two samples
         b"cpu,a=1,b=2 value=1 1700000000000\ncpu,b=2,a=1 value=2 1700000000001",  # tag order
         b"cpu,host=a value=1 17\ncpu,host=b value=2 1700000000000",  # stamps of two lengths
@@ -321,7 +322,6 @@ def test_plain_messages_take_the_column_path(raw: bytes) -> None:
 @pytest.mark.parametrize(
     "raw",
     [
-        _plain(3, "1700000000000000000"),  # 19 digits: the next path decides
         _plain(3) + b"\n\n",
         b"cpu value=1 1700000000000\r\ncpu value=2 1700000000000",
         b"cpu value=1 1700000000000\ncpu v=2 1700000000000",  # two field names
