@@ -518,7 +518,8 @@ class _TableView(NamedTuple):
     all_sorted: bool  # every entry's tags in sorted order
 
 
-def _empty_view(capacity: int = 1024) -> _TableView:
+def _empty_view(capacity: int = 64) -> _TableView:
+    """A table with room for `capacity` entries (small: one table per field name met)."""
     return _TableView(
         slot_ids=np.full(2 * capacity, -1, np.int64),
         slot_hashes=np.zeros(2 * capacity, np.uint64),
