@@ -23,7 +23,7 @@ import sys
 import threading
 from collections.abc import Hashable, Sequence
 from operator import itemgetter
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 from line_protocol_parser import LineFormatError, parse_line
@@ -620,38 +620,34 @@ class _Found(NamedTuple):
     def tags_sorted(self) -> bool:
         if not self.new and self.view.all_sorted:
             return True
-        return all(map(_sorted_of, self._entries(np.arange(len(self.ids)))))
+        return bool(self._per_line(self.view.tags_sorted, _sorted_of, slice(None)).all())
 
     def templates(self) -> list[_Template]:
-        return list(map(_template_of, self._entries(np.arange(len(self.ids)))))
+        return self._per_line(self.view.templates, _template_of, slice(None)).tolist()
 
     def series(self, rows: np.ndarray) -> tuple[list[Labels], np.ndarray, list[int]]:
         """Labels, contract codes and keys of the lines `rows`."""
-        ids = self.ids[rows]
-        if not self.new:
-            view = self.view
-            return view.labels[ids].tolist(), view.codes[ids], view.keys[ids].tolist()
-        entries = self._entries(rows)
+        view = self.view
         return (
-            list(map(_labels_of, entries)),
-            np.array(list(map(_code_of, entries)), np.int8),
-            list(map(_key_of, entries)),
+            self._per_line(view.labels, _labels_of, rows).tolist(),
+            self._per_line(view.codes, _code_of, rows),
+            self._per_line(view.keys, _key_of, rows).tolist(),
         )
 
-    def _entries(self, rows: np.ndarray) -> list[_Known]:
-        view, count, new = self.view, self.view.count, self.new
-        return [
-            new[i - count]
-            if i >= count
-            else (
-                view.labels[i],
-                int(view.codes[i]),
-                int(view.keys[i]),
-                bool(view.tags_sorted[i]),
-                view.templates[i],
-            )
-            for i in self.ids[rows].tolist()
-        ]
+    def _per_line(
+        self, column: np.ndarray, of: itemgetter[Any], rows: np.ndarray | slice
+    ) -> np.ndarray:
+        """One of the view's per-entry columns for the lines `rows`, the new texts' included
+        (`of` reads their entries)."""
+        ids = self.ids[rows]
+        if not self.new:
+            return column[ids]
+        count = self.view.count
+        is_new = ids >= count
+        out = column[np.where(is_new, 0, ids)]
+        new = np.fromiter(map(of, self.new), column.dtype, len(self.new))
+        out[is_new] = new[ids[is_new] - count]
+        return out
 
 
 class _SeriesTable:
@@ -713,9 +709,12 @@ class _SeriesTable:
         if not hit.all():
             number_of: dict[bytes, int] = {}
             added: list[tuple[int, _Known]] = []  # line, entry: texts to add to the table
-            starts, ends = start.tolist(), end.tolist()
-            for i in np.flatnonzero(~hit).tolist():
-                text = raw[starts[i] : ends[i]]
+            missed = np.flatnonzero(~hit)
+            numbers: list[int] = []
+            for i, a, z in zip(
+                missed.tolist(), start[missed].tolist(), end[missed].tolist(), strict=True
+            ):
+                text = raw[a:z]
                 number = number_of.get(text)
                 if number is None:
                     known = self.overflow.get(text)
@@ -724,7 +723,8 @@ class _SeriesTable:
                         added.append((i, known))
                     number = number_of[text] = view.count + len(new)
                     new.append(known)
-                ids[i] = number
+                numbers.append(number)
+            ids[missed] = numbers
             if added:
                 self._add(raw, start, added, hashes, words, first, length)
         return _Found(ids, view, new)
@@ -777,12 +777,12 @@ class _SeriesTable:
             all_hashes[c:size] = h
             all_word_start[c:size] = word_start
             all_length[c:size] = length[lines]
-            for k, (_, (lab, code, key, srt, template)) in enumerate(added, start=c):
-                labels[k] = lab
-                codes[k] = code
-                keys[k] = key
-                tags_sorted[k] = srt
-                templates[k] = template
+            entries = [known for _, known in added]
+            labels[c:size] = np.fromiter(map(_labels_of, entries), object, m)
+            codes[c:size] = list(map(_code_of, entries))
+            keys[c:size] = list(map(_key_of, entries))
+            tags_sorted[c:size] = list(map(_sorted_of, entries))
+            templates[c:size] = np.fromiter(map(_template_of, entries), object, m)
             short = n_words <= _MAX_KEY_WORDS
             placed = np.zeros(m, bool)
             placed[short] = _place(view, h[short], np.arange(c, size)[short])
