@@ -197,7 +197,7 @@ class SeriesTables:
     `keys` list, so the memstore can also remember their series ids (`ShardMemstore`).
     One per decoder, used by one thread (an ingester's); not thread-safe."""
 
-    def __init__(self, max_tables: int = 8, max_bytes: int = 64 << 20) -> None:
+    def __init__(self, max_tables: int = 4, max_bytes: int = 8 << 20) -> None:
         self.max_tables, self.max_bytes = max_tables, max_bytes
         self._recent: list[_Table] = []  # most recently used first
         self.hits = self.misses = 0

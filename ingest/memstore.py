@@ -67,7 +67,7 @@ DEFAULT_MAX_SAMPLES = 50_000_000
 EVICT_TO = 0.9  # over the bound, evict down to this fraction of it so eviction is not per ingest
 _INITIAL_CAPACITY = 8
 _PENDING_MAX = 1 << 19  # pending samples moved into series buffers at once (`_settle`)
-_RESOLVED_MAX = 16  # key lists whose series ids `_resolve` remembers
+_RESOLVED_MAX = 4  # key lists whose series ids `_resolve` remembers (they are kept alive)
 
 
 def flush_group_of(
