@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 from line_protocol_parser import LineFormatError, parse_line
+from numpy.lib.stride_tricks import as_strided
 
 from filopy.dataset import METRIC_COLUMN, LabelLimits
 from ingest.bad_records import (
@@ -322,7 +323,6 @@ def _decode_bulk(b: _InfluxBuilder, lines: list[str], lo: int, hi: int) -> bool:
 CACHE_BYTES = 64 << 20  # key bytes kept per metric column, limits and field (`_SeriesTable`)
 _SP, _NL, _EQ, _ZERO, _DOT, _MINUS = 0x20, 0x0A, 0x3D, 0x30, 0x2E, 0x2D
 _MAX_DIGITS = 19  # < 10**19 < 2**64: a timestamp of at most 19 digits is exact in uint64
-_POW10 = 10 ** np.arange(_MAX_DIGITS - 1, -1, -1, dtype=np.uint64)
 _RIGHT = np.arange(-_MAX_DIGITS, 0)  # the last 19 bytes of a line, relative to its end
 _FLOAT_BYTES = _FLOAT_CHARS.encode()
 # Values read by NumPy: at most 18 characters (so at most 18 digits: < 10**18 < 2**63, and at
@@ -338,6 +338,27 @@ _COLUMN = np.arange(_VALUE_WIDTH)
 # _INSIDE[w][n]: which of w right-aligned columns hold a value of n bytes (n <= w)
 _INSIDE = [np.arange(w) >= w - np.arange(w + 1)[:, None] for w in range(_VALUE_WIDTH + 1)]
 _INT64_MAX_U = np.uint64(_INT64_MAX)
+_SPLIT = np.uint64(10**9)
+# `_integers`' weights: row j of 19 is the digit of 10**(18-j), in column 0 (10**9 and up, as a
+# multiple of 10**9) or 1
+_DIGIT_WEIGHTS = np.array(
+    [[10.0 ** (p - 9), 0.0] if p >= 9 else [0.0, 10.0**p] for p in range(_MAX_DIGITS - 1, -1, -1)]
+)
+
+
+def _rows(buf: np.ndarray, end: np.ndarray, width: int) -> np.ndarray:
+    """The `width` bytes before each `end` (>= width), a row each: rows of a strided window
+    over the buffer, which NumPy copies whole (faster than an index per byte)."""
+    window = as_strided(buf, shape=(len(buf) - width + 1, width), strides=(1, 1))
+    return window[end - width]
+
+
+def _integers(digits: np.ndarray) -> np.ndarray:
+    """Rows of at most 19 digits (uint8 0..9, right-aligned) as uint64 integers: one float64
+    matrix product (BLAS) into the last 9 digits and those before, each sum below 10**10, so
+    exact in float64 in any order of additions, then joined in uint64."""
+    parts = digits.astype(np.float64) @ _DIGIT_WEIGHTS[-digits.shape[1] :]
+    return parts[:, 0].astype(np.uint64) * _SPLIT + parts[:, 1].astype(np.uint64)
 
 
 def _stamps(buf: np.ndarray, line_end: np.ndarray, field_end: np.ndarray) -> np.ndarray | None:
@@ -348,17 +369,17 @@ def _stamps(buf: np.ndarray, line_end: np.ndarray, field_end: np.ndarray) -> np.
     if shortest < 1 or longest > _MAX_DIGITS:
         return None
     if shortest == longest:  # the usual message: every timestamp as long
-        block = buf.take(line_end[:, None] + _RIGHT[-longest:]) - np.uint8(_ZERO)
+        block = _rows(buf, line_end, longest) - np.uint8(_ZERO)
         if (block > 9).any():  # (uint8: bytes under "0" wrap above 9)
             return None
-        t = block @ _POW10[-longest:]
     else:
-        block = buf.take(line_end[:, None] + _RIGHT, mode="clip") - np.uint8(_ZERO)
-        in_stamp = -digits[:, None] <= _RIGHT
+        right = _RIGHT[-longest:]
+        block = buf.take(line_end[:, None] + right, mode="clip") - np.uint8(_ZERO)
+        in_stamp = -digits[:, None] <= right
         if (block[in_stamp] > 9).any():
             return None
         block[~in_stamp] = 0
-        t = block @ _POW10
+    t = _integers(block)
     if longest == _MAX_DIGITS and (t > _INT64_MAX_U).any():
         return None  # (the line loop hands these to the parser, which refuses them)
     return t.astype(np.int64)
@@ -372,7 +393,10 @@ def _values(raw: bytes, buf: np.ndarray, start: np.ndarray, end: np.ndarray) -> 
     NumPy reduces short rows slowly."""
     length = end - start
     width = min(int(length.max()), _VALUE_WIDTH)
-    block = buf.take(end[:, None] + np.arange(-width, 0), mode="clip")  # right-aligned
+    if int(end.min()) >= width:
+        block = _rows(buf, end, width)  # right-aligned
+    else:
+        block = buf.take(end[:, None] + np.arange(-width, 0), mode="clip")
     inside = _INSIDE[width][np.minimum(length, width)]
     digit = block - np.uint8(_ZERO)
     is_digit = ((digit <= 9) & inside).view(np.uint8)
@@ -383,7 +407,7 @@ def _values(raw: bytes, buf: np.ndarray, start: np.ndarray, end: np.ndarray) -> 
     has_dot = n_dots == 1
     fraction = np.where(has_dot, width - 1 - is_dot @ _COLUMN[:width], 0)  # after the point
     # the digits as one integer, the point's place empty: left * 10**(fraction+1) + right
-    whole = (digit * is_digit) @ _VALUE_POW10[-width:]
+    whole = _integers(digit * is_digit).astype(np.int64)
     scale = _VALUE_POW10[-1 - fraction]  # 10**fraction
     mantissa = np.where(has_dot, whole // (scale * 10) * scale + whole % scale, whole)
     plain = (
