@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -55,6 +56,10 @@ from query.values import MemorySource, Scalar, SeriesData, StepMatrix, Value
 log = logging.getLogger("filopy.query")
 
 DEFAULT_LOOKBACK_MS = 300_000
+# How long a query waits for its shard map to catch up with a node that no longer runs a shard
+# the map still gives it, and how often it looks.
+MAP_CATCH_UP_S = 1.0
+MAP_POLL_S = 0.005
 
 
 class NodeUnavailable(Unavailable):
@@ -406,7 +411,7 @@ class _Run:
         if moved:
             # Our map was older than a move (e.g. a handoff just completed): ask the owners the
             # current map names, once, rather than fail the query.
-            fresh = self.svc._maps.shard_map(self.dataset.name)
+            fresh = self._caught_up(moved)
             again: dict[str, list[int]] = {}
             for s, old in sorted(moved.items()):
                 owner, status = fresh.owner(s), fresh.status(s)
@@ -423,6 +428,23 @@ class _Run:
             listed = ", ".join(f"{s} ({st})" for s, st in sorted(down.items()))
             self._warn(f"partial result: shards {listed} of {self.dataset.name!r} were not queried")
         return answers
+
+    def _caught_up(self, moved: dict[int, str]) -> ShardMapState:
+        """The current map, once it no longer names as live owner a node that said it does not
+        run the shard (or after `MAP_CATCH_UP_S`). The node acted on a newer map than ours:
+        ours follows a subscription, which trails the node's by a few milliseconds, and a
+        node that answers in one would otherwise be asked again on the same stale map. A
+        shard still starting there (Assigned, Recovery, Degraded) is not waited for."""
+        deadline = time.monotonic() + min(MAP_CATCH_UP_S, self.svc._timeout_s)
+        while True:
+            fresh = self.svc._maps.shard_map(self.dataset.name)
+            stale = any(
+                fresh.owner(s) == node and isinstance(fresh.status(s), Active | Handoff)
+                for s, node in moved.items()
+            )
+            if not stale or time.monotonic() >= deadline:
+                return fresh
+            time.sleep(MAP_POLL_S)
 
     def _collect(
         self,
