@@ -136,8 +136,14 @@ def recover_shard(
     """Prepare a fresh memstore for replay; call after `claim_epoch`, before ingesting.
 
     `end_offset` is the partition's end (next) offset now. Loads every stored part key (the index
-    and the skip rule need them; samples stay in the ColumnStore) and the checkpoints."""
+    and the skip rule need them; samples stay in the ColumnStore) and the checkpoints.
+
+    Flushes are held until the replay passed the seal mark (no chunk in the store holds a sample
+    of a later message), or the end offset for a shard flushed only by a FiloPy from before the
+    mark; never for a shard with nothing stored. So a new owner that starts with a backlog
+    larger than its memory bound flushes as it replays instead of waiting for its end."""
     checkpoints = meta_store.read_checkpoints(ref, shard)
+    mark = meta_store.read_seal_mark(ref, shard)
     loaded = memstore.load_part_keys(column_store.list_part_keys(ref, shard))
     open_samples = 0
     for group, offset in sorted(checkpoints.items()):
@@ -147,6 +153,10 @@ def recover_shard(
             open_samples += memstore.load_open_buffers(decode_open_buffers(blob))
     start = replay_start(checkpoints, memstore.groups_per_shard)
     until = end_offset - 1
+    if mark is not None:
+        until = min(until, mark)
+    elif not checkpoints and not loaded:
+        until = -1  # nothing was ever flushed: no chunk a flush could contradict
     if start is not None and start > until:
         until = -1
     memstore.set_checkpoints(checkpoints, until)
@@ -208,6 +218,7 @@ class Flusher:
         # from, or one written since), so the next flush has some to drop: an idle group's
         # flushes then cost no delete (no Cassandra tombstone per flush).
         self._may_hold_snapshots = {g: g in (checkpoints or {}) for g in range(groups)}
+        self._seal_mark = -1  # the seal mark this flusher raised (`MetaStore.raise_seal_mark`)
         self._next_group = 0
         self._next_due: float | None = None
         self.retry_initial_s = retry_initial_s
@@ -244,7 +255,12 @@ class Flusher:
         # dropped from it at recovery by the part keys' end times.
         snapshot = advance and sealed.open.samples > 0
         try:
-            if self.check_epoch and (sealed.chunks or snapshot):
+            if sealed.chunks and sealed.offset > self._seal_mark:
+                # fenced: also the epoch check
+                self._seal_mark = self.meta_store.raise_seal_mark(
+                    self.ref, self.shard, sealed.offset, self.epoch
+                )
+            elif self.check_epoch and (sealed.chunks or snapshot):
                 self._check_epoch()
             if sealed.chunks:
                 self.column_store.write_chunks(self.ref, self.shard, sealed.chunks)

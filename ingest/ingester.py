@@ -395,7 +395,12 @@ class KafkaShardIngester(ReportingIngester):
         whether consumption is paused now. Paused means not calling consume(): librdkafka's
         prefetch stays bounded by `queued_max_messages_kbytes`, and with `assign()` there is no
         group session to lose."""
-        over = self.memstore.unflushed_samples() > self._ingest.max_unflushed_samples
+        # Not while recovering: flushes wait for the replay to pass the seal mark, so pausing
+        # would wait forever. What is held then is bounded by what the last owner had read.
+        over = (
+            self.memstore.unflushed_samples() > self._ingest.max_unflushed_samples
+            and not self.memstore.recovering
+        )
         if over and not self.paused:
             self.paused = True
             self.pauses += 1

@@ -52,6 +52,8 @@ from filopy.store import encoding
 INT64_MIN = -(1 << 63)
 INT64_MAX = (1 << 63) - 1
 INT32_MAX = (1 << 31) - 1
+# The flush group whose "checkpoint" row holds a shard's seal mark (`MetaStore.raise_seal_mark`).
+SEAL_MARK_GROUP = -1
 DEFAULT_MAX_CHUNK_SPAN_MS = 24 * 3600 * 1000
 
 
@@ -399,7 +401,30 @@ class MetaStore(_Closable):
     def read_checkpoints(self, ref: DatasetRef, shard: int) -> dict[int, int]:
         """All flush groups' checkpoints of a shard: {group: offset}, empty if none."""
         _check_shard(shard)
-        return dict(sorted(self._read_checkpoints(_check_ref(ref), shard).items()))
+        rows = self._read_checkpoints(_check_ref(ref), shard)
+        return {g: off for g, off in sorted(rows.items()) if g != SEAL_MARK_GROUP}
+
+    def raise_seal_mark(self, ref: DatasetRef, shard: int, offset: int, epoch: int) -> int:
+        """Record, before writing any chunk sealed from messages up to Kafka `offset`, that
+        the ColumnStore may hold samples of messages up to it. A new owner holds its flushes
+        only until its replay passed this mark, not the partition's end: what a crashed owner
+        may have written is bounded by what it had read (docs/memstore.md, idempotency).
+
+        Fenced like `commit_checkpoint` (a deposed owner fails here, before its chunk writes)
+        and never goes backwards. Stored as the checkpoint of a reserved group, so both
+        backends keep their schema. Returns the mark now stored."""
+        _check_shard(shard)
+        if not isinstance(offset, int) or not 0 <= offset <= INT64_MAX:
+            raise ValueError(f"offset must be a non-negative int64, got {offset!r}")
+        if not isinstance(epoch, int) or not 1 <= epoch <= INT64_MAX:
+            raise ValueError(f"epoch must be a positive int64 from claim_epoch, got {epoch!r}")
+        return self._commit_checkpoint(_check_ref(ref), shard, SEAL_MARK_GROUP, offset, epoch)
+
+    def read_seal_mark(self, ref: DatasetRef, shard: int) -> int | None:
+        """The shard's seal mark (`raise_seal_mark`); None if never raised (a shard never
+        flushed, or flushed only by a FiloPy from before the mark)."""
+        _check_shard(shard)
+        return self._read_checkpoints(_check_ref(ref), shard).get(SEAL_MARK_GROUP)
 
     def record_ownership(self, changes: Sequence[OwnershipChange], retention_ms: int) -> None:
         """Append ownership changes to the history, each kept for `retention_ms` after it

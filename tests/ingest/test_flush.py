@@ -205,7 +205,7 @@ class FaultyColumnStore:
 
     def __init__(self, inner: ColumnStore) -> None:
         self.inner = inner
-        # "chunks_partial" | "after_chunks" | "before_snapshot" | "unavailable"
+        # "before_chunks" | "chunks_partial" | "after_chunks" | "before_snapshot" | "unavailable"
         self.fail: str | None = None
 
     def __getattr__(self, name: str) -> object:
@@ -216,6 +216,8 @@ class FaultyColumnStore:
         if self.fail == "unavailable":
             self.fail = None
             raise StoreUnavailable("injected")
+        if self.fail == "before_chunks":  # the seal mark raised, nothing written
+            raise Crash("before write_chunks")
         if self.fail == "chunks_partial":
             self.inner.write_chunks(ref, shard, batch[: len(batch) // 2])
             raise Crash("during write_chunks")
@@ -316,6 +318,7 @@ class Node:
 
 CRASH_MODES = [
     "none",
+    "before_chunks",
     "chunks_partial",
     "after_chunks",
     "before_snapshot",
@@ -391,17 +394,25 @@ def test_clean_stop_replays_nothing(stores: Stores) -> None:
     assert_exact(stores[1], ds.ref, expected_samples(stream), again.mem)
 
 
-def test_flushes_are_held_while_replaying(stores: Stores) -> None:
+def test_flushes_are_held_while_replaying_up_to_the_seal_mark(stores: Stores) -> None:
+    stream = make_stream(random.Random(2), messages=8, series=4, per_message=5)
+    fresh = Node.start_up(stores, _dataset(), produced=8)  # nothing stored, 8 in Kafka
+    assert not fresh.mem.recovering and fresh.replay_until == -1  # nothing to contradict
     ds = _dataset()
-    stream = make_stream(random.Random(2), messages=6, series=4, per_message=5)
-    node = Node.start_up(stores, ds, produced=6)  # nothing stored yet, 6 messages in Kafka
-    assert node.mem.recovering and node.replay_until == 5
+    first = Node.start_up(stores, ds, produced=0)
+    first.run(stream, 4, 0)
+    assert first.crash_in_flush("after_chunks", group=0, everything=True)  # chunks of 0..3
+    assert stores[0].read_seal_mark(ds.ref, SHARD) == 3
+    node = Node.start_up(stores, ds, produced=8)  # 8 messages in Kafka, the mark at 3
+    assert node.mem.recovering and node.replay_until == 3
     node.mem.ingest(stream[0], 0)
     assert node.flusher.flush_group(0).held
     assert node.flusher.flush_due(now=1e9) == []
-    assert stores[1].list_part_keys(ds.ref, SHARD) == []
-    node.run(stream, 6, 0)  # reaching offset 5 ends recovery
+    node.run(stream, 4, 0)  # reaching offset 3 ends recovery, before the partition's end
     assert not node.mem.recovering and not node.flusher.flush_group(0).held
+    node.run(stream, 8, 1)
+    node.flusher.flush_all()
+    assert_exact(stores[1], ds.ref, expected_samples(stream))
 
 
 def test_detects_duplicates_when_flushing_before_replay_caught_up(stores: Stores) -> None:

@@ -368,3 +368,26 @@ def test_a_stale_epoch_rejection_is_counted_and_logged_as_a_warning(
         assert not any(type(e).__name__ == "IngestionError" for e in events), events
     finally:
         meta.close()
+
+
+def test_a_backlog_past_the_memory_bound_at_start_is_flushed_as_it_is_replayed(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """A new owner that starts with more in Kafka than `max_unflushed_samples` (here: a shard
+    nobody ingested yet) must not hold its flushes until it has replayed all of it: consumption
+    would pause at the bound, waiting for flushes that wait for the replay's end, forever."""
+    per_msg = 10 * SERIES
+    settings = _settings(tmp_path, "sqlite", max_unflushed_samples=3 * per_msg)
+    meta, columns = open_stores(settings)
+    ds = _dataset(kafka_bootstrap)
+    meta.create_dataset(ds)
+    try:
+        with _topic(ds, kafka_bootstrap):
+            _send(ds, kafka_bootstrap, range(0, 10))
+            with _running(ds, settings, meta, columns) as (ing, events):
+                _wait(lambda: ing.next_offset == 10, "replayed to the end", timeout=30)
+                _wait(lambda: isinstance(events[-1], IngestionStarted), f"live: {events}")
+                _wait(lambda: ing.flusher.totals().checkpoint == 9, "caught up")  # type: ignore[union-attr]
+        _assert_exactly_stored(columns, ds, 10)
+    finally:
+        meta.close()

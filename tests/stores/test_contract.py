@@ -132,6 +132,27 @@ def test_checkpoints_never_go_backwards(meta: MetaStore, ref: DatasetRef) -> Non
     assert meta.read_checkpoints(ref, 0) == {0: 501}
 
 
+def test_the_seal_mark_is_fenced_never_goes_back_and_is_no_group_checkpoint(
+    open_backend: Opener, ref: DatasetRef
+) -> None:
+    (old_node, _), (new_node, _) = open_backend(), open_backend()
+    assert old_node.read_seal_mark(ref, 6) is None
+    old = old_node.claim_epoch(ref, 6, "old")
+    assert old_node.raise_seal_mark(ref, 6, 70, old) == 70
+    old_node.commit_checkpoint(ref, 6, 0, 50, old)
+    assert old_node.raise_seal_mark(ref, 6, 60, old) == 70  # never backwards
+    assert new_node.read_checkpoints(ref, 6) == {0: 50}  # the mark is not a group's
+    assert new_node.read_seal_mark(ref, 6) == 70
+    assert new_node.read_seal_mark(ref, 7) is None
+    new = new_node.claim_epoch(ref, 6, "new")
+    with pytest.raises(StaleEpochError):
+        old_node.raise_seal_mark(ref, 6, 90, old)  # a deposed owner, before its chunk writes
+    assert new_node.raise_seal_mark(ref, 6, 80, new) == 80
+    assert old_node.read_seal_mark(ref, 6) == 80
+    with pytest.raises(ValueError):
+        new_node.raise_seal_mark(ref, 6, -1, new)
+
+
 def test_a_stale_writer_is_fenced_and_the_fresh_one_proceeds(
     open_backend: Opener, ref: DatasetRef
 ) -> None:
