@@ -580,7 +580,11 @@ _MAX_KEY_WORDS = 1024  # longer key texts (8 KiB) are not indexed: found through
 _MIX = np.random.default_rng(0x5EED).integers(0, 1 << 63, _MAX_KEY_WORDS, dtype=np.uint64)
 _MIX = _MIX * np.uint64(2) + np.uint64(1)
 _LEN_MIX, _FINAL_MIX = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9)
-_TAIL_MASKS = np.array([0] + [(1 << (8 * r)) - 1 for r in range(1, 8)] + [(1 << 64) - 1], np.uint64)
+# _HEAD_MASKS[k]: a word without its k low bytes (the padding before a text's first byte)
+_HEAD_MASKS = np.array([((1 << 64) - 1) ^ ((1 << (8 * k)) - 1) for k in range(8)], np.uint64)
+_ROW_KEY_WORDS = 64  # texts up to 512 bytes: rows of a window (all as wide as the longest)
+_COLUMNS = np.arange(_ROW_KEY_WORDS)
+_ONES_U64 = np.ones(_ROW_KEY_WORDS, np.uint64)
 _WORD = np.dtype("<u8")
 _MAX_PROBES = 32  # a text whose slot is further than this from its hash's goes to the dict
 
@@ -588,18 +592,36 @@ _MAX_PROBES = 32  # a text whose slot is further than this from its hash's goes 
 def _key_words(
     raw: bytes, start: np.ndarray, length: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Each text `raw[start:start+length]` (length >= 1) as little-endian 8-byte words, the
-    last one zero padded, all in one array; each text's first word there; and its hash."""
+    """Each text `raw[start:start+length]` (length >= 1) as little-endian 8-byte words, aligned
+    on its end (the first word zero padded in front), all in one array; each text's first word
+    there; and its hash. Texts up to `_ROW_KEY_WORDS` words long are copied as rows of a strided
+    window (a copy per row, no index per word), longer ones gathered word by word."""
     n_words = (length + 7) >> 3
     first = np.cumsum(n_words) - n_words
-    total = int(first[-1] + n_words[-1])
-    padded = raw + bytes(8)
-    at_byte = np.ndarray((len(padded) - 7,), _WORD, padded, strides=(1,))  # unaligned words
-    word_no = np.arange(total) - np.repeat(first, n_words)
-    words = at_byte[np.repeat(start, n_words) + 8 * word_no]
-    words[first + n_words - 1] &= _TAIL_MASKS[length - 8 * (n_words - 1)]
-    mixed = words * _MIX[np.minimum(word_no, _MAX_KEY_WORDS - 1)]
-    h = np.add.reduceat(mixed, first) ^ (length.astype(np.uint64) * _LEN_MIX)
+    end = start + length
+    lead_bytes = 8 * n_words - length  # the padding in front of each text's first word
+    cols = int(n_words.max())
+    if cols <= _ROW_KEY_WORDS:
+        w8 = 8 * cols
+        buf = np.frombuffer(bytes(w8) + raw, np.uint8)  # (room in front for the first rows)
+        window = as_strided(buf, shape=(len(buf) - w8 + 1, w8), strides=(1, 1))
+        matrix = window[end].view(_WORD)  # row i: the w8 bytes before text i's end
+        lead = cols - n_words
+        inside = _COLUMNS[:cols] >= lead[:, None]
+        matrix[~inside] = 0
+        matrix[np.arange(len(end)), lead] &= _HEAD_MASKS[lead_bytes]
+        # each word times the constant of its place counted from the text's end
+        h = (matrix * _MIX[cols - 1 :: -1]) @ _ONES_U64[:cols]
+        words = matrix[inside]
+    else:
+        total = int(first[-1] + n_words[-1])
+        padded = bytes(8) + raw + bytes(8)
+        at_byte = np.ndarray((len(padded) - 7,), _WORD, padded, strides=(1,))  # unaligned
+        from_end = np.repeat(first + n_words - 1, n_words) - np.arange(total)
+        words = at_byte[np.repeat(end + 8, n_words) - 8 * (from_end + 1)]
+        words[first] &= _HEAD_MASKS[lead_bytes]
+        h = np.add.reduceat(words * _MIX[np.minimum(from_end, _MAX_KEY_WORDS - 1)], first)
+    h ^= length.astype(np.uint64) * _LEN_MIX
     h ^= h >> np.uint64(31)
     h *= _FINAL_MIX
     h ^= h >> np.uint64(29)

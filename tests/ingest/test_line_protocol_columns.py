@@ -282,3 +282,26 @@ def test_decoders_on_several_threads() -> None:
     for t in threads:
         t.join()
     assert not errors, errors[0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.binary(min_size=1, max_size=80), min_size=1, max_size=20), st.binary(max_size=9))
+def test_key_words_rows_and_gather_agree(texts: list[bytes], gap: bytes) -> None:
+    """Short texts are copied as rows of a window, long ones gathered word by word: the same
+    words (each text aligned on its end, zero padded in front) and the same hashes."""
+    raw = gap + gap.join(texts)
+    lengths = np.array([len(x) for x in texts], np.int64)
+    starts = np.cumsum(lengths + len(gap)) - lengths
+    rows = line_protocol._key_words(raw, starts, lengths)
+    original = line_protocol._ROW_KEY_WORDS
+    line_protocol._ROW_KEY_WORDS = 0
+    try:
+        gathered = line_protocol._key_words(raw, starts, lengths)
+    finally:
+        line_protocol._ROW_KEY_WORDS = original
+    words, first, _ = rows
+    for a, b in zip(rows, gathered, strict=True):
+        assert a.tolist() == b.tolist()
+    for text, f in zip(texts, first.tolist(), strict=True):
+        n = -(-len(text) // 8)
+        assert words[f : f + n].tobytes() == bytes(8 * n - len(text)) + text
