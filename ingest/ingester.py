@@ -280,7 +280,9 @@ class KafkaShardIngester(ReportingIngester):
         decode = decoder_for(self.dataset)
         partition = TopicPartition(self.dataset.topic, shard)
         backlog = max(0, high - first)
-        replaying = self.memstore.recovering and backlog > 0
+        # Replaying (status Recovery, with progress) lasts until the end offset seen at start;
+        # the memstore's flush hold only until the seal mark, usually much sooner.
+        replaying = backlog > 0
         if replaying:
             self._emit(RecoveryInProgress(ref, shard, self.node, 0))
             self._health_key = None
@@ -361,9 +363,7 @@ class KafkaShardIngester(ReportingIngester):
                 _, end = consumer.get_watermark_offsets(partition, cached=True)
                 if end >= 0:
                     self.end_offset = end
-                if replaying and self.memstore.recovering:
-                    self._replay_progress(consumer, first, high)
-                if replaying and not self.memstore.recovering:  # ingest() ends it at the end
+                if replaying and self._replay_progress(consumer, first, high):
                     replaying = False
                     self._live()
                 self._report_health()
@@ -371,21 +371,27 @@ class KafkaShardIngester(ReportingIngester):
             flushing.stop()
         flushing.check()
 
-    def _replay_progress(self, consumer: Consumer, first: int, high: int) -> None:
-        """End the recovery once the consumer passed the end offset seen at start; report
-        `RecoveryInProgress` in steps meanwhile."""
+    def _replay_progress(self, consumer: Consumer, first: int, high: int) -> bool:
+        """Whether the consumer passed the end offset seen at start (the replay is over: the
+        flush hold too, if offsets without a message kept it); report `RecoveryInProgress` in
+        steps meanwhile."""
         position = self._position(consumer)
         backlog = max(0, high - first)
+        if self.next_offset is not None and self.next_offset >= high:
+            self.memstore.end_recovery()
+            return True
         if position is not None and position >= high:
             # Covers a backlog ending in offsets that carry no message (e.g. markers).
             self.memstore.end_recovery()
-        elif position is not None and backlog > 0:
+            return True
+        if position is not None and backlog > 0:
             pct = min(99, int(100 * (position - first) / backlog))
             if pct >= self._recovery_pct + PROGRESS_STEP_PCT:
                 self._recovery_pct = pct - pct % PROGRESS_STEP_PCT
                 ref, shard = self.dataset.ref, self.shard
                 self._emit(RecoveryInProgress(ref, shard, self.node, self._recovery_pct))
                 self._health_key = None
+        return False
 
     # ----- health: Degraded while the store or Kafka is out ------------------------------------
 
