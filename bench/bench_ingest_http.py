@@ -51,7 +51,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from filopy.config import load_settings  # noqa: E402
-from filopy.dataset import Dataset, SourceSettings  # noqa: E402
+from filopy.dataset import Dataset, LabelLimits, SourceSettings  # noqa: E402
+from filopy.ingest_http.influx import decode_lines  # noqa: E402
 from filopy.ingest_http.prompb import write_v2_pb2  # noqa: E402
 from filopy.ingest_http.prompb.remote_pb2 import WriteRequest  # noqa: E402
 from filopy.store import open_stores  # noqa: E402
@@ -499,6 +500,31 @@ def report(runs: list[Run], work: Workload, args: argparse.Namespace, note: str)
     return "\n".join(out) + "\n"
 
 
+def decode_only(work: Workload, rounds: int = 3) -> str:
+    """The gateway's line protocol decoding alone, in this process: every timed body decoded
+    in turn (after the warm-up scrape, as the server sees them: each series' entries cold
+    again by its next scrape), thread CPU time, best of `rounds`."""
+    bodies = [gzip.decompress(b) for b in work.lines]
+    warm, timed = bodies[: work.per_scrape], bodies[work.per_scrape :]
+    limits = LabelLimits()
+    received = int(time.time() * 1000)
+    for body in warm:
+        decode_lines(body, received, "_metric_", "ms", limits)
+    best = float("inf")
+    for _ in range(rounds):
+        t = time.thread_time()
+        for body in timed:
+            decode_lines(body, received, "_metric_", "ms", limits)
+        best = min(best, time.thread_time() - t)
+    samples = work.timed_samples
+    return (
+        f"line protocol decode only (decode_lines, one thread): {samples / best:,.0f} samples "
+        f"per CPU second, {best / len(timed) * 1e3:.2f} ms per request of "
+        f"{samples // len(timed):,} lines (best of {rounds}; load average "
+        f"{os.getloadavg()[0]:.1f})"
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--series", type=int, default=50_000)
@@ -515,6 +541,11 @@ def main(argv: list[str] | None = None) -> None:
         "PYTHONPATH=DIR with httptools and uvloop in DIR, which uvicorn then uses",
     )
     p.add_argument("--note", default="", help="a line for the results file")
+    p.add_argument(
+        "--decode-only",
+        action="store_true",
+        help="only time the line protocol decoder on the same bodies, in process (no servers)",
+    )
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "ingest_http.txt"))
     args = p.parse_args(argv)
     servers, protocols = args.servers.split(","), args.protocols.split(",")
@@ -523,6 +554,9 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"built {len(work.remote_write)} requests per protocol in {time.perf_counter() - t:.1f} s"
     )
+    if args.decode_only:
+        print(decode_only(work))
+        return
     tmp = Path(tempfile.mkdtemp(prefix="bench-ingest-http-"))
     started: list[Server] = []
     runs: list[Run] = []
