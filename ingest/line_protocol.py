@@ -721,7 +721,7 @@ class _SeriesTable:
         """Each key text `raw[start:end]`; texts not known yet are learnt from their template
         (`_learn_series`, which raises `_Fallback` where the parser must decide) and added."""
         view = self.view
-        if view.count >= CACHE_SIZE or view.n_bytes >= CACHE_BYTES:
+        if view.count + len(self.overflow) >= CACHE_SIZE or view.n_bytes >= CACHE_BYTES:
             self.clear()
             view = self.view
         length = end - start
