@@ -57,6 +57,11 @@ MAX_REQUEST_BYTES = 64 << 20  # a request is an expression and the step times: f
 MAX_ANSWER_BYTES = 16 << 30
 SMALL_FRAME = 64 << 10  # up to this, header and payload leave in one write
 MAX_CONNECTIONS = 256  # per node; each is a thread while open
+# A connection must bring its first signed request this soon, and is closed when idle this long,
+# so connections that never authenticate (or callers that went away) cannot keep the node's
+# connection slots: callers reconnect as their pools find a connection closed.
+FIRST_FRAME_TIMEOUT_S = 10.0
+IDLE_TIMEOUT_S = 600.0
 # Parts evaluated at once per node, as many as asyncio.to_thread's default pool ran on the Ray
 # path: more would only share the GIL and hold more memory at once.
 MAX_EVALUATING = min(32, (os.cpu_count() or 1) + 4)
@@ -242,14 +247,22 @@ class QueryServer:
             nonce = secrets.token_bytes(NONCE_BYTES)
             conn.sendall(MAGIC + nonce)
             framer = _Framer(conn, self._key, nonce, ANSWER, MAX_REQUEST_BYTES)
+            signed = False  # a request with a good HMAC came on this connection
             while not self._closed:
+                wait_s = IDLE_TIMEOUT_S if signed else FIRST_FRAME_TIMEOUT_S
                 try:
-                    payload = framer.receive()
+                    payload = framer.receive(time.monotonic() + wait_s)
                 except ChannelClosed:
                     return  # the caller is done with it
                 except ChannelError as e:
                     self._refuse(peer, str(e))
                     return
+                except TimeoutError:
+                    if not signed:
+                        self._refuse(peer, "no signed request in time")
+                    return  # else idle: its caller reconnects when it needs to
+                signed = True
+                conn.settimeout(None)  # the answer is sent without the receive's deadline
                 cpu = time.thread_time()
                 answer = self._answer(payload)
                 cpu = time.thread_time() - cpu

@@ -237,3 +237,32 @@ def test_parts_are_evaluated_a_few_at_a_time() -> None:
         assert peak == 2
     finally:
         srv.close()
+
+
+def test_silent_and_idle_connections_are_closed(
+    server: QueryServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connection that never sends a signed request gives its slot back (refused), and one
+    idle past IDLE_TIMEOUT_S is closed quietly; the pool then reconnects."""
+    import coordinator.query_channel as qc
+
+    monkeypatch.setattr(qc, "FIRST_FRAME_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(qc, "IDLE_TIMEOUT_S", 0.6)
+    silent = socket.create_connection((server.endpoint.host, server.endpoint.port), timeout=5)
+    try:
+        assert silent.recv(len(MAGIC) + NONCE_BYTES)[: len(MAGIC)] == MAGIC
+        assert silent.recv(1) == b""  # closed by the node, unasked
+        assert server.stats()["refused"] == 1
+    finally:
+        silent.close()
+    conn = Connection(server.endpoint, 5.0)
+    conn.send(request_payload(REF, [1], SERIES))
+    assert conn.receive(time.monotonic() + 5)[0] == "ok"
+    time.sleep(0.3)  # past the first-frame timeout, within the idle one: still open
+    conn.send(request_payload(REF, [2], SERIES))
+    assert conn.receive(time.monotonic() + 5)[0] == "ok"
+    deadline = time.monotonic() + 5
+    while conn.idle_and_open():
+        assert time.monotonic() < deadline, "an idle connection stays open"
+        time.sleep(0.05)
+    assert server.stats()["refused"] == 1 and server.stats()["open"] == 0
