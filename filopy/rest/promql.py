@@ -27,6 +27,7 @@ import anyio
 import numpy as np
 import promql_parser as pp
 from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry, Histogram
 
 from coordinator.client import FiloPyClient
@@ -427,13 +428,16 @@ def promql_router(
             body["warnings"] = [*body.get("warnings", []), "results truncated due to limit"]
         return body
 
+    # The two query endpoints answer a JSONResponse of the body they build (native types only):
+    # returned as a dict, FastAPI would first walk every point of it in Python
+    # (`jsonable_encoder`), a good part of a small query's time. The OpenAPI schema is the same.
     async def query(request: Request, dataset: str | None = None) -> dict[str, Any]:
         async with timed("query"):
-            return await _query(request, dataset)
+            return JSONResponse(await _query(request, dataset))  # type: ignore[return-value]
 
     async def query_range(request: Request, dataset: str | None = None) -> dict[str, Any]:
         async with timed("query_range"):
-            return await _query_range(request, dataset)
+            return JSONResponse(await _query_range(request, dataset))  # type: ignore[return-value]
 
     async def _query(request: Request, dataset: str | None) -> dict[str, Any]:
         p = await params(request)
