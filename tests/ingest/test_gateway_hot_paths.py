@@ -16,8 +16,6 @@
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -35,6 +33,7 @@ from ingest.batch import SampleBatch
 from ingest.binary_format import decode_binary, encode_binary_parts, encode_labels
 from ingest.gateway import Gateway, KeyedBatch
 from ingest.line_protocol import decode_influx
+from tests.ingest.line_loop import line_loop_only
 
 T0 = 1_700_000_000_000
 
@@ -182,18 +181,6 @@ def test_label_bytes_that_look_like_a_sample_are_labels() -> None:
 # ----- line protocol ---------------------------------------------------------------------------
 
 
-@contextmanager
-def _line_loop_only() -> Iterator[None]:
-    """decode_influx with its whole-message paths off: the line loop decides every line."""
-    columns, bulk = line_protocol._decode_columns, line_protocol._decode_bulk
-    line_protocol._decode_columns = lambda *_: False  # type: ignore[assignment]
-    line_protocol._decode_bulk = lambda *_: False  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        line_protocol._decode_columns, line_protocol._decode_bulk = columns, bulk
-
-
 def _exactly(a: Decoded, b: Decoded) -> None:
     """The same batch, each series' labels in the same order (the binary format keeps it)."""
     _same(a, b)
@@ -269,7 +256,7 @@ def test_line_protocol_column_path_equals_the_line_loop(
     column, limits = column_limits
     got = decode_lines(raw, T0, column, precision, limits)
     again = decode_lines(raw, T0, column, precision, limits)  # every key known now
-    with _line_loop_only():
+    with line_loop_only():
         loop = decode_lines(raw, T0, column, precision, limits)
     _exactly(got, loop)
     _exactly(again, loop)
@@ -315,7 +302,7 @@ def test_plain_messages_take_the_column_path(raw: bytes) -> None:
     b = line_protocol._InfluxBuilder("_metric_")
     assert line_protocol._decode_columns(b, raw, 0, 2**62)
     got = decode_influx(raw, T0, "_metric_", "ms")
-    with _line_loop_only():
+    with line_loop_only():
         _exactly(got, decode_influx(raw, T0, "_metric_", "ms"))
 
 
@@ -347,7 +334,7 @@ def test_other_messages_leave_the_column_path(raw: bytes) -> None:
     assert not line_protocol._decode_columns(b, raw, 0, 2**62)
     assert not b.series and not b.idx and not b.ts and not b.vals
     got = decode_influx(raw, T0, "_metric_", "ms")
-    with _line_loop_only():
+    with line_loop_only():
         _exactly(got, decode_influx(raw, T0, "_metric_", "ms"))
 
 

@@ -12,8 +12,6 @@ collisions) and decoders on several threads sharing the table.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -26,20 +24,9 @@ from ingest import line_protocol
 from ingest.bad_records import Decoded
 from ingest.gateway import KeyedBatch
 from ingest.line_protocol import decode_influx
+from tests.ingest.line_loop import line_loop_only
 
 T0 = 1_700_000_000_000
-
-
-@contextmanager
-def _line_loop_only() -> Iterator[None]:
-    """decode_influx with its whole-message paths off: the line loop decides every line."""
-    columns, bulk = line_protocol._decode_columns, line_protocol._decode_bulk
-    line_protocol._decode_columns = lambda *_: False  # type: ignore[assignment]
-    line_protocol._decode_bulk = lambda *_: False  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        line_protocol._decode_columns, line_protocol._decode_bulk = columns, bulk
 
 
 def _exactly(a: Decoded, b: Decoded) -> None:
@@ -60,7 +47,7 @@ def _against_the_loop(raw: bytes, precision: str = "ms", **kw: object) -> Decode
     loop; the first result."""
     got = decode_influx(raw, T0, precision=precision, **kw)  # type: ignore[arg-type]
     again = decode_influx(raw, T0, precision=precision, **kw)  # type: ignore[arg-type]
-    with _line_loop_only():
+    with line_loop_only():
         loop = decode_influx(raw, T0, precision=precision, **kw)  # type: ignore[arg-type]
     _exactly(got, loop)
     _exactly(again, loop)
@@ -166,7 +153,7 @@ def test_timestamps_of_every_length(stamps: list[str], precision: str) -> None:
     raw = "\n".join(f"cpu,host=h{i % 3} value=1.5 {s}" for i, s in enumerate(stamps)).encode()
     got = decode_lines(raw, T0, "_metric_", precision, LabelLimits())
     again = decode_lines(raw, T0, "_metric_", precision, LabelLimits())
-    with _line_loop_only():
+    with line_loop_only():
         loop = decode_lines(raw, T0, "_metric_", precision, LabelLimits())
     _exactly(got, loop)
     _exactly(again, loop)
@@ -227,7 +214,7 @@ def test_a_growing_fleet() -> None:
         raw = _fleet(i, i + 700, scrape=15_000)
         assert _columns_take(raw)
         got = decode_influx(raw, T0)
-        with _line_loop_only():
+        with line_loop_only():
             _exactly(got, decode_influx(raw, T0))
         assert got.batch.keys == first[k].batch.keys  # type: ignore[attr-defined]
     # one message of new and known series, some repeated
@@ -261,7 +248,7 @@ def test_decoders_on_several_threads() -> None:
     decoded alone."""
     line_protocol._known_by_bytes.clear()
     bodies = [_fleet(i, i + 500, scrape=s) for s in range(3) for i in range(0, 6000, 500)]
-    with _line_loop_only():
+    with line_loop_only():
         want = [decode_influx(raw, T0) for raw in bodies]
     errors: list[BaseException] = []
 

@@ -1,0 +1,21 @@
+"""Line protocol's reference for the tests: `decode_influx` with its whole-message fast paths
+off, so the line loop decides every line (the fast paths must give exactly what it gives)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from ingest import line_protocol
+
+
+@contextmanager
+def line_loop_only() -> Iterator[None]:
+    """decode_influx with its whole-message paths off: the line loop decides every line."""
+    columns, bulk = line_protocol._decode_columns, line_protocol._decode_bulk
+    line_protocol._decode_columns = lambda *_: False  # type: ignore[assignment]
+    line_protocol._decode_bulk = lambda *_: False  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        line_protocol._decode_columns, line_protocol._decode_bulk = columns, bulk
