@@ -169,7 +169,7 @@ def test_node_killed_mid_ingestion_loses_and_doubles_nothing(
     producer.start()
     # Wait until every group of every shard has a checkpoint, so the victim's shards have
     # checkpoints to resume from (whatever the machine's load), then kill mid-stream.
-    meta, _ = open_stores(c.settings)
+    meta, columns = open_stores(c.settings)
     try:
         groups = set(range(c.settings.ingest.groups_per_shard))
         c.wait_for(
@@ -181,6 +181,7 @@ def test_node_killed_mid_ingestion_loses_and_doubles_nothing(
         )
     finally:
         meta.close()
+        columns.close()
     victim = max(nodes, key=lambda n: len(c.client.shard_map(ds.name).shards_for_node(n.node_id)))
     moved = c.client.shard_map(ds.name).shards_for_node(victim.node_id)
     c.ray.remove_node(victim)

@@ -91,6 +91,7 @@ def test_an_ingester_waits_for_a_topic_that_appears_late_then_ingests(
     finally:
         asyncio.run(ingester.stop())
         meta.close()
+        columns.close()
         admin.delete_topics([topic])[topic].result(timeout=30)
 
 
@@ -123,6 +124,7 @@ def test_told_to_stop_while_waiting_for_kafka_stops_without_an_error(
         assert events == []
     finally:
         meta.close()
+        columns.close()
 
 
 def test_the_datasets_store_options_win_over_the_node_defaults(tmp_path: Path) -> None:
@@ -152,6 +154,7 @@ def test_the_datasets_store_options_win_over_the_node_defaults(tmp_path: Path) -
         assert plain.memstore.groups_per_shard == settings.ingest.groups_per_shard != 3
     finally:
         meta.close()
+        columns.close()
 
 
 def test_offsets_retention_dropped_before_the_checkpoint_are_reported_in_an_event(
@@ -215,4 +218,5 @@ def test_offsets_retention_dropped_before_the_checkpoint_are_reported_in_an_even
         if ingester is not None:
             asyncio.run(ingester.stop())
         meta.close()
+        columns.close()
         admin.delete_topics([topic])[topic].result(timeout=30)

@@ -467,5 +467,6 @@ def test_bad_records_on_the_topic_are_counted_and_never_stop_a_shard_nor_its_rep
         assert max(meta.read_checkpoints(ds.ref, 0).values()) == n
     finally:
         meta.close()
+        columns.close()
         admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
         admin.delete_topics([ds.topic])[ds.topic].result(timeout=30)

@@ -86,5 +86,6 @@ def test_nan_payloads_and_the_stale_marker_are_stored_bit_for_bit(
         assert stored.view(np.uint64).tolist() == BITS  # in the store
     finally:
         meta.close()
+        columns.close()
         admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
         admin.delete_topics([topic])[topic].result(timeout=30)

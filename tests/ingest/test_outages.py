@@ -237,6 +237,7 @@ def test_sqlite_write_lock_held_past_the_busy_timeout_degrades_then_catches_up(
     finally:
         locker.close()
         meta.close()
+        columns.close()
 
 
 @pytest.mark.cassandra
@@ -260,6 +261,7 @@ def test_cassandra_unreachable_past_its_timeout_degrades_then_catches_up(
             )
         finally:
             meta.close()
+            columns.close()
 
 
 def test_past_the_memory_bound_consumption_pauses_then_resumes_without_loss(
@@ -295,6 +297,7 @@ def test_past_the_memory_bound_consumption_pauses_then_resumes_without_loss(
     finally:
         locker.close()
         meta.close()
+        columns.close()
 
 
 def test_recovery_waits_for_the_store_at_start_as_degraded_not_as_an_error(
@@ -321,6 +324,7 @@ def test_recovery_waits_for_the_store_at_start_as_degraded_not_as_an_error(
     finally:
         locker.close()
         meta.close()
+        columns.close()
 
 
 def test_kafka_unreachable_past_the_retry_timeout_shows_degraded_then_recovers(
@@ -345,6 +349,7 @@ def test_kafka_unreachable_past_the_retry_timeout_shows_degraded_then_recovers(
                     assert not any(type(e).__name__ == "IngestionError" for e in events)
         finally:
             meta.close()
+            columns.close()
 
 
 def test_a_stale_epoch_rejection_is_counted_and_logged_as_a_warning(
@@ -368,6 +373,7 @@ def test_a_stale_epoch_rejection_is_counted_and_logged_as_a_warning(
         assert not any(type(e).__name__ == "IngestionError" for e in events), events
     finally:
         meta.close()
+        columns.close()
 
 
 def test_a_backlog_past_the_memory_bound_at_start_is_flushed_as_it_is_replayed(
@@ -391,3 +397,4 @@ def test_a_backlog_past_the_memory_bound_at_start_is_flushed_as_it_is_replayed(
         _assert_exactly_stored(columns, ds, 10)
     finally:
         meta.close()
+        columns.close()

@@ -99,12 +99,13 @@ def _cluster(
         )
         # The keyspace outlives the test: forget earlier runs' datasets, or the singleton
         # would recover and assign them too.
-        meta, _ = open_stores(settings)
+        meta, columns = open_stores(settings)
         try:
             for old in meta.list_datasets():
                 meta.delete_dataset(old.ref)
         finally:
             meta.close()
+            columns.close()
         yield _start(ray_cluster, settings), proxy.cut, proxy.restore
 
 
@@ -158,6 +159,7 @@ def _assert_stored_exactly_once(c: FiloPyCluster, ds: Dataset, rounds: int) -> N
             assert np.array_equal(ts, want), f"{key}: {len(ts)} samples"  # none lost, none twice
     finally:
         meta.close()
+        columns.close()
 
 
 def _dataset(kafka: str, min_num_nodes: int = 1) -> Dataset:

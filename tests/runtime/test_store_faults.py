@@ -192,3 +192,4 @@ def test_a_store_stall_past_its_timeout_degrades_shards_then_heals_without_help(
             assert np.array_equal(ts, want), f"{key}: {len(ts)} samples"  # none lost, none twice
     finally:
         meta.close()
+        columns.close()
