@@ -377,11 +377,10 @@ class KafkaShardIngester(ReportingIngester):
         steps meanwhile."""
         position = self._position(consumer)
         backlog = max(0, high - first)
-        if self.next_offset is not None and self.next_offset >= high:
-            self.memstore.end_recovery()
-            return True
-        if position is not None and position >= high:
-            # Covers a backlog ending in offsets that carry no message (e.g. markers).
+        # The consumer's position also covers a backlog ending in offsets that carry no message
+        # (e.g. transaction markers).
+        read = max(self.next_offset or 0, position or 0)
+        if read >= high:
             self.memstore.end_recovery()
             return True
         if position is not None and backlog > 0:
