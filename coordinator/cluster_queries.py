@@ -112,6 +112,9 @@ class ClusterMaps:
                 watch = self._maps[name] = _MapWatch(self._client, name)
         return watch.state()
 
+    def latest(self, name: str) -> ShardMapState:
+        return self._client.shard_map(name).snapshot()
+
     def close(self) -> None:
         for watch in self._maps.values():
             watch.close()

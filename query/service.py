@@ -77,6 +77,11 @@ class MapSource(Protocol):
         """The current map: an immutable snapshot, shared (never copied per query)."""
         ...
 
+    def latest(self, name: str) -> ShardMapState:
+        """The map as the coordinator has it now, asked directly: slower than `shard_map`, for
+        a query whose followed map stayed older than a node's for `MAP_CATCH_UP_S`."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -431,19 +436,21 @@ class _Run:
 
     def _caught_up(self, moved: dict[int, str]) -> ShardMapState:
         """The current map, once it no longer names as live owner a node that said it does not
-        run the shard (or after `MAP_CATCH_UP_S`). The node acted on a newer map than ours:
-        ours follows a subscription, which trails the node's by a few milliseconds, and a
-        node that answers in one would otherwise be asked again on the same stale map. A
-        shard still starting there (Assigned, Recovery, Degraded) is not waited for."""
+        run the shard. The node acted on a newer map than ours: ours follows a subscription,
+        which trails the node's by milliseconds, and a node that answers in one would otherwise
+        be asked again on the same stale map. A map still stale after `MAP_CATCH_UP_S` (a
+        subscription delayed on a loaded machine) is replaced by the coordinator's own. A shard
+        still starting there (Assigned, Recovery, Degraded) is not waited for."""
+        name = self.dataset.name
         deadline = time.monotonic() + min(MAP_CATCH_UP_S, self.svc._timeout_s)
         while True:
-            fresh = self.svc._maps.shard_map(self.dataset.name)
-            stale = any(
-                fresh.owner(s) == node and isinstance(fresh.status(s), Active | Handoff)
-                for s, node in moved.items()
-            )
-            if not stale or time.monotonic() >= deadline:
+            fresh = self.svc._maps.shard_map(name)
+            if not _names_as_live(fresh, moved):
                 return fresh
+            if time.monotonic() >= deadline:
+                latest = self.svc._maps.latest(name)
+                log.info("query of %s: shard map subscription lags; asked the coordinator", name)
+                return latest
             time.sleep(MAP_POLL_S)
 
     def _collect(
@@ -518,6 +525,15 @@ class _Run:
                 f"{self.dataset.name!r} {'is' if len(group) == 1 else 'are'} {reason}; "
                 "results may miss recent samples"
             )
+
+
+def _names_as_live(state: ShardMapState, moved: dict[int, str]) -> bool:
+    """Whether `state` still has a shard running (Active or handing off) on the node that said
+    it no longer runs it."""
+    return any(
+        state.owner(s) == node and isinstance(state.status(s), Active | Handoff)
+        for s, node in moved.items()
+    )
 
 
 def _catching_up(status: ShardStatus) -> str:

@@ -75,6 +75,9 @@ class FakeMaps:
     def shard_map(self, name: str) -> ShardMapState:
         return self.state
 
+    def latest(self, name: str) -> ShardMapState:
+        return self.state
+
     def close(self) -> None:
         pass
 

@@ -27,6 +27,10 @@ class LaggingMaps(FakeMaps):
         self.first = self.first or now
         return self.new if now - self.first >= self.lag_s else self.state
 
+    def latest(self, name: str) -> ShardMapState:
+        self.asked_latest = getattr(self, "asked_latest", 0) + 1
+        return self.new
+
 
 def test_the_query_waits_for_its_map_to_name_the_new_owner() -> None:
     m = active_map()
@@ -41,6 +45,29 @@ def test_the_query_waits_for_its_map_to_name_the_new_owner() -> None:
     assert got.shards == (0, 1, 2, 3) and not got.warnings
     assert np.array_equal(got.value.values, [[8.0]])  # type: ignore[union-attr]
     assert ("n2", (1,), "partial") in nodes.calls
+
+
+def test_a_map_that_lags_past_the_catch_up_window_is_replaced_by_the_coordinators() -> None:
+    m = active_map()
+    old = m.snapshot()
+    m.update_from_event(ShardAssignmentStarted(DS.ref, 1, "n2", "rebalance"))
+    m.update_from_event(IngestionStarted(DS.ref, 1, "n2"))
+    nodes = FakeNodes({"n1": [0], "n2": [1, 2, 3]})
+    maps = LaggingMaps(old, m.snapshot(), lag_s=3600)  # the subscription is stuck
+    got = QueryService(maps, nodes).instant(DS.name, "count(a)", T + 500_000)
+    assert maps.asked_latest == 1
+    assert got.shards == (0, 1, 2, 3) and not got.warnings
+    assert np.array_equal(got.value.values, [[8.0]])  # type: ignore[union-attr]
+
+
+def test_a_shard_no_map_names_a_new_owner_for_fails_the_query_after_the_window() -> None:
+    nodes = FakeNodes({"n1": [0], "n2": [2, 3]})  # n1 let shard 1 go; nobody runs it
+    maps = LaggingMaps(active_map().snapshot(), active_map().snapshot(), lag_s=0)
+    began = time.monotonic()
+    with pytest.raises(ShardsUnavailable, match="moved from n1"):
+        QueryService(maps, nodes).instant(DS.name, "count(a)", T + 500_000)
+    assert time.monotonic() - began >= MAP_CATCH_UP_S
+    assert maps.asked_latest == 1
 
 
 def test_a_shard_still_starting_on_its_node_is_not_waited_for() -> None:
