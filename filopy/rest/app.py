@@ -61,7 +61,7 @@ from filopy.rest.models import (
     shard_statuses,
     snapshot_data,
 )
-from filopy.rest.promql import promql_router
+from filopy.rest.promql import promql_router, serve_queries
 from filopy.shard_status import Active, CurrentShardSnapshot, Degraded, Error, Recovery
 
 R = TypeVar("R")
@@ -97,7 +97,7 @@ def create_app(client: FiloPyClient, settings: Settings) -> FastAPI:
     app.state.client = client
     install_handlers(app, timeout_s)
     queries = cluster_query_service(client, timeout_s)
-    app.include_router(promql_router(client, queries, registry))
+    serve_queries(app, promql_router(client, queries, registry))  # docs/query.md
     ingestion = Ingestion(client.datasets, settings.gateway)  # docs/ingestion-http.md
     serve_ingestion(app, ingestion)  # write POSTs called directly: docs/ingestion-http.md
     registry.register(ingestion.metrics.registry)

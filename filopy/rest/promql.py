@@ -22,16 +22,21 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any, TypeVar
+from urllib.parse import parse_qsl
 
 import anyio
 import numpy as np
 import promql_parser as pp
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from prometheus_client import CollectorRegistry, Histogram
+from starlette.responses import Response
+from starlette.routing import get_route_path
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from coordinator.client import FiloPyClient
-from filopy.rest.errors import BAD_DATA, UNSUPPORTED, ApiError, api_error
+from filopy.rest.errors import BAD_DATA, UNSUPPORTED, ApiError, api_error, error_response
 from filopy.rest.models import ErrorBody
 from filopy.store.api import LabelMatcher
 from query.promql import QueryError, VectorSelector, depth_bound, parse
@@ -360,14 +365,20 @@ def promql_router(
             raise api_error(e, timeout_s) from None
 
     async def params(request: Request) -> dict[str, Any]:
-        """Query string and form body together (Prometheus accepts both, GET and POST)."""
+        """Query string and form body together (Prometheus accepts both, GET and POST; the
+        body's value wins). A urlencoded body, what every Prometheus client sends, is split
+        here: Starlette's form parser costs more than the rest of a small query's request."""
         out: dict[str, Any] = {}
-        for k, v in request.query_params.multi_items():
+        for k, v in parse_qsl(request.scope["query_string"].decode("latin-1")):
             out.setdefault(k, []).append(v)
         if request.method == "POST":
-            form = await request.form()
-            for k, v in form.multi_items():
-                out.setdefault(k, []).append(str(v))
+            kind = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+            if kind == "application/x-www-form-urlencoded":
+                pairs = parse_qsl((await request.body()).decode("utf-8", "replace"))
+            else:
+                pairs = [(k, str(v)) for k, v in (await request.form()).multi_items()]
+            for k, v in pairs:
+                out.setdefault(k, []).append(v)
         return out
 
     def one(p: dict[str, Any], name: str, default: str | None = None) -> str | None:
@@ -598,3 +609,53 @@ def promql_router(
                     openapi_extra={"parameters": PARAMETERS[path]},
                 )
     return router
+
+
+QueryEndpoint = Callable[[Request, str | None], Any]
+
+
+class DirectQueries:
+    """ASGI middleware: `query` and `query_range` (what dashboards call, again and again) call
+    their endpoint function directly, without FastAPI's routing through every route of the app,
+    dependency solving and exception middleware (~0.3 ms of a query answered in ~1.5 ms). The
+    endpoints parse their own parameters and answer a `Response`; an `ApiError` is answered as
+    the app's handler answers it. Anything else goes to the app."""
+
+    _PATH = re.compile(r"/promql/(?P<dataset>[^/]+)(?P<rest>/api/v1/.*)")
+
+    def __init__(self, app: ASGIApp, endpoints: dict[tuple[str, str], QueryEndpoint]) -> None:
+        self.app = app
+        self.endpoints = endpoints
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            path, dataset = get_route_path(scope), None
+            match = self._PATH.fullmatch(path)
+            if match is not None:
+                path, dataset = match["rest"], match["dataset"]
+            endpoint = self.endpoints.get((scope["method"], path))
+            if endpoint is not None:
+                try:
+                    response = await endpoint(Request(scope, receive, send), dataset)
+                except ApiError as e:
+                    response = error_response(e.status, e.error_type, e.message)
+                assert isinstance(response, Response)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def serve_queries(app: FastAPI, router: APIRouter) -> None:
+    """`router`'s endpoints on `app`, `query` and `query_range` called directly
+    (`DirectQueries`)."""
+    app.include_router(router)
+    endpoints: dict[tuple[str, str], QueryEndpoint] = {}
+    for route in router.routes:
+        if (
+            isinstance(route, APIRoute)
+            and route.path.startswith("/api/v1/")
+            and route.endpoint.__name__ in ("query", "query_range")
+        ):
+            for method in route.methods:
+                endpoints[(method, route.path)] = route.endpoint
+    app.add_middleware(DirectQueries, endpoints=endpoints)
