@@ -131,7 +131,7 @@ _NO_VALS = np.empty(0, F64)
 
 def _cut(ts: npt.NDArray[np.int64], window: npt.NDArray[np.int64]) -> tuple[int, int]:
     """[a, b) of the ascending `ts` inside the window [start, end] (both inclusive)."""
-    a, b = np.searchsorted(ts, window, side="left").tolist()
+    a, b = ts.searchsorted(window, side="left").tolist()
     if b < len(ts) and ts[b] == window[1]:
         b += 1
     return a, b
@@ -575,14 +575,16 @@ class ShardMemstore:
     ) -> tuple[list[int | None], npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[I64]]:
         """`snapshot` of many series at once: their memory starts, and their samples in
         [start, end] concatenated, series i's at `[bounds[i]:bounds[i + 1]]`. One lock for all,
-        one concatenation; each buffer and chunk is cut to the window before it is copied, so a
-        5-minute query of series holding hours costs minutes of copying (bench/bench_promql.py)."""
+        one concatenation. Only the chunks that meet the window are read, and each open buffer is
+        cut to it before it is copied, so a 5-minute query of series holding hours costs minutes
+        of copying (bench/bench_promql.py); the chunks are cut with one mask over all of them."""
         ts_parts: list[npt.NDArray[np.int64]] = []
         val_parts: list[npt.NDArray[np.float64]] = []
         mem_starts: list[int | None] = []
         records: list[tuple[int, ChunkRecord]] = []  # decoded outside the lock
         owners: list[int] = []  # per part, the series it belongs to
         window = np.array([start, end], I64)
+        cut = False  # whether a chunk reaches out of the window (cut all at once, below)
         with self._lock:
             self._settle()
             for i, sid in enumerate(series_ids):
@@ -591,9 +593,15 @@ class ShardMemstore:
                 n = ser.n
                 if chunks:
                     mem_starts.append(chunks[0].record.start_time)
-                    for c in chunks:
+                    # Oldest first, so the window's chunks are found from the newest back: a
+                    # recent window (a dashboard's) looks at one or two of a series' chunks.
+                    k = len(chunks)
+                    while k and chunks[k - 1].record.end_time >= start:
+                        k -= 1
+                    for c in chunks[k:]:
                         r = c.record
-                        if r.end_time >= start and r.start_time <= end:
+                        if r.start_time <= end:
+                            cut = cut or r.start_time < start or r.end_time > end
                             records.append((len(ts_parts), r))
                             ts_parts.append(_NO_TS)
                             val_parts.append(_NO_VALS)
@@ -604,25 +612,23 @@ class ShardMemstore:
                     mem_starts.append(None)
                     continue
                 if n and ser.ts[n - 1] >= start and ser.ts[0] <= end:
-                    a, b = _cut(ser.ts[:n], window)
+                    a, b = _cut(ser.ts[:n], window)  # copied under the lock: cut it first
                     if b > a:
                         ts_parts.append(ser.ts[a:b].copy())
                         val_parts.append(ser.vals[a:b].copy())
                         owners.append(i)
         for pos, r in records:
-            ts, vals = r.samples()
-            if r.start_time < start or r.end_time > end:
-                a, b = _cut(ts, window)
-                ts, vals = ts[a:b], vals[a:b]
-            ts_parts[pos], val_parts[pos] = ts, vals
-        n_series = len(series_ids)
-        bounds = np.zeros(n_series + 1, I64)
+            ts_parts[pos], val_parts[pos] = r.samples()
+        bounds = np.zeros(len(series_ids) + 1, I64)
         if not ts_parts:
             return mem_starts, np.empty(0, I64), np.empty(0, F64), bounds
-        part_len = np.fromiter((len(p) for p in ts_parts), I64, len(ts_parts))
-        np.add.at(bounds, np.asarray(owners, I64) + 1, part_len)
-        np.cumsum(bounds, out=bounds)
-        return mem_starts, np.concatenate(ts_parts), np.concatenate(val_parts), bounds
+        ts, vals = np.concatenate(ts_parts), np.concatenate(val_parts)
+        owner = np.repeat(np.array(owners, I64), np.array(list(map(len, ts_parts)), I64))
+        if cut:  # every part in series order and ascending: a mask keeps that
+            inside = (ts >= start) & (ts <= end)
+            ts, vals, owner = ts[inside], vals[inside], owner[inside]
+        np.cumsum(np.bincount(owner, minlength=len(series_ids)), out=bounds[1:])
+        return mem_starts, ts, vals, bounds
 
     def memory_start(self, series_id: int) -> int | None:
         """Time of the series' oldest in-memory sample (None if none): memory holds every
@@ -636,6 +642,14 @@ class ShardMemstore:
         if ser.chunks:
             return ser.chunks[0].record.start_time
         return int(ser.ts[0]) if ser.n else None
+
+    def in_range(self, series_ids: Sequence[int], start: int, end: int) -> list[int]:
+        """Those of `series_ids` whose first..last sample span (stored or in memory) meets
+        [start, end], in their order: `time_range` of many at once."""
+        ids = np.asarray(series_ids, np.int64)
+        with self._lock:
+            first, last = self._first_ts[ids], self._last_ts[ids]
+        return ids[(first != NONE_TS) & (first <= end) & (last >= start)].tolist()
 
     def time_range(self, series_id: int) -> tuple[int, int] | None:
         """(first, last) sample time of the series, stored or in memory; None if none yet."""

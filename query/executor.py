@@ -75,15 +75,14 @@ class ShardSource:
 
     def _matching(
         self, matchers: Sequence[LabelMatcher], start_ms: int, end_ms: int
-    ) -> Iterable[tuple[int, ShardMemstore, int]]:
-        """(shard, memstore, series id) of the series matching, with samples in the range."""
+    ) -> Iterable[tuple[int, ShardMemstore, list[int]]]:
+        """Per shard: (shard, memstore, ids of the series matching with samples in the range)."""
         translated = self._translate(matchers)
         for shard, mem in sorted(self._memstores.items()):
             self.stats.shards.add(shard)
-            for sid in mem.find_series(translated):
-                span = mem.time_range(sid)
-                if span is not None and span[0] <= end_ms and span[1] >= start_ms:
-                    yield shard, mem, sid
+            sids = mem.in_range(mem.find_series(translated), start_ms, end_ms)
+            if sids:
+                yield shard, mem, sids
 
     def select(
         self, matchers: Sequence[LabelMatcher], start_ms: int, end_ms: int
@@ -100,14 +99,9 @@ class ShardSource:
     ) -> SampleBatch:
         """`select` as one columnar batch (what the evaluator reads): no per-series arrays."""
         start_ms, end_ms = max(start_ms, INT64_MIN), min(end_ms, INT64_MAX)
-        by_shard: dict[int, list[tuple[ShardMemstore, int]]] = {}
-        for shard, mem, sid in self._matching(matchers, start_ms, end_ms):
-            by_shard.setdefault(shard, []).append((mem, sid))
         labels: list[dict[str, str]] = []
         ts_parts, val_parts, size_parts = [], [], []
-        for shard, series in by_shard.items():
-            mem = series[0][0]
-            sids = [sid for _, sid in series]
+        for shard, mem, sids in self._matching(matchers, start_ms, end_ms):
             ts, vals, bounds = read_merged_batch(
                 mem, self._columns, self.dataset.ref, shard, sids, start_ms, end_ms
             )
@@ -131,7 +125,7 @@ class ShardSource:
     ) -> list[dict[str, str]]:
         """Label sets of the matching series with samples in the range (`/api/v1/series`)."""
         found = self._matching(matchers, start_ms, end_ms)
-        return [self._labels(mem.labels(sid)) for _, mem, sid in found]
+        return [self._labels(mem.labels(sid)) for _, mem, sids in found for sid in sids]
 
 
 @dataclass(frozen=True)
