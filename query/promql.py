@@ -8,6 +8,7 @@ with `QueryError(kind="unsupported")` naming the construct, so callers never get
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Iterator
@@ -579,7 +580,18 @@ def parse(text: str, max_depth: int = MAX_QUERY_DEPTH, *, matrix_ok: bool = Fals
 
     A query nesting deeper than `max_depth` levels is refused (bad_data) before parsing. A range
     vector as the whole query is refused as unsupported unless `matrix_ok` (a range query's
-    caller refuses it as Prometheus does, as bad_data)."""
+    caller refuses it as Prometheus does, as bad_data).
+
+    Parsed trees are immutable and kept for the last `PARSED_CACHED` texts: a dashboard sends
+    the same queries again and again, and parsing is a good part of a small query's time."""
+    return _parse(text, max_depth, matrix_ok)
+
+
+PARSED_CACHED = 1024
+
+
+@functools.lru_cache(maxsize=PARSED_CACHED)
+def _parse(text: str, max_depth: int, matrix_ok: bool) -> Expr:
     depth_bound(text, max_depth)
     try:
         raw = pp.parse(text)

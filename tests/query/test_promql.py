@@ -245,3 +245,16 @@ def test_the_at_modifier_parses_formats_back_and_resolves_start_and_end() -> Non
     ats = [getattr(n, "at", None) for n in walk(resolved) if hasattr(n, "at")]
     assert sorted(a for a in ats if a is not None) == [1_000, 9_000, 100_500]
     assert resolve_at(parse("foo"), 1, 2) == parse("foo")
+
+
+def test_a_query_text_is_parsed_once_and_a_bad_one_is_refused_every_time() -> None:
+    """Parsed trees are kept per text (they are immutable); errors are not kept."""
+    text = "sum by (job) (rate(http_requests_total[5m]))"
+    assert parse(text) is parse(text)
+    assert parse(text, matrix_ok=True) == parse(text)
+    for _ in range(2):
+        with pytest.raises(QueryError, match="parse error"):
+            parse("sum(")
+    with pytest.raises(QueryError):
+        parse("a[5m]")  # a range vector: refused unless matrix_ok, cached or not
+    assert isinstance(parse("a[5m]", matrix_ok=True), MatrixSelector)
