@@ -20,10 +20,9 @@ aside at the first doubt, and the loop decides; every message decodes as the loo
 from __future__ import annotations
 
 import sys
-import threading
 from collections.abc import Hashable, Sequence
 from operator import itemgetter
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 from line_protocol_parser import LineFormatError, parse_line
@@ -42,6 +41,7 @@ from ingest.bad_records import (
     series_problem,
 )
 from ingest.batch import Labels, SampleBatch
+from ingest.byte_table import ByteTable, TableView, padded
 from ingest.gateway import KeyedBatch, new_series_key
 
 _TS_UNITS_PER_MS: dict[str, tuple[int, int]] = {
@@ -519,140 +519,12 @@ def _decode_columns(b: _InfluxBuilder, raw: bytes, lo: int, hi: int) -> bool:
     return True
 
 
-class _TableView(NamedTuple):
-    """A state of a `_SeriesTable`. Decoders run on several threads: entries are only appended
-    past `count` and slots only filled (or all replaced), so a reader holding an older view
-    reads entries it knows, and anything else it reads is checked against them."""
-
-    slot_ids: np.ndarray  # int64, open addressing by hash: the entry in each slot, -1 if none
-    slot_hashes: np.ndarray  # uint64: that entry's hash
-    shift: np.uint64  # a hash's slot is its top bits: hash >> shift
-    hashes: np.ndarray  # per entry: its key text's hash (to rebuild the slots)
-    words: np.ndarray  # uint64: every entry's key text from a word boundary, zero padded
-    n_words: int
-    word_start: np.ndarray  # per entry: its first word
-    length: np.ndarray  # per entry: its key text's length in bytes
-    labels: np.ndarray  # per entry, objects: its series' labels
-    codes: np.ndarray  # per entry, int8: its contract code
-    keys: np.ndarray  # per entry, int64: its `KeyedBatch` key
-    tags_sorted: np.ndarray  # per entry: its key text has its tags in sorted order
-    templates: np.ndarray  # per entry, objects: its key text's template
-    count: int
-    n_bytes: int
-    all_sorted: bool  # every entry's tags in sorted order
-
-
-def _empty_view(capacity: int = 64) -> _TableView:
-    """A table with room for `capacity` entries (small: one table per field name met)."""
-    return _TableView(
-        slot_ids=np.full(2 * capacity, -1, np.int64),
-        slot_hashes=np.zeros(2 * capacity, np.uint64),
-        shift=np.uint64(64 - (2 * capacity).bit_length() + 1),
-        hashes=np.zeros(capacity, np.uint64),
-        words=np.zeros(capacity * 8, np.uint64),
-        n_words=0,
-        word_start=np.zeros(capacity, np.int64),
-        length=np.zeros(capacity, np.int64),
-        labels=np.empty(capacity, object),
-        codes=np.zeros(capacity, np.int8),
-        keys=np.zeros(capacity, np.int64),
-        tags_sorted=np.zeros(capacity, bool),
-        templates=np.empty(capacity, object),
-        count=0,
-        n_bytes=0,
-        all_sorted=True,
-    )
-
-
-def _grown(a: np.ndarray, size: int) -> np.ndarray:
-    """`a` if it holds `size` items, else a copy with room for twice as many."""
-    if len(a) >= size:
-        return a
-    out = np.zeros(max(2 * len(a), size), a.dtype)
-    out[: len(a)] = a
-    return out
-
-
-# Hashes of key texts: each 8-byte word times a constant of its place, summed, the length mixed
-# in. Only a hint: a text found by its hash is then compared word for word with the stored one,
-# so a collision costs speed, never exactness.
-_MAX_KEY_WORDS = 1024  # longer key texts (8 KiB) are not indexed: found through the dict
-_MIX = np.random.default_rng(0x5EED).integers(0, 1 << 63, _MAX_KEY_WORDS, dtype=np.uint64)
-_MIX = _MIX * np.uint64(2) + np.uint64(1)
-_LEN_MIX, _FINAL_MIX = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9)
-# _HEAD_MASKS[k]: a word without its k low bytes (the padding before a text's first byte)
-_HEAD_MASKS = np.array([((1 << 64) - 1) ^ ((1 << (8 * k)) - 1) for k in range(8)], np.uint64)
-_ROW_KEY_WORDS = 64  # texts up to 512 bytes: rows of a window (all as wide as the longest)
-_COLUMNS = np.arange(_ROW_KEY_WORDS)
-_ONES_U64 = np.ones(_ROW_KEY_WORDS, np.uint64)
-_WORD = np.dtype("<u8")
-_MAX_PROBES = 32  # a text whose slot is further than this from its hash's goes to the dict
-
-
-def _key_words(
-    raw: bytes, start: np.ndarray, length: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Each text `raw[start:start+length]` (length >= 1) as little-endian 8-byte words, aligned
-    on its end (the first word zero padded in front), all in one array; each text's first word
-    there; and its hash. Texts up to `_ROW_KEY_WORDS` words long are copied as rows of a strided
-    window (a copy per row, no index per word), longer ones gathered word by word."""
-    n_words = (length + 7) >> 3
-    first = np.cumsum(n_words) - n_words
-    end = start + length
-    lead_bytes = 8 * n_words - length  # the padding in front of each text's first word
-    cols = int(n_words.max())
-    if cols <= _ROW_KEY_WORDS:
-        w8 = 8 * cols
-        buf = np.frombuffer(bytes(w8) + raw, np.uint8)  # (room in front for the first rows)
-        window = as_strided(buf, shape=(len(buf) - w8 + 1, w8), strides=(1, 1))
-        matrix = window[end].view(_WORD)  # row i: the w8 bytes before text i's end
-        lead = cols - n_words
-        inside = _COLUMNS[:cols] >= lead[:, None]
-        matrix[~inside] = 0
-        matrix[np.arange(len(end)), lead] &= _HEAD_MASKS[lead_bytes]
-        # each word times the constant of its place counted from the text's end
-        h = (matrix * _MIX[cols - 1 :: -1]) @ _ONES_U64[:cols]
-        words = matrix[inside]
-    else:
-        total = int(first[-1] + n_words[-1])
-        padded = bytes(8) + raw + bytes(8)
-        at_byte = np.ndarray((len(padded) - 7,), _WORD, padded, strides=(1,))  # unaligned
-        from_end = np.repeat(first + n_words - 1, n_words) - np.arange(total)
-        words = at_byte[np.repeat(end + 8, n_words) - 8 * (from_end + 1)]
-        words[first] &= _HEAD_MASKS[lead_bytes]
-        h = np.add.reduceat(words * _MIX[np.minimum(from_end, _MAX_KEY_WORDS - 1)], first)
-    h ^= length.astype(np.uint64) * _LEN_MIX
-    h ^= h >> np.uint64(31)
-    h *= _FINAL_MIX
-    h ^= h >> np.uint64(29)
-    return words, first, h
-
-
-def _place(view: _TableView, hashes: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """Put entries `ids` in the view's free slots (open addressing, linear probing); which
-    were placed: not those whose hash is there already, or that probed too far."""
-    slot_ids, slot_hashes = view.slot_ids, view.slot_hashes
-    mask = len(slot_ids) - 1
-    probe = (hashes >> view.shift).astype(np.int64)
-    pending = np.arange(len(hashes))
-    placed = np.zeros(len(hashes), bool)
-    for _ in range(_MAX_PROBES):
-        if not len(pending):
-            break
-        at = probe[pending]
-        sid = slot_ids[at]
-        empty = sid < 0
-        taken = ~empty & (slot_hashes[at] == hashes[pending])
-        free = np.flatnonzero(empty)
-        win = free[np.unique(at[free], return_index=True)[1]]  # one entry per free slot
-        slot_hashes[at[win]] = hashes[pending[win]]
-        slot_ids[at[win]] = ids[pending[win]]
-        placed[pending[win]] = True
-        go_on = ~taken
-        go_on[win] = False
-        pending = pending[go_on]
-        probe[pending] = (probe[pending] + 1) & mask
-    return placed
+# What the column path knows of a series key text and field: its `_Series` (labels, contract
+# code, key), whether the text has its tags in sorted order, and the text's template; a
+# `ByteTable` column each.
+_Known = tuple[Labels, int, int, bool, _Template]
+_LABELS, _CODE, _KEY, _TAGS_SORTED, _TEMPLATE = range(5)
+_KNOWN_DTYPES = (object, np.int8, np.int64, bool, object)
 
 
 class _Found(NamedTuple):
@@ -660,102 +532,67 @@ class _Found(NamedTuple):
     `view` below its count; texts met in this message from `view.count` on, in `new`)."""
 
     ids: np.ndarray
-    view: _TableView
+    view: TableView
     new: list[_Known]
 
     def tags_sorted(self) -> bool:
-        if not self.new and self.view.all_sorted:
-            return True
-        return bool(self._per_line(self.view.tags_sorted, _sorted_of, slice(None)).all())
+        return bool(self._per_line(_TAGS_SORTED, slice(None)).all())
 
     def templates(self) -> list[_Template]:
-        return self._per_line(self.view.templates, _template_of, slice(None)).tolist()
+        return self._per_line(_TEMPLATE, slice(None)).tolist()
 
     def series(self, rows: np.ndarray) -> tuple[list[Labels], np.ndarray, list[int]]:
         """Labels, contract codes and keys of the lines `rows`."""
-        view = self.view
         return (
-            self._per_line(view.labels, _labels_of, rows).tolist(),
-            self._per_line(view.codes, _code_of, rows),
-            self._per_line(view.keys, _key_of, rows).tolist(),
+            self._per_line(_LABELS, rows).tolist(),
+            self._per_line(_CODE, rows),
+            self._per_line(_KEY, rows).tolist(),
         )
 
-    def _per_line(
-        self, column: np.ndarray, of: itemgetter[Any], rows: np.ndarray | slice
-    ) -> np.ndarray:
-        """One of the view's per-entry columns for the lines `rows`, the new texts' included
-        (`of` reads their entries)."""
+    def _per_line(self, k: int, rows: np.ndarray | slice) -> np.ndarray:
+        """The view's column `k` (`_Known`'s item k) for the lines `rows`, the new texts'
+        included."""
+        column = self.view.columns[k]
         ids = self.ids[rows]
         if not self.new:
             return column[ids]
         count = self.view.count
         is_new = ids >= count
         out = column[np.where(is_new, 0, ids)]
-        new = np.fromiter(map(of, self.new), column.dtype, len(self.new))
+        new = np.fromiter(map(itemgetter(k), self.new), column.dtype, len(self.new))
         out[is_new] = new[ids[is_new] - count]
         return out
 
 
 class _SeriesTable:
     """The series key texts of one metric column, limits and field that the column path has
-    met, to find every line's text at once: an open-addressing table of their hashes
-    (`_key_words`) in NumPy, then a word-for-word comparison with the stored text, and per
-    entry what the line loop gives the series (labels, contract code, key). Texts the table
-    cannot hold (a hash taken, too long) are kept in a dict by their bytes. Bounded: emptied
-    when its texts' bytes reach CACHE_BYTES, or their count CACHE_SIZE."""
+    met, to find every line's text at once (`ByteTable`), and per entry what the line loop
+    gives the series (`_Known`). Bounded: emptied when its texts' bytes reach CACHE_BYTES, or
+    their count CACHE_SIZE."""
 
-    __slots__ = ("lock", "overflow", "view")
+    __slots__ = ("table",)
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.clear()
-
-    def clear(self) -> None:
-        with self.lock:
-            self.view = _empty_view()
-            self.overflow: dict[bytes, _Known] = {}
+        self.table = ByteTable(_KNOWN_DTYPES)
 
     def find(
         self, b: _InfluxBuilder, field: str, raw: bytes, start: np.ndarray, end: np.ndarray
     ) -> _Found:
         """Each key text `raw[start:end]`; texts not known yet are learnt from their template
         (`_learn_series`, which raises `_Fallback` where the parser must decide) and added."""
-        view = self.view
-        if view.count + len(self.overflow) >= CACHE_SIZE or view.n_bytes >= CACHE_BYTES:
-            self.clear()
-            view = self.view
+        table = self.table
+        if len(table) >= CACHE_SIZE or table.n_bytes >= CACHE_BYTES:
+            table.clear()
         length = end - start
         if int(length.min()) < 1:
             raise _Fallback  # an empty key text: the line loop decides
-        words, first, hashes = _key_words(raw, start, length)
-        # candidates by hash (open addressing), then compared word for word
-        slot_ids, slot_hashes, mask = view.slot_ids, view.slot_hashes, len(view.slot_ids) - 1
-        probe = (hashes >> view.shift).astype(np.int64)
-        ids = slot_ids[probe]
-        match = slot_hashes[probe] == hashes
-        going = np.flatnonzero((ids >= 0) & ~match)  # another text's slot: probe on
-        for _ in range(_MAX_PROBES - 1):
-            if not len(going):
-                break
-            probe[going] = (probe[going] + 1) & mask
-            sid = slot_ids[probe[going]]
-            now = slot_hashes[probe[going]] == hashes[going]
-            ids[going] = sid
-            match[going] = now
-            going = going[(sid >= 0) & ~now]
-        hit = match & (ids >= 0) & (ids < view.count)
-        ids[~hit] = 0
-        hit &= view.length[ids] == length
-        n_words = (length + 7) >> 3
-        stored = view.words.take(
-            np.repeat(view.word_start[ids] - first, n_words) + np.arange(len(words)), mode="clip"
-        )
-        hit &= ~np.logical_or.reduceat(stored != words, first)
+        found = table.find(padded(raw), raw, start, length)
+        ids, view = found.ids, found.view
         new: list[_Known] = []  # entries of the texts not found, numbered from view.count
-        if not hit.all():
+        missed = np.flatnonzero(ids < 0)
+        if len(missed):
             number_of: dict[bytes, int] = {}
-            added: list[tuple[int, _Known]] = []  # line, entry: texts to add to the table
-            missed = np.flatnonzero(~hit)
+            added: list[int] = []  # lines whose texts to add to the table
             numbers: list[int] = []
             for i, a, z in zip(
                 missed.tolist(), start[missed].tolist(), end[missed].tolist(), strict=True
@@ -763,116 +600,15 @@ class _SeriesTable:
                 text = raw[a:z]
                 number = number_of.get(text)
                 if number is None:
-                    known = self.overflow.get(text)
-                    if known is None:
-                        known = _learn_series(b, field, text)
-                        added.append((i, known))
+                    added.append(i)
                     number = number_of[text] = view.count + len(new)
-                    new.append(known)
+                    new.append(_learn_series(b, field, text))
                 numbers.append(number)
             ids[missed] = numbers
-            if added:
-                self._add(raw, start, added, hashes, words, first, length)
+            table.add(found, np.array(added, np.intp), list(zip(*new, strict=True)))
         return _Found(ids, view, new)
 
-    def _add(
-        self,
-        raw: bytes,
-        start: np.ndarray,
-        added: list[tuple[int, _Known]],
-        hashes: np.ndarray,
-        words: np.ndarray,
-        first: np.ndarray,
-        length: np.ndarray,
-    ) -> None:
-        """Add the texts of lines `added` (their hashes and words as `find` computed them):
-        as entries with slots, or in the dict if their hash has a slot already (another text,
-        or the same one added by another thread) or they are too long."""
-        with self.lock:
-            view = self.view
-            lines = np.array([i for i, _ in added], np.int64)
-            m = len(lines)
-            c, w = view.count, view.n_words
-            size = c + m
-            if 2 * size > len(view.slot_ids):
-                view = _resized(view, size)
-            n_words = (length[lines] + 7) >> 3
-            word_start = w + np.cumsum(n_words) - n_words
-            n_w = w + int(n_words.sum())
-            all_words = _grown(view.words, n_w)
-            all_words[w:n_w] = words[
-                np.repeat(first[lines] - word_start, n_words) + np.arange(w, n_w)
-            ]
-            h = hashes[lines]
-            grown = [
-                _grown(a, size)
-                for a in (
-                    view.hashes,
-                    view.word_start,
-                    view.length,
-                    view.labels,
-                    view.codes,
-                    view.keys,
-                    view.tags_sorted,
-                    view.templates,
-                )
-            ]
-            all_hashes, all_word_start, all_length, labels, codes, keys, tags_sorted, templates = (
-                grown
-            )
-            all_hashes[c:size] = h
-            all_word_start[c:size] = word_start
-            all_length[c:size] = length[lines]
-            entries = [known for _, known in added]
-            labels[c:size] = np.fromiter(map(_labels_of, entries), object, m)
-            codes[c:size] = list(map(_code_of, entries))
-            keys[c:size] = list(map(_key_of, entries))
-            tags_sorted[c:size] = list(map(_sorted_of, entries))
-            templates[c:size] = np.fromiter(map(_template_of, entries), object, m)
-            short = n_words <= _MAX_KEY_WORDS
-            placed = np.zeros(m, bool)
-            placed[short] = _place(view, h[short], np.arange(c, size)[short])
-            for k in np.flatnonzero(~placed).tolist():
-                i, known = added[k]
-                self.overflow[raw[int(start[i]) : int(start[i] + length[i])]] = known
-            self.view = view._replace(
-                hashes=all_hashes,
-                words=all_words,
-                n_words=n_w,
-                word_start=all_word_start,
-                length=all_length,
-                labels=labels,
-                codes=codes,
-                keys=keys,
-                tags_sorted=tags_sorted,
-                templates=templates,
-                count=size,
-                n_bytes=view.n_bytes + int(length[lines].sum()),
-                all_sorted=view.all_sorted and bool(tags_sorted[c:size].all()),
-            )
 
-
-def _resized(view: _TableView, size: int) -> _TableView:
-    """The view with new slots for `size` entries (at most half of them used), its entries
-    placed again."""
-    n_slots = 1 << (4 * size - 1).bit_length()
-    bigger = view._replace(
-        slot_ids=np.full(n_slots, -1, np.int64),
-        slot_hashes=np.zeros(n_slots, np.uint64),
-        shift=np.uint64(64 - n_slots.bit_length() + 1),
-    )
-    c = view.count
-    if c:
-        was = np.flatnonzero(view.slot_ids >= 0)  # entries that had a slot (not the dict's)
-        ids = view.slot_ids[was]
-        _place(bigger, view.hashes[ids], ids)
-    return bigger
-
-
-# What the column path knows of a series key text and field: its `_Series` (labels, contract
-# code, key), whether the text has its tags in sorted order, and the text's template.
-_Known = tuple[Labels, int, int, bool, _Template]
-_sorted_of, _template_of = itemgetter(3), itemgetter(4)
 # (metric column, limits, field) -> the key texts met, with what the line loop gives them
 _known_by_bytes: dict[tuple[str, LabelLimits, str], _SeriesTable] = {}
 

@@ -1,10 +1,10 @@
 """Line protocol's column path (`line_protocol._decode_columns`) decodes exactly as the line loop.
 
 The column path reads plain decimal values with NumPy (Clinger's fast path), timestamps of up to
-19 digits, and finds series key texts in a NumPy hash table (`_SeriesTable`): each is checked
-here against `float()`, `int()` and the line loop, on generated values (bit for bit: NaN, -0.0,
-infinities, under- and overflows, long mantissas, exponents, integers `7i`/`7u`, booleans,
-strings), timestamps (every length, int64's edge, leading zeros, every precision), series
+19 digits, and finds series key texts in a NumPy hash table (`_SeriesTable`: a `ByteTable`):
+each is checked here against `float()`, `int()` and the line loop, on generated values (bit for
+bit: NaN, -0.0, infinities, under- and overflows, long mantissas, exponents, integers `7i`/`7u`,
+booleans, strings), timestamps (every length, int64's edge, leading zeros, every precision), series
 (repeated, tags out of order, thousands of new ones growing the table, its bound, hash
 collisions) and decoders on several threads sharing the table.
 """
@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from filopy.dataset import LabelLimits
 from filopy.ingest_http.influx import decode_lines
-from ingest import line_protocol
+from ingest import byte_table, line_protocol
 from ingest.bad_records import Decoded
 from ingest.gateway import KeyedBatch
 from ingest.line_protocol import decode_influx
@@ -228,18 +228,18 @@ def test_the_table_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     for i in range(0, 1000, 150):
         _against_the_loop(_fleet(i, i + 150))
     for table in line_protocol._known_by_bytes.values():
-        assert table.view.count <= 300
+        assert len(table.table) <= 300
 
 
 def test_hash_collisions_cost_speed_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """With every word weighing nothing, every text of a length hashes alike: texts are told
     apart by their words, and those without a slot of their own are found in the dict."""
-    monkeypatch.setattr(line_protocol, "_MIX", np.zeros_like(line_protocol._MIX))
+    monkeypatch.setattr(byte_table, "_MIX", np.zeros_like(byte_table._MIX))
     line_protocol._known_by_bytes.clear()
     raw = _fleet(0, 300)
     _against_the_loop(raw)
     table = line_protocol._known_by_bytes[("_metric_", LabelLimits(), "value")]
-    assert table.overflow  # most texts share a hash
+    assert table.table.overflow  # most texts share a hash
     _against_the_loop(_fleet(100, 400))
 
 
@@ -269,26 +269,3 @@ def test_decoders_on_several_threads() -> None:
     for t in threads:
         t.join()
     assert not errors, errors[0]
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.binary(min_size=1, max_size=80), min_size=1, max_size=20), st.binary(max_size=9))
-def test_key_words_rows_and_gather_agree(texts: list[bytes], gap: bytes) -> None:
-    """Short texts are copied as rows of a window, long ones gathered word by word: the same
-    words (each text aligned on its end, zero padded in front) and the same hashes."""
-    raw = gap + gap.join(texts)
-    lengths = np.array([len(x) for x in texts], np.int64)
-    starts = np.cumsum(lengths + len(gap)) - lengths
-    rows = line_protocol._key_words(raw, starts, lengths)
-    original = line_protocol._ROW_KEY_WORDS
-    line_protocol._ROW_KEY_WORDS = 0
-    try:
-        gathered = line_protocol._key_words(raw, starts, lengths)
-    finally:
-        line_protocol._ROW_KEY_WORDS = original
-    words, first, _ = rows
-    for a, b in zip(rows, gathered, strict=True):
-        assert a.tolist() == b.tolist()
-    for text, f in zip(texts, first.tolist(), strict=True):
-        n = -(-len(text) // 8)
-        assert words[f : f + n].tobytes() == bytes(8 * n - len(text)) + text
