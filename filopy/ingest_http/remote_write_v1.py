@@ -8,18 +8,18 @@ Speed: building a Python object per label (upb's message API) cost ~15 us per se
 whole budget of a fast gateway. Requests of the shape Prometheus and vmagent send (each series
 its labels, then float samples, canonically encoded) take a vectorized path instead: one upb
 parse splits the request into series, NumPy walks every series' fields at once, and each
-series' label bytes are the key of a cache of label dicts, so a series seen before costs a
-slice and a dict lookup. The batch carries those keys (`KeyedBatch`) so the gateway's routing
-cache needs no tuple of labels either. Anything else (histograms, exemplars, odd field order or
-encodings, many samples per series) goes through the full upb parse, which has the last word.
-In the steady state (every series one sample, its labels cached) even the walk over the label
-fields is skipped (`_decode_known`): the series' last bytes are the sample, the rest the key.
+series' label bytes are found among those met before (`ByteTable`: every series at once, each
+hit checked byte for byte), with their label dict and key. The batch carries those keys
+(`KeyedBatch`) so the gateway's routing cache needs no tuple of labels either. Anything else
+(histograms, exemplars, odd field order or encodings, many samples per series) goes through the
+full upb parse, which has the last word. In the steady state (every series one sample, its
+labels known) even the walk over the label fields is skipped (`_decode_known`): the series' last
+bytes are the sample, the rest its label bytes; no Python runs per series.
 """
 
 from __future__ import annotations
 
 import sys
-from operator import itemgetter
 
 import numpy as np
 import numpy.typing as npt
@@ -31,6 +31,7 @@ from filopy.ingest_http.core import Refused, show_labels
 from filopy.ingest_http.prompb.remote_pb2 import TimeSeries, WriteRequest
 from ingest.bad_records import Decoded
 from ingest.batch import Labels, SampleBatch
+from ingest.byte_table import PAD, ByteTable, padded
 from ingest.gateway import KeyedBatch, new_series_key
 
 UNSUPPORTED = "unsupported"  # a refusal reason: samples of a kind FiloPy cannot store
@@ -59,10 +60,18 @@ def _split_message() -> type:
 
 
 _WriteRequestSplit = _split_message()
-# metric column -> (series' label bytes -> (labels, key)); label dicts are shared between
-# batches (read only); a key (`new_series_key`) is an int: the gateway's lookup hashes no bytes.
-_label_cache: dict[str, dict[bytes, tuple[Labels, int]]] = {}
-_labels_of_entry, _key_of_entry = itemgetter(0), itemgetter(1)
+# metric column -> the series' label bytes met, each entry's labels and key: label dicts are
+# shared between batches (read only); a key (`new_series_key`) is an int: the gateway's lookup
+# hashes no bytes.
+_tables: dict[str, ByteTable] = {}
+_LABELS, _KEYS = 0, 1  # the tables' columns
+
+
+def _table(metric_column: str) -> ByteTable:
+    table = _tables.get(metric_column)
+    if table is None:
+        table = _tables.setdefault(metric_column, ByteTable((object, object)))
+    return table
 
 
 def parse(raw: bytes) -> WriteRequest:
@@ -184,81 +193,92 @@ def decode_fast(raw: bytes, metric_column: str) -> Decoded | None:
     if bounds is None:
         return None
     starts, ends = bounds
+    pad = padded(raw)
+    known = _decode_known(raw, pad, starts, ends, metric_column)
+    if known is not None:
+        return known
     # Reads clip at the end: a read past it only ever feeds a bound check that then fails.
-    buf = np.frombuffer(raw, np.uint8)
-    known = _decode_known(raw, buf, starts, ends, metric_column)
-    return known if known is not None else _decode_walk(raw, buf, starts, ends, metric_column)
+    return _decode_walk(raw, pad, starts, ends, metric_column)
 
 
 # The steady state: every series ends with one sample of a millisecond timestamp (6-byte varint,
 # 1971 to 2109), its value present (field 2, 16 bytes: 09 <8 bytes> 10 <6 bytes>) or zero and so
-# left out by the sender (7 bytes: 10 <6 bytes>).
+# left out by the sender (7 bytes: 10 <6 bytes>). Read as little-endian 8-byte words:
 _TAIL_WITH_VALUE, _TAIL_ZERO = 18, 9
-_BACK = np.arange(-_TAIL_WITH_VALUE, 0)  # a series' last 18 bytes, relative to its end
-_TS_WEIGHTS = 128 ** np.arange(6, dtype=np.int64)  # the 7-bit digits of a 6-byte varint
+_WITH_VALUE = 0x091012  # the 3 bytes from end - 18: 12 10 09
+_ZERO = 0x0712  # the 2 bytes from end - 9: 12 07
+# the 8 bytes from end - 8: any (the value's last, or 07), 10, 5 varint bytes with their high
+# bit set and a last one without
+_STAMP_MASK, _STAMP = np.uint64(0x808080808080FF00), np.uint64(0x0080808080801000)
+_U64 = np.dtype("<u8")
+
+
+def _varint6(stamp: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
+    """The values of 6-byte varints (their bytes the low 6 of each word, high bits ignored):
+    7-bit digits joined in pairs, then the three pairs."""
+    x = stamp & np.uint64(0x7F7F7F7F7F7F)
+    x = (x & np.uint64(0x007F007F007F)) | ((x >> np.uint64(1)) & np.uint64(0x3F803F803F80))
+    x = (
+        (x & np.uint64(0x3FFF))
+        | ((x >> np.uint64(2)) & np.uint64(0x3FFF << 14))
+        | ((x >> np.uint64(4)) & np.uint64(0x3FFF << 28))
+    )
+    return x.view(np.int64)  # < 2**42
 
 
 def _decode_known(
     raw: bytes,
-    buf: npt.NDArray[np.uint8],
+    pad: npt.NDArray[np.uint8],
     starts: npt.NDArray[np.int64],
     ends: npt.NDArray[np.int64],
     metric_column: str,
 ) -> Decoded | None:
     """The steady state without walking the labels: when every series ends with one sample of
-    the usual shape (`_TAIL_WITH_VALUE` or `_TAIL_ZERO` bytes) and the bytes before it are a
-    cached label section, that split is the parse. A cache key is only ever label fields that
-    the walk delimited and upb parsed, and a protobuf parse is unique, so a series whose bytes
-    are such a key followed by one complete sample field holds exactly those. None (the walk
-    decides) for any other series, or one not cached yet."""
+    the usual shape (`_TAIL_WITH_VALUE` or `_TAIL_ZERO` bytes) and the bytes before it are
+    label bytes met before (`pad`: `padded(raw)`), that split is the parse. A table entry is
+    only ever label fields that the walk delimited and upb parsed, and a protobuf parse is
+    unique, so a series whose bytes are such an entry's (compared byte for byte) followed by
+    one complete sample field holds exactly those. None (the walk decides) for any other
+    series, or one not met yet."""
+    table = _tables.get(metric_column)
+    if table is None:
+        return None
     n = len(starts)
     size = ends - starts
     if int(size.min()) < _TAIL_ZERO:
         return None
-    # A series' last 18 bytes (the first may start before it: only read where it is longer):
-    # 12 10 09 <value> 10 <6-byte varint>, or 12 07 10 <6-byte varint>; the timestamp part is
-    # the same bytes in both.
-    tail = buf.take(ends[:, None] + _BACK, mode="clip")
-    stamp = tail[:, 12:]
-    stamp_ok = (
-        (tail[:, 11] == _TIMESTAMP_TAG) & (stamp[:, 5] < 0x80) & (stamp[:, :5] >= 0x80).all(1)
-    )
-    with_value = (
-        (tail[:, 0] == _SAMPLES_TAG)
-        & (tail[:, 1] == 16)
-        & (tail[:, 2] == _VALUE_TAG)
-        & (size >= _TAIL_WITH_VALUE)
-    )
-    zero = (tail[:, 9] == _SAMPLES_TAG) & (tail[:, 10] == 7)
-    if not (stamp_ok.all() and (with_value ^ zero).all()):
+    # 8 bytes from any offset (past the ends of short series too: only read where longer)
+    at = np.ndarray((len(pad) - 7,), _U64, pad, strides=(1,))
+    end = ends + PAD
+    last = at[end - 8]
+    with_value = ((at[end - 18] & np.uint64(0xFFFFFF)) == _WITH_VALUE) & (size >= _TAIL_WITH_VALUE)
+    zero = (at[end - 9] & np.uint64(0xFFFF)) == _ZERO
+    if not (((last & _STAMP_MASK) == _STAMP).all() and (with_value ^ zero).all()):
         return None
     label_end = ends - np.where(with_value, _TAIL_WITH_VALUE, _TAIL_ZERO)
-    cache = _label_cache.get(metric_column)
-    if cache is None:
+    found = table.find(pad, raw, starts, label_end - starts)
+    ids = found.ids
+    if (ids < 0).any():
         return None
-    get = cache.get  # a comprehension: half the time of map(slice) and map(get)
-    entries = [get(raw[a:b]) for a, b in zip(starts.tolist(), label_end.tolist(), strict=True)]
-    if None in entries:
-        return None
-    values = np.ascontiguousarray(tail[:, 3:11]).view("<f8").ravel().astype(np.float64)
-    if not with_value.all():
-        values[~with_value] = 0.0
-    timestamps = (stamp & 0x7F) @ _TS_WEIGHTS  # < 2**42: exact in int64
-    series = list(map(_labels_of_entry, entries))
-    keys = list(map(_key_of_entry, entries))
+    values = np.where(with_value, at[end - 15].view(np.float64), 0.0)
+    timestamps = _varint6(last >> np.uint64(16))
+    columns = found.view.columns
+    series = columns[_LABELS][ids].tolist()
+    keys = columns[_KEYS][ids].tolist()
     idx = np.arange(n, dtype=np.int32)
     return Decoded(KeyedBatch(series, idx, timestamps, values, keys=keys), None)
 
 
 def _decode_walk(
     raw: bytes,
-    buf: npt.NDArray[np.uint8],
+    pad: npt.NDArray[np.uint8],
     starts: npt.NDArray[np.int64],
     ends: npt.NDArray[np.int64],
     metric_column: str,
 ) -> Decoded | None:
     """`decode_fast` by walking every series' fields at once, a field per round."""
     n = len(starts)
+    buf = pad[PAD : PAD + len(raw)]
     # Labels: hop over every series' label fields at once, a field per round (p: where the
     # series still in `act` are; a read past `ends` is caught by the bound check after).
     label_end = np.empty(n, np.int64)
@@ -326,11 +346,10 @@ def _decode_walk(
     else:
         return None
     # Every series' labels, those without samples too: the full parser would refuse bad ones.
-    entries = _labels_of(raw, starts, label_end, metric_column)
-    if entries is None:
+    labelled = _labels_of(raw, pad, starts, label_end, metric_column)
+    if labelled is None:
         return None
-    series = list(map(_labels_of_entry, entries))
-    keys = list(map(_key_of_entry, entries))
+    series, keys = labelled
     if not rounds_series:
         return Decoded(SampleBatch.empty(), None)
     owner = np.concatenate(rounds_series)
@@ -353,27 +372,29 @@ def _decode_walk(
 
 def _labels_of(
     raw: bytes,
+    pad: npt.NDArray[np.uint8],
     starts: npt.NDArray[np.int64],
     ends: npt.NDArray[np.int64],
     metric_column: str,
-) -> list[tuple[Labels, int]] | None:
-    """Each series' labels and key, from its label bytes `raw[start:end]`: cached, parsed by
-    upb when new (None if they do not parse: the full parser then answers)."""
-    label_bytes = [raw[a:b] for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
-    cache = _label_cache.get(metric_column)
-    if cache is None:
-        cache = _label_cache.setdefault(metric_column, {})
-    entries: list[tuple[Labels, int] | None] = list(map(cache.get, label_bytes))
-    if None not in entries:
-        return entries  # type: ignore[return-value]
-    if len(cache) + len(label_bytes) > LABEL_CACHE_SIZE:
-        cache.clear()
+) -> tuple[list[Labels], list[int]] | None:
+    """Each series' labels and key, from its label bytes `raw[start:end]`: known, or parsed by
+    upb when new and then learnt (None if they do not parse: the full parser then answers)."""
+    table = _table(metric_column)
+    found = table.find(pad, raw, starts, ends - starts)
+    ids = found.ids
+    columns = found.view.columns
+    missed = np.flatnonzero(ids < 0)
+    if not len(missed):
+        return columns[_LABELS][ids].tolist(), columns[_KEYS][ids].tolist()
+    known = np.where(ids < 0, 0, ids)
+    series, keys = columns[_LABELS][known].tolist(), columns[_KEYS][known].tolist()
+    new: dict[bytes, tuple[int, Labels, int]] = {}  # label bytes -> (first series, labels, key)
     intern = sys.intern
-    for i, entry in enumerate(entries):
-        if entry is not None:
-            continue
-        b = label_bytes[i]
-        entry = cache.get(b)  # a series repeated within the request
+    for i, a, z in zip(
+        missed.tolist(), starts[missed].tolist(), ends[missed].tolist(), strict=True
+    ):
+        b = raw[a:z]
+        entry = new.get(b)  # a series repeated within the request
         if entry is None:
             try:
                 parsed = TimeSeries.FromString(b)
@@ -383,6 +404,11 @@ def _labels_of(
                 intern(metric_column if lb.name == PROMETHEUS_METRIC_LABEL else lb.name): lb.value
                 for lb in parsed.labels
             }
-            entry = cache[b] = (labels, new_series_key())
-        entries[i] = entry
-    return entries  # type: ignore[return-value]
+            entry = new[b] = (i, labels, new_series_key())
+        series[i], keys[i] = entry[1], entry[2]
+    if len(table) + len(new) > LABEL_CACHE_SIZE:
+        table.clear()
+    entries = list(new.values())
+    which = np.array([e[0] for e in entries], np.intp)
+    table.add(found, which, ([e[1] for e in entries], [e[2] for e in entries]))
+    return series, keys

@@ -1,8 +1,9 @@
 """The HTTP gateway's steady-state paths give exactly what the plain paths give.
 
 - Remote write 1.0's known-series path (`remote_write_v1._decode_known`: every series one
-  sample of the usual shape, its labels cached) against the full upb parse, on generated
-  requests, corrupt bytes and label values crafted to look like a sample.
+  sample of the usual shape, its label bytes known) against the full upb parse, on generated
+  requests, corrupt bytes, label values crafted to look like a sample, and alike label sets
+  whose hashes collide on purpose (a hit is only ever the same bytes); the table's bound.
 - Line protocol's column path (`line_protocol._decode_columns`: NumPy over the body's bytes)
   against the line loop alone, on plain messages and adversarial ones (escapes, quoted strings,
   booleans, integer fields, several fields, missing or odd timestamps, every precision, bad
@@ -16,6 +17,7 @@
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -27,13 +29,15 @@ from filopy.hashing import shard_for_series
 from filopy.ingest_http import remote_write_v1
 from filopy.ingest_http.influx import decode_lines
 from filopy.ingest_http.prompb.remote_pb2 import WriteRequest
-from ingest import gateway, line_protocol
+from ingest import byte_table, gateway, line_protocol
 from ingest.bad_records import Decoded
 from ingest.batch import SampleBatch
 from ingest.binary_format import decode_binary, encode_binary_parts, encode_labels
+from ingest.byte_table import padded
 from ingest.gateway import Gateway, KeyedBatch
 from ingest.line_protocol import decode_influx
 from tests.ingest.line_loop import line_loop_only
+from tests.ingest.test_byte_table import collisions  # noqa: F401 - the fixture
 
 T0 = 1_700_000_000_000
 
@@ -87,8 +91,7 @@ def _known(raw: bytes, metric_column: str = "_metric_") -> Decoded | None:
     bounds = remote_write_v1._series_bounds(raw)
     if bounds is None:
         return None
-    buf = np.frombuffer(raw, np.uint8)
-    return remote_write_v1._decode_known(raw, buf, *bounds, metric_column)
+    return remote_write_v1._decode_known(raw, padded(raw), *bounds, metric_column)
 
 
 def _usual(req: WriteRequest) -> bool:
@@ -176,6 +179,104 @@ def test_label_bytes_that_look_like_a_sample_are_labels() -> None:
     known = _known(both)
     assert known is not None
     _same(known, _full(both))
+
+
+# Label sets alike: the same names, values of one length differing in a byte (colliding when only
+# the length is hashed), a series without labels, and long sections (the gathered words).
+_alike_values = ["aa", "ab", "ba", "bb", "a\u00e9", "", "x" * 300, "x" * 299 + "y"]
+
+
+@st.composite
+def alike_requests(draw: st.DrawFn) -> WriteRequest:
+    """Series of alike label sets, new and known, mostly one sample each, any value."""
+    req = WriteRequest()
+    for _ in range(draw(st.integers(1, 12))):
+        ts = req.timeseries.add()
+        labels = [("__name__", draw(st.sampled_from(["m", "n"])))]
+        labels += [
+            (k, draw(st.sampled_from(_alike_values))) for k in ["a", "b"][: draw(st.integers(0, 2))]
+        ]
+        if draw(st.integers(0, 19)) == 0:
+            labels = []
+        for name, value in labels:
+            lb = ts.labels.add()
+            lb.name, lb.value = name, value
+        for _ in range(draw(st.sampled_from([1] * 8 + [0, 2]))):
+            s = ts.samples.add()
+            s.value, s.timestamp = draw(_floats), draw(_stamps)
+    return req
+
+
+@pytest.fixture
+def fresh_tables() -> Iterator[None]:
+    """Remote write's label tables emptied before and after (entries hashed another way are
+    not found again)."""
+    remote_write_v1._tables.clear()
+    yield
+    remote_write_v1._tables.clear()
+
+
+@settings(
+    max_examples=300,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(st.lists(alike_requests(), min_size=1, max_size=4))
+def test_known_series_path_with_colliding_hashes(
+    collisions: str,  # noqa: F811 - the fixture
+    fresh_tables: None,
+    requests: list[WriteRequest],
+) -> None:
+    """Hashes as they are or colliding on purpose (`collisions`): a known series is only ever
+    found as the same label bytes, and every known series is found."""
+    remote_write_v1._tables.clear()
+    for req in requests:
+        raw = req.SerializeToString()
+        known = _known(raw)
+        if known is not None:
+            _same(known, _full(raw))
+        _same(remote_write_v1.decode(raw, "_metric_"), _full(raw))
+        known = _known(raw)
+        if known is not None:
+            _same(known, _full(raw))
+        elif _usual(req):
+            raise AssertionError("a steady request of known series must take the known path")
+
+
+def test_label_sections_of_one_hash_are_told_apart(
+    fresh_tables: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every label section of a length hashing alike: each series still gets its own labels,
+    the sections without a slot found by their bytes."""
+    monkeypatch.setattr(byte_table, "_MIX", np.zeros_like(byte_table._MIX))
+    sample = b"\x12\x10\x09" + struct.pack("<d", 1.5) + b"\x10" + b"\x80" * 5 + b"\x01"
+    raw = b"".join(
+        _series(_label(b"__name__", b"m") + _label(b"k", v), sample) for v in [b"ab", b"ba", b"aa"]
+    )
+    _same(remote_write_v1.decode(raw, "_metric_"), _full(raw))
+    assert len(remote_write_v1._tables["_metric_"].overflow) == 2
+    known = _known(raw)
+    assert known is not None
+    _same(known, _full(raw))
+    assert [s["k"] for s in known.batch.series] == ["ab", "ba", "aa"]
+
+
+def test_label_tables_are_bounded(fresh_tables: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past `LABEL_CACHE_SIZE` series the table starts afresh; every request decodes as the
+    full parser decodes it."""
+    monkeypatch.setattr(remote_write_v1, "LABEL_CACHE_SIZE", 50)
+    for scrape in range(3):
+        for lo in range(0, 200, 40):
+            req = WriteRequest()
+            for i in range(lo, lo + 40):
+                ts = req.timeseries.add()
+                lb = ts.labels.add()
+                lb.name, lb.value = "__name__", f"m{i}"
+                s = ts.samples.add()
+                s.value, s.timestamp = i + scrape, T0 + scrape
+            raw = req.SerializeToString()
+            _same(remote_write_v1.decode(raw, "_metric_"), _full(raw))
+            assert len(remote_write_v1._tables["_metric_"]) <= 90
 
 
 # ----- line protocol ---------------------------------------------------------------------------
