@@ -131,57 +131,40 @@ def window_offsets(lo: I64, hi: I64) -> Iterator[tuple[I64, I64]]:
 def window_reduce(vals: F64, lo: I64, hi: I64, how: str) -> F64:
     """Sum, min or max of `vals[lo:hi]` for every window (empty windows give 0 or NaN).
 
-    Windows are folded one sample offset at a time, over all windows still that long: the work
-    is the number of window samples, and each window is summed left to right, so its result
-    never depends on which other series share the batch (as it would with padded blocks).
+    Each window is folded left to right from 0.0 (sum) or NaN (min, max: fmin/fmax, so a NaN
+    sample counts only if all are NaN, as in Prometheus), so its result never depends on which
+    other series share the batch (as it would with padded blocks or pairwise sums). The work
+    is the number of window samples: the first samples of every window, as many as the
+    shortest non-empty window holds, are gathered at once (one row per offset) and folded row
+    by row; the longer windows' rest is folded one offset at a time over those still that long.
     """
-    if how == "sum":
-        return _window_sums(vals, lo, hi)
-    out = np.full(lo.size, np.nan)
-    for rows, idx in window_offsets(lo, hi):
-        x = vals[idx]
-        if how == "sum":
-            out[rows] += x
-        elif how == "min":  # fmin/fmax: a NaN sample counts only if all are NaN (Prometheus)
-            out[rows] = np.fmin(out[rows], x)
-        else:
-            out[rows] = np.fmax(out[rows], x)
-    return out.reshape(lo.shape)
-
-
-# Samples gathered at once by `_window_sums` (8 bytes each, twice): 32 MiB.
-_SUM_BLOCK = 1 << 21
-
-
-def _window_sums(vals: F64, lo: I64, hi: I64) -> F64:
-    """`window_reduce`'s sums, the same to the last bit: every window left to right from 0.0.
-    The first samples of every window, as many as the shortest non-empty one holds, are
-    gathered at once (one row per offset) and added row by row (the first + 0.0, as the fold
-    adds it: -0.0 becomes 0.0); the rest are folded. The gather replaces the fold's per-step
-    index arithmetic and filtering, most of its time for a range query's many windows."""
+    op = {"sum": np.add, "min": np.fmin, "max": np.fmax}[how]
     lo_f, width = lo.ravel(), (hi - lo).ravel()
-    out = np.zeros(lo.size)
+    out = np.full(lo.size, 0.0 if how == "sum" else np.nan)
     rows = np.flatnonzero(width > 0)
-    common = int(width[rows].min()) if len(rows) else 0
-    if common >= 2:
-        offsets = np.arange(common)
-        per_block = max(1, _SUM_BLOCK // common)
+    k = int(width[rows].min()) if len(rows) else 0
+    if k >= 2:
+        offsets = np.arange(k)[:, None]
+        per_block = max(1, _GATHER_SAMPLES // k)
         for r0 in range(0, len(rows), per_block):
             block_rows = rows[r0 : r0 + per_block]
-            block = vals[lo_f[block_rows] + offsets[:, None]]  # row j: each window's j-th
-            total = block[0] + 0.0
-            for j in range(1, common):
-                total += block[j]
-            out[block_rows] = total
-        k = common
+            block = vals[lo_f[block_rows] + offsets]  # row j: each window's j-th sample
+            acc = op(out[block_rows], block[0])
+            for j in range(1, k):
+                op(acc, block[j], out=acc)
+            out[block_rows] = acc
         rows = rows[width[rows] > k]
     else:
         k = 0
     while len(rows):
-        out[rows] += vals[lo_f[rows] + k]
+        out[rows] = op(out[rows], vals[lo_f[rows] + k])
         k += 1
         rows = rows[width[rows] > k]
     return out.reshape(lo.shape)
+
+
+# Window samples `window_reduce` gathers at once (8 bytes each): 16 MiB.
+_GATHER_SAMPLES = 1 << 21
 
 
 def _kahan_inc(inc: F64, total: F64, comp: F64) -> tuple[F64, F64]:

@@ -1,6 +1,7 @@
-"""Window sums (sum_over_time, avg_over_time, rate's reset corrections) are every window's
-samples added left to right from 0.0, as Prometheus adds them: the gathered fast path of
-`query.functions._window_sums` must give those sums to the last bit, for any windows."""
+"""Window sums, minima and maxima (sum/avg/min/max_over_time, rate's reset corrections) fold
+every window's samples left to right from 0.0 or NaN, as Prometheus does: the gathered fast
+path of `query.functions.window_reduce` must give those results to the last bit, for any
+windows."""
 
 from __future__ import annotations
 
@@ -16,18 +17,27 @@ VALUES = st.one_of(
 )
 
 
-def _sequential(vals: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+OPS = {"sum": (np.add, 0.0), "min": (np.fmin, np.nan), "max": (np.fmax, np.nan)}
+
+
+def _sequential(vals: np.ndarray, lo: np.ndarray, hi: np.ndarray, how: str) -> np.ndarray:
+    op, start = OPS[how]
     out = np.zeros(lo.size)
     for i, (a, b) in enumerate(zip(lo.ravel().tolist(), hi.ravel().tolist(), strict=True)):
-        total = 0.0
-        for x in vals[a:b].tolist():
-            total += x
+        total = np.float64(start)
+        for x in vals[a:b]:
+            total = op(total, x)
         out[i] = total
     return out.reshape(lo.shape)
 
 
-def _bits(x: np.ndarray) -> list[int]:
-    return np.where(np.isnan(x), np.nan, x).view(np.int64).ravel().tolist()  # any NaN is NaN
+def _bits(x: np.ndarray, signed_zero: bool = True) -> list[int]:
+    """The values' bits: any NaN as one NaN; 0.0 and -0.0 alike unless `signed_zero` (which of
+    two equal zeros fmin/fmax keep differs between NumPy's vector and scalar loops)."""
+    x = np.where(np.isnan(x), np.nan, x)
+    if not signed_zero:
+        x = np.where(x == 0, 0.0, x)
+    return x.view(np.int64).ravel().tolist()
 
 
 @settings(max_examples=300, deadline=None)
@@ -36,9 +46,10 @@ def _bits(x: np.ndarray) -> list[int]:
     windows=st.lists(st.tuples(st.integers(0, 59), st.integers(0, 12)), min_size=1, max_size=24),
     rows=st.sampled_from([1, 2, 3, 4]),
     block=st.sampled_from([1, 3, 1 << 21]),
+    how=st.sampled_from(sorted(OPS)),
 )
-def test_window_sums_are_the_sequential_sums_bit_for_bit(
-    vals: list[float], windows: list[tuple[int, int]], rows: int, block: int
+def test_window_folds_are_the_sequential_folds_bit_for_bit(
+    vals: list[float], windows: list[tuple[int, int]], rows: int, block: int, how: str
 ) -> None:
     v = np.array(vals)
     n = len(v)
@@ -47,15 +58,16 @@ def test_window_sums_are_the_sequential_sums_bit_for_bit(
     whole = len(lo) - len(lo) % rows or len(lo)  # as (series, steps) when it divides
     shape = (-1, rows) if whole % rows == 0 else (-1, 1)
     lo, hi = lo[:whole].reshape(shape), hi[:whole].reshape(shape)
-    old = fn._SUM_BLOCK
-    fn._SUM_BLOCK = block  # small blocks: the blocking too
+    old = fn._GATHER_SAMPLES
+    fn._GATHER_SAMPLES = block  # small blocks: the blocking too
     try:
         with np.errstate(over="ignore", invalid="ignore"):
-            got = fn.window_reduce(v, lo, hi, "sum")
+            got = fn.window_reduce(v, lo, hi, how)
+            want = _sequential(v, lo, hi, how)
     finally:
-        fn._SUM_BLOCK = old
+        fn._GATHER_SAMPLES = old
     assert got.shape == lo.shape
-    assert _bits(got) == _bits(_sequential(v, lo, hi))
+    assert _bits(got, how == "sum") == _bits(want, how == "sum")
 
 
 def test_a_window_of_negative_zeros_sums_to_positive_zero() -> None:
