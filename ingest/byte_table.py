@@ -132,10 +132,7 @@ def hash_texts(
 class TableView(NamedTuple):
     """A state of a `ByteTable` (see the module's docstring on threads)."""
 
-    slot_ids: npt.NDArray[np.int64]  # open addressing by hash: the entry in each slot, -1 if none
-    slot_hashes: npt.NDArray[np.uint64]  # that entry's hash
-    shift: np.uint64  # a hash's slot is its top bits: hash >> shift
-    hashes: npt.NDArray[np.uint64]  # per entry: its text's hash (to rebuild the slots)
+    slots: Slots  # the entries by their texts' hashes (those with a slot)
     words: npt.NDArray[np.uint64]  # ROW_WORDS zero words, then every entry's words
     n_words: int  # words used
     word_end: npt.NDArray[np.int64]  # per entry: past its last word
@@ -156,10 +153,7 @@ class Found(NamedTuple):
 
 def _empty_view(dtypes: Sequence[npt.DTypeLike], capacity: int = 64) -> TableView:
     return TableView(
-        slot_ids=np.full(2 * capacity, -1, np.int64),
-        slot_hashes=np.zeros(2 * capacity, np.uint64),
-        shift=np.uint64(64 - (2 * capacity).bit_length() + 1),
-        hashes=np.zeros(capacity, np.uint64),
+        slots=new_slots(2 * capacity),
         words=np.zeros(ROW_WORDS + capacity * 8, np.uint64),
         n_words=ROW_WORDS,
         word_end=np.full(capacity, ROW_WORDS, np.int64),
@@ -214,22 +208,7 @@ class ByteTable:
         those not met yet; texts not in a slot are looked up in the dict one by one."""
         view = self.view
         texts = hash_texts(buf, raw, start, length)
-        hashes = texts.hashes
-        # candidates by hash (open addressing), then compared word for word
-        slot_ids, slot_hashes, mask = view.slot_ids, view.slot_hashes, len(view.slot_ids) - 1
-        probe = (hashes >> view.shift).astype(np.int64)
-        ids = slot_ids[probe]
-        match = slot_hashes[probe] == hashes
-        going = np.flatnonzero((ids >= 0) & ~match)  # another text's slot: probe on
-        for _ in range(_MAX_PROBES - 1):
-            if not len(going):
-                break
-            probe[going] = (probe[going] + 1) & mask
-            sid = slot_ids[probe[going]]
-            now = slot_hashes[probe[going]] == hashes[going]
-            ids[going] = sid
-            match[going] = now
-            going = going[(sid >= 0) & ~now]
+        ids, match = view.slots.find(texts.hashes)  # candidates, then compared word for word
         hit = match & (ids >= 0) & (ids < view.count)
         ids[~hit] = 0  # (a valid index: entry 0's stored words, or the zero words)
         hit &= view.length[ids] == length
@@ -258,19 +237,16 @@ class ByteTable:
             view = self.view
             c = view.count
             size = c + m
-            if 2 * size > len(view.slot_ids):
-                view = _resized(view, size)
+            slots = view.slots
+            if 2 * size > len(slots.ids):
+                slots = slots.resized(size)
             n_words = texts.n_words[which]
             length = texts.length[which]
             w = view.n_words
             n_w = w + int(n_words.sum())
             all_words = _grown(view.words, n_w)
             all_words[w:n_w] = texts.words_of(which)
-            h = texts.hashes[which]
-            all_hashes, word_end, all_length = (
-                _grown(a, size) for a in (view.hashes, view.word_end, view.length)
-            )
-            all_hashes[c:size] = h
+            word_end, all_length = (_grown(a, size) for a in (view.word_end, view.length))
             word_end[c:size] = w + np.cumsum(n_words)
             all_length[c:size] = length
             columns = []
@@ -281,13 +257,13 @@ class ByteTable:
             ids = np.arange(c, size)
             slotted = (length > 0) & (n_words <= _MAX_WORDS)
             placed = np.zeros(m, bool)
-            placed[slotted] = _place(view, h[slotted], ids[slotted])
+            placed[slotted] = slots.place(texts.hashes[which][slotted], ids[slotted])
             raw, start = texts.raw, texts.start[which]
             for k in np.flatnonzero(~placed).tolist():
                 a = int(start[k])
                 self.overflow[raw[a : a + int(length[k])]] = c + k
             self.view = view._replace(
-                hashes=all_hashes,
+                slots=slots,
                 words=all_words,
                 n_words=n_w,
                 word_end=word_end,
@@ -321,46 +297,75 @@ def _same_words(view: TableView, ids: npt.NDArray[np.int64], texts: Texts) -> np
     return ~np.logical_or.reduceat(stored != words, first)
 
 
-def _resized(view: TableView, size: int) -> TableView:
-    """The view with new slots for `size` entries (at most half of them used), its entries
-    placed again."""
-    n_slots = 1 << (4 * size - 1).bit_length()
-    bigger = view._replace(
-        slot_ids=np.full(n_slots, -1, np.int64),
-        slot_hashes=np.zeros(n_slots, np.uint64),
+class Slots(NamedTuple):
+    """Open addressing of 64-bit hashes to ids (linear probing, at most one slot per hash):
+    `ByteTable`'s candidates by text hash, the gateway's series by key. Slots are only filled
+    (a slot's hash before its id) or all replaced (`resized`), so readers need no lock."""
+
+    ids: npt.NDArray[np.int64]  # the id in each slot, -1 if none
+    hashes: npt.NDArray[np.uint64]  # that id's hash
+    shift: np.uint64  # a hash's first slot is its top bits: hash >> shift
+
+    def find(
+        self, hashes: npt.NDArray[np.uint64]
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
+        """Per hash, the id in its slot and whether there is one (else any id, or -1)."""
+        slot_ids, slot_hashes, mask = self.ids, self.hashes, len(self.ids) - 1
+        probe = (hashes >> self.shift).astype(np.int64)
+        ids = slot_ids[probe]
+        match = slot_hashes[probe] == hashes
+        going = np.flatnonzero((ids >= 0) & ~match)  # another hash's slot: probe on
+        for _ in range(_MAX_PROBES - 1):
+            if not len(going):
+                break
+            probe[going] = (probe[going] + 1) & mask
+            sid = slot_ids[probe[going]]
+            now = slot_hashes[probe[going]] == hashes[going]
+            ids[going] = sid
+            match[going] = now
+            going = going[(sid >= 0) & ~now]
+        return ids, match & (ids >= 0)
+
+    def place(
+        self, hashes: npt.NDArray[np.uint64], ids: npt.NDArray[np.int64]
+    ) -> npt.NDArray[np.bool_]:
+        """Put `ids` in free slots (at most half the slots should be taken); which were
+        placed: not those whose hash has a slot already, or that probed too far."""
+        slot_ids, slot_hashes = self.ids, self.hashes
+        mask = len(slot_ids) - 1
+        probe = (hashes >> self.shift).astype(np.int64)
+        pending = np.arange(len(hashes))
+        placed = np.zeros(len(hashes), bool)
+        for _ in range(_MAX_PROBES):
+            if not len(pending):
+                break
+            at = probe[pending]
+            free = np.flatnonzero(slot_ids[at] < 0)
+            win = free[np.unique(at[free], return_index=True)[1]]  # one id per free slot
+            slot_hashes[at[win]] = hashes[pending[win]]
+            slot_ids[at[win]] = ids[pending[win]]
+            placed[pending[win]] = True
+            # (after the winners: an id of the same hash as this round's winner stops here
+            # too, as `find` stops at the first slot of a hash)
+            taken = (slot_ids[at] >= 0) & (slot_hashes[at] == hashes[pending])
+            go_on = ~taken
+            go_on[win] = False
+            pending = pending[go_on]
+            probe[pending] = (probe[pending] + 1) & mask
+        return placed
+
+    def resized(self, size: int) -> Slots:
+        """New slots for `size` ids (at most half of them used), these slots' ids placed."""
+        bigger = new_slots(1 << (4 * size - 1).bit_length())
+        was = np.flatnonzero(self.ids >= 0)
+        bigger.place(self.hashes[was], self.ids[was])
+        return bigger
+
+
+def new_slots(n_slots: int) -> Slots:
+    """Empty slots (`n_slots`: a power of two)."""
+    return Slots(
+        ids=np.full(n_slots, -1, np.int64),
+        hashes=np.zeros(n_slots, np.uint64),
         shift=np.uint64(64 - n_slots.bit_length() + 1),
     )
-    if view.count:
-        was = np.flatnonzero(view.slot_ids >= 0)  # entries that had a slot (not the dict's)
-        ids = view.slot_ids[was]
-        _place(bigger, view.hashes[ids], ids)
-    return bigger
-
-
-def _place(
-    view: TableView, hashes: npt.NDArray[np.uint64], ids: npt.NDArray[np.int64]
-) -> npt.NDArray[np.bool_]:
-    """Put entries `ids` in the view's free slots (open addressing, linear probing); which
-    were placed: not those whose hash is there already, or that probed too far."""
-    slot_ids, slot_hashes = view.slot_ids, view.slot_hashes
-    mask = len(slot_ids) - 1
-    probe = (hashes >> view.shift).astype(np.int64)
-    pending = np.arange(len(hashes))
-    placed = np.zeros(len(hashes), bool)
-    for _ in range(_MAX_PROBES):
-        if not len(pending):
-            break
-        at = probe[pending]
-        free = np.flatnonzero(slot_ids[at] < 0)
-        win = free[np.unique(at[free], return_index=True)[1]]  # one entry per free slot
-        slot_hashes[at[win]] = hashes[pending[win]]
-        slot_ids[at[win]] = ids[pending[win]]
-        placed[pending[win]] = True
-        # (after the winners: an entry of the same hash as this round's winner stops here too,
-        # as `find` stops at the first slot of a text's hash)
-        taken = (slot_ids[at] >= 0) & (slot_hashes[at] == hashes[pending])
-        go_on = ~taken
-        go_on[win] = False
-        pending = pending[go_on]
-        probe[pending] = (probe[pending] + 1) & mask
-    return placed

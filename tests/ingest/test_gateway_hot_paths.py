@@ -11,7 +11,8 @@
   of refused samples and first offender.
 - The gateway's messages, their columns computed for all shards at once
   (`binary_format.encode_checked`), are byte for byte what `encode_binary_parts` makes of the
-  same samples, for batches of one sample per series and others, any timestamps.
+  same samples, for batches of one sample per series and others, any timestamps; batches whose
+  series are found by their int keys (`IntKeyedBatch`) give the same messages as plain ones.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from ingest.bad_records import Decoded
 from ingest.batch import SampleBatch
 from ingest.binary_format import decode_binary, encode_binary_parts, encode_labels
 from ingest.byte_table import padded
-from ingest.gateway import Gateway, KeyedBatch
+from ingest.gateway import Gateway, IntKeyedBatch, KeyedBatch, new_series_key
 from ingest.line_protocol import decode_influx
 from tests.ingest.line_loop import line_loop_only
 from tests.ingest.test_byte_table import collisions  # noqa: F401 - the fixture
@@ -508,3 +509,76 @@ def test_gateway_messages_are_what_encode_binary_parts_makes(
         assert [r[1:] for r in got if r[0] == partition] == [
             r[1:] for r in want if r[0] == partition
         ]
+
+
+def _captured(ds: Dataset, batches: list[SampleBatch]) -> tuple[list[int], list[tuple[int, bytes]]]:
+    """What a new Gateway of `ds` accepts of each batch, and the messages it produces."""
+    original = gateway.Producer
+    gateway.Producer = _Capture  # type: ignore[assignment,misc]
+    try:
+        gw = Gateway(ds, verify_topic=False)
+        accepted = [gw.send_batch(b) for b in batches]
+        return accepted, gw._producer.messages  # type: ignore[attr-defined]
+    finally:
+        gateway.Producer = original  # type: ignore[misc]
+
+
+_series_pool = [{"_metric_": "up", "host": h} for h in _hosts] + [{"host": "no-metric"}]
+_keys_of = {i: new_series_key() for i in range(len(_series_pool))}  # a key per label set
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.lists(
+            st.tuples(st.integers(0, len(_series_pool) - 1), _batch_stamps, _floats),
+            min_size=1,
+            max_size=30,
+        ),
+        min_size=1,
+        max_size=4,
+    ),
+    st.sampled_from([4, 512]),  # shards: a byte each, or not
+)
+def test_int_keyed_batches_send_what_plain_batches_send(
+    batches: list[list[tuple[int, int, float]]], num_shards: int
+) -> None:
+    """Series found by their int keys in NumPy (`IntKeyedBatch`), repeated in a batch or not,
+    new or known, refused ones and samples out of range among them: the same messages, byte
+    for byte, on the same partitions, as the same samples in plain batches."""
+    plain, keyed = [], []
+    for rows in batches:
+        series = [_series_pool[i] for i, _, _ in rows]  # a series per row (some repeated)
+        idx = np.arange(len(rows), dtype=np.int32)
+        ts = np.array([t for _, t, _ in rows], np.int64)
+        vals = np.array([v for _, _, v in rows], np.float64)
+        keys = [_keys_of[i] for i, _, _ in rows]
+        plain.append(SampleBatch(series, idx, ts, vals))
+        key_array = np.array(keys, np.int64)
+        keyed.append(IntKeyedBatch(series, idx, ts, vals, keys=keys, key_array=key_array))
+    src = SourceSettings(bootstrap_servers="x:1")
+    a = _captured(Dataset(name="plain", num_shards=num_shards, source=src), plain)
+    b = _captured(Dataset(name="keyed", num_shards=num_shards, source=src), keyed)
+    assert a == b
+
+
+def test_int_keys_of_a_growing_fleet() -> None:
+    """Thousands of int keys (the key table grows), then the same again: every series found."""
+    ds = Dataset(name="fleet", num_shards=8, source=SourceSettings(bootstrap_servers="x:1"))
+    series = [{"_metric_": "up", "host": f"h{i}"} for i in range(6000)]
+    keys = [new_series_key() for _ in series]
+    batches: list[SampleBatch] = []
+    for kind in ("plain", "keyed"):
+        for lo in [*range(0, 6000, 1500), 0, 3000]:
+            part = slice(lo, lo + 3000)
+            n = len(series[part])
+            args = (series[part], np.arange(n, dtype=np.int32), np.full(n, T0), np.ones(n))
+            if kind == "plain":
+                batches.append(SampleBatch(*args))
+            else:
+                key_array = np.array(keys[part], np.int64)
+                batches.append(IntKeyedBatch(*args, keys=keys[part], key_array=key_array))
+    half = len(batches) // 2
+    plain = _captured(ds, batches[:half])
+    keyed = _captured(ds.model_copy(update={"name": "fleet2"}), batches[half:])
+    assert plain == keyed
