@@ -10,7 +10,7 @@ its labels, then float samples, canonically encoded) take a vectorized path inst
 parse splits the request into series, NumPy walks every series' fields at once, and each
 series' label bytes are found among those met before (`ByteTable`: every series at once, each
 hit checked byte for byte), with their label dict and key. The batch carries those keys
-(`KeyedBatch`) so the gateway's routing cache needs no tuple of labels either. Anything else
+(`IntKeyedBatch`) so the gateway's routing cache needs no tuple of labels either. Anything else
 (histograms, exemplars, odd field order or encodings, many samples per series) goes through the
 full upb parse, which has the last word. In the steady state (every series one sample, its
 labels known) even the walk over the label fields is skipped (`_decode_known`): the series' last
@@ -32,7 +32,7 @@ from filopy.ingest_http.prompb.remote_pb2 import TimeSeries, WriteRequest
 from ingest.bad_records import Decoded
 from ingest.batch import Labels, SampleBatch
 from ingest.byte_table import PAD, ByteTable, padded
-from ingest.gateway import KeyedBatch, new_series_key
+from ingest.gateway import IntKeyedBatch, new_series_key
 
 UNSUPPORTED = "unsupported"  # a refusal reason: samples of a kind FiloPy cannot store
 
@@ -62,15 +62,15 @@ def _split_message() -> type:
 _WriteRequestSplit = _split_message()
 # metric column -> the series' label bytes met, each entry's labels and key: label dicts are
 # shared between batches (read only); a key (`new_series_key`) is an int: the gateway's lookup
-# hashes no bytes.
+# hashes no bytes. Keys as ints and in int64 (`IntKeyedBatch.key_array`).
 _tables: dict[str, ByteTable] = {}
-_LABELS, _KEYS = 0, 1  # the tables' columns
+_LABELS, _KEYS, _KEY_ARRAY = 0, 1, 2  # the tables' columns
 
 
 def _table(metric_column: str) -> ByteTable:
     table = _tables.get(metric_column)
     if table is None:
-        table = _tables.setdefault(metric_column, ByteTable((object, object)))
+        table = _tables.setdefault(metric_column, ByteTable((object, object, np.int64)))
     return table
 
 
@@ -266,7 +266,10 @@ def _decode_known(
     series = columns[_LABELS][ids].tolist()
     keys = columns[_KEYS][ids].tolist()
     idx = np.arange(n, dtype=np.int32)
-    return Decoded(KeyedBatch(series, idx, timestamps, values, keys=keys), None)
+    batch = IntKeyedBatch(
+        series, idx, timestamps, values, keys=keys, key_array=columns[_KEY_ARRAY][ids]
+    )
+    return Decoded(batch, None)
 
 
 def _decode_walk(
@@ -367,7 +370,9 @@ def _decode_walk(
         kept = np.flatnonzero(with_samples).tolist()
         series = [series[i] for i in kept]
         keys = [keys[i] for i in kept]
-    return Decoded(KeyedBatch(series, series_idx, timestamps, values, keys=keys), None)
+    key_array = np.fromiter(keys, np.int64, len(keys))
+    batch = IntKeyedBatch(series, series_idx, timestamps, values, keys=keys, key_array=key_array)
+    return Decoded(batch, None)
 
 
 def _labels_of(
@@ -410,5 +415,6 @@ def _labels_of(
         table.clear()
     entries = list(new.values())
     which = np.array([e[0] for e in entries], np.intp)
-    table.add(found, which, ([e[1] for e in entries], [e[2] for e in entries]))
+    keys_added = [e[2] for e in entries]
+    table.add(found, which, ([e[1] for e in entries], keys_added, keys_added))
     return series, keys
