@@ -140,6 +140,7 @@ class TableView(NamedTuple):
     columns: tuple[npt.NDArray[Any], ...]  # per entry: the caller's values
     count: int
     n_bytes: int
+    overflow: dict[bytes, int]  # texts without a slot -> their entry (filled in place)
 
 
 class Found(NamedTuple):
@@ -161,6 +162,7 @@ def _empty_view(dtypes: Sequence[npt.DTypeLike], capacity: int = 64) -> TableVie
         columns=tuple(np.zeros(capacity, d) for d in dtypes),
         count=0,
         n_bytes=0,
+        overflow={},
     )
 
 
@@ -177,7 +179,7 @@ class ByteTable:
     """Byte strings -> entry ids (0, 1, ...), and per entry the values of columns of the
     given dtypes. Unbounded: the caller clears it."""
 
-    __slots__ = ("dtypes", "lock", "overflow", "view")
+    __slots__ = ("dtypes", "lock", "view")
 
     def __init__(self, dtypes: Sequence[npt.DTypeLike]) -> None:
         self.dtypes = tuple(dtypes)
@@ -187,7 +189,6 @@ class ByteTable:
     def clear(self) -> None:
         with self.lock:
             self.view = _empty_view(self.dtypes)
-            self.overflow: dict[bytes, int] = {}  # texts without a slot -> their entry
 
     def __len__(self) -> int:
         return self.view.count
@@ -196,6 +197,11 @@ class ByteTable:
     def n_bytes(self) -> int:
         """The entries' texts' bytes."""
         return self.view.n_bytes
+
+    @property
+    def overflow(self) -> dict[bytes, int]:
+        """The texts without a slot, found by their bytes, and their entries."""
+        return self.view.overflow
 
     def find(
         self,
@@ -216,7 +222,7 @@ class ByteTable:
         ids[~hit] = -1
         if not hit.all():
             missed = np.flatnonzero(~hit)
-            get, count = self.overflow.get, view.count
+            get, count = view.overflow.get, view.count
             for i, a, n in zip(
                 missed.tolist(), start[missed].tolist(), length[missed].tolist(), strict=True
             ):
@@ -261,7 +267,7 @@ class ByteTable:
             raw, start = texts.raw, texts.start[which]
             for k in np.flatnonzero(~placed).tolist():
                 a = int(start[k])
-                self.overflow[raw[a : a + int(length[k])]] = c + k
+                view.overflow[raw[a : a + int(length[k])]] = c + k
             self.view = view._replace(
                 slots=slots,
                 words=all_words,
