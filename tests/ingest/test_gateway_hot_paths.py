@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import struct
+import threading
 from collections.abc import Iterator
 
 import numpy as np
@@ -278,6 +279,49 @@ def test_label_tables_are_bounded(fresh_tables: None, monkeypatch: pytest.Monkey
             raw = req.SerializeToString()
             _same(remote_write_v1.decode(raw, "_metric_"), _full(raw))
             assert len(remote_write_v1._tables["_metric_"]) <= 90
+
+
+def _fleet_request(lo: int, hi: int, scrape: int) -> bytes:
+    req = WriteRequest()
+    for i in range(lo, hi):
+        ts = req.timeseries.add()
+        for name, value in [("__name__", f"m{i % 7}"), ("host", f"h{i // 7}"), ("job", "node")]:
+            lb = ts.labels.add()
+            lb.name, lb.value = name, value
+        s = ts.samples.add()
+        s.value, s.timestamp = (0.0 if i % 5 == 0 else i + scrape), T0 + 15_000 * scrape
+    return req.SerializeToString()
+
+
+@pytest.mark.parametrize("cache_size", [500_000, 500])
+def test_decoders_on_several_threads(
+    fresh_tables: None, monkeypatch: pytest.MonkeyPatch, cache_size: int
+) -> None:
+    """Requests decode on worker threads sharing the label table (new series learnt while
+    others are found, the table growing, or emptied when over its bound): each result is the
+    full parser's."""
+    monkeypatch.setattr(remote_write_v1, "LABEL_CACHE_SIZE", cache_size)
+    bodies = [_fleet_request(i, i + 400, s) for s in range(3) for i in range(0, 4000, 400)]
+    want = [_full(raw) for raw in bodies]
+    errors: list[BaseException] = []
+
+    def work(order: list[int]) -> None:
+        try:
+            for k in order:
+                _same(remote_write_v1.decode(bodies[k], "_metric_"), want[k])
+        except BaseException as e:  # reported by the test
+            errors.append(e)
+
+    rng = np.random.default_rng(5)
+    threads = [
+        threading.Thread(target=work, args=(rng.permutation(len(bodies)).tolist(),))
+        for _ in range(4)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
 
 
 # ----- line protocol ---------------------------------------------------------------------------
