@@ -5,10 +5,11 @@ The gateway's decoders see the same series request after request, as the same by
 protocol's series key texts, remote write's label sections. A dict costs a slice, a hash and a
 lookup per series in Python; `ByteTable.find` does a whole request's at once: each text's
 8-byte words times a constant of their place, summed (a matrix product), give its hash; an
-open-addressing table of hashes gives a candidate entry; the candidate's stored words are
-compared with the text's, so a hash is only a hint: a collision costs speed, never exactness.
-Texts the slots cannot hold (their hash taken by another text, a probe too long, over 8 KiB,
-empty) are found in a dict by their bytes. Entries carry the caller's columns (labels, keys...).
+open-addressing table of hashes (`Slots`, also the gateway's table of series keys) gives a
+candidate entry; the candidate's stored words are compared with the text's, so a hash is only a
+hint: a collision costs speed, never exactness. Texts the slots cannot hold (their hash taken by
+another text, a probe too long, over 8 KiB, empty) are found in a dict by their bytes. Entries
+carry the caller's columns (labels, keys...).
 
 Decoders run on several threads: `find` takes no lock. Entries are only appended past a view's
 count and slots only filled (or all replaced), so a reader holding an older view reads entries it
