@@ -26,9 +26,9 @@ from urllib.parse import parse_qsl
 
 import anyio
 import numpy as np
+import orjson
 import promql_parser as pp
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from prometheus_client import CollectorRegistry, Histogram
 from starlette.responses import Response
@@ -65,12 +65,34 @@ MAX_TIME_MS = 2**62 // 1000
 
 
 def format_value(v: float) -> str:
-    """A sample value as Prometheus writes it (Go's FormatFloat(v, 'f', -1, 64))."""
+    """A sample value as Prometheus writes it (Go's FormatFloat(v, 'f', -1, 64)): the shortest
+    digits that read back as `v`, never in exponent form. `repr` gives those digits (a few
+    times faster than NumPy's formatter, and a range query's answer formats every point); only
+    its exponent form, NaN and the infinities take the slow path."""
+    r = repr(v)
+    if r[-2:] == ".0":
+        return r[:-2]
+    if "e" in r or "n" in r:  # 1e+16, 5e-324, nan, inf
+        return _format_slow(v)
+    return r
+
+
+def _format_slow(v: float) -> str:
     if math.isnan(v):
         return "NaN"
     if math.isinf(v):
         return "+Inf" if v > 0 else "-Inf"
     return np.format_float_positional(v, trim="-")
+
+
+class _Json(Response):
+    """A JSON answer rendered by orjson: a range query's matrix is tens of thousands of
+    points, which the standard library encodes several times slower."""
+
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content)
 
 
 def _ts(ms: int) -> float | int:
@@ -162,12 +184,14 @@ def result_json(value: Value) -> dict[str, Any]:
         }
     times = [_ts(int(t)) for t in value.times]
     result = []
+    fmt = format_value
     for labels, row, has in zip(value.labels, value.values, value.present, strict=True):
-        points = [
-            [t, format_value(float(v))]
-            for t, v, h in zip(times, row.tolist(), has.tolist(), strict=True)
-            if h
-        ]
+        if has.all():
+            points = [[t, fmt(v)] for t, v in zip(times, row.tolist(), strict=True)]
+        else:
+            points = [
+                [t, fmt(v)] for t, v, h in zip(times, row.tolist(), has.tolist(), strict=True) if h
+            ]
         if points:
             result.append({"metric": labels, "values": points})
     return {"resultType": "matrix", "result": result}
@@ -439,16 +463,16 @@ def promql_router(
             body["warnings"] = [*body.get("warnings", []), "results truncated due to limit"]
         return body
 
-    # The two query endpoints answer a JSONResponse of the body they build (native types only):
+    # The two query endpoints answer a `_Json` of the body they build (native types only):
     # returned as a dict, FastAPI would first walk every point of it in Python
     # (`jsonable_encoder`), a good part of a small query's time. The OpenAPI schema is the same.
     async def query(request: Request, dataset: str | None = None) -> dict[str, Any]:
         async with timed("query"):
-            return JSONResponse(await _query(request, dataset))  # type: ignore[return-value]
+            return _Json(await _query(request, dataset))  # type: ignore[return-value]
 
     async def query_range(request: Request, dataset: str | None = None) -> dict[str, Any]:
         async with timed("query_range"):
-            return JSONResponse(await _query_range(request, dataset))  # type: ignore[return-value]
+            return _Json(await _query_range(request, dataset))  # type: ignore[return-value]
 
     async def _query(request: Request, dataset: str | None) -> dict[str, Any]:
         p = await params(request)

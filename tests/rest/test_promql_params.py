@@ -1,11 +1,21 @@
-"""The Prometheus API's time and duration parameters: what parses, and 400s for the rest."""
+"""The Prometheus API's time and duration parameters (what parses, and 400s for the rest), and
+sample values as Prometheus writes them."""
 
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from filopy.rest.errors import ApiError
-from filopy.rest.promql import MAX_TIME_MS, MIN_TIME_MS, format_value, parse_duration, parse_time
+from filopy.rest.promql import (
+    MAX_TIME_MS,
+    MIN_TIME_MS,
+    _format_slow,
+    format_value,
+    parse_duration,
+    parse_time,
+)
 
 
 @pytest.mark.parametrize(
@@ -63,3 +73,10 @@ def test_bad_durations_are_400s(text: str) -> None:
 )
 def test_values_are_written_as_prometheus_does(v: float, text: str) -> None:
     assert format_value(v) == text
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.floats(allow_nan=True, allow_infinity=True) | st.sampled_from([-0.0, 5e-324, 1e16]))
+def test_the_fast_value_format_is_the_positional_shortest_form(v: float) -> None:
+    """`repr`'s digits, out of exponent form, are NumPy's shortest positional digits."""
+    assert format_value(v) == _format_slow(v)
