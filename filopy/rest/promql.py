@@ -149,7 +149,12 @@ def parse_matchers(text: str) -> tuple[LabelMatcher, ...]:
     return expr.matchers
 
 
-def result_json(value: Value) -> dict[str, Any]:
+def result_json(value: Value, *, fragments: bool = False) -> dict[str, Any]:
+    """The `data` of a query answer, as Prometheus shapes it. With `fragments` (the HTTP
+    answer, rendered by orjson), each series' points of a matrix are one pre-encoded
+    `orjson.Fragment` instead of a list per point: a range query's tens of thousands of small
+    lists would be most of its answer's time, and set off the garbage collector's full
+    collections every few queries."""
     if isinstance(value, Scalar):
         return {
             "resultType": "scalar",
@@ -183,15 +188,27 @@ def result_json(value: Value) -> dict[str, Any]:
             ],
         }
     times = [_ts(int(t)) for t in value.times]
-    result = []
+    result: list[dict[str, Any]] = []
     fmt = format_value
+    if fragments:
+        stamps = [orjson.dumps(t).decode() for t in times]
+        for labels, row, has in zip(value.labels, value.values, value.present, strict=True):
+            if has.all():
+                texts = [f'[{t},"{fmt(v)}"]' for t, v in zip(stamps, row.tolist(), strict=True)]
+            else:
+                texts = [
+                    f'[{t},"{fmt(v)}"]'
+                    for t, v, h in zip(stamps, row.tolist(), has.tolist(), strict=True)
+                    if h
+                ]
+            if texts:
+                points = orjson.Fragment("[" + ",".join(texts) + "]")
+                result.append({"metric": labels, "values": points})
+        return {"resultType": "matrix", "result": result}
     for labels, row, has in zip(value.labels, value.values, value.present, strict=True):
-        if has.all():
-            points = [[t, fmt(v)] for t, v in zip(times, row.tolist(), strict=True)]
-        else:
-            points = [
-                [t, fmt(v)] for t, v, h in zip(times, row.tolist(), has.tolist(), strict=True) if h
-            ]
+        points = [
+            [t, fmt(v)] for t, v, h in zip(times, row.tolist(), has.tolist(), strict=True) if h
+        ]
         if points:
             result.append({"metric": labels, "values": points})
     return {"resultType": "matrix", "result": result}
@@ -482,7 +499,7 @@ def promql_router(
         ds = await dataset_of(p, dataset)
         opts = options(p)
         res = await run(lambda: service.instant(ds, text, at, **opts))
-        return envelope(res, result_json(res.value))
+        return envelope(res, result_json(res.value, fragments=True))
 
     async def _query_range(request: Request, dataset: str | None) -> dict[str, Any]:
         p = await params(request)
@@ -504,7 +521,7 @@ def promql_router(
         ds = await dataset_of(p, dataset)
         opts = options(p)
         res = await run(lambda: service.range(ds, text, start, end, step, **opts))
-        data = result_json(res.value)
+        data = result_json(res.value, fragments=True)
         if data["resultType"] == "vector":  # a one-step range is still a matrix
             data = {
                 "resultType": "matrix",

@@ -3,6 +3,10 @@ sample values as Prometheus writes them."""
 
 from __future__ import annotations
 
+import json
+
+import numpy as np
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -15,7 +19,9 @@ from filopy.rest.promql import (
     format_value,
     parse_duration,
     parse_time,
+    result_json,
 )
+from query.values import StepMatrix
 
 
 @pytest.mark.parametrize(
@@ -80,3 +86,30 @@ def test_values_are_written_as_prometheus_does(v: float, text: str) -> None:
 def test_the_fast_value_format_is_the_positional_shortest_form(v: float) -> None:
     """`repr`'s digits, out of exponent form, are NumPy's shortest positional digits."""
     assert format_value(v) == _format_slow(v)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    cells=st.lists(
+        st.lists(
+            st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True)),
+            min_size=2,
+            max_size=2,
+        ),
+        min_size=1,
+        max_size=3,
+    ),
+    start_ms=st.integers(-(10**12), 10**13),
+    step_ms=st.integers(1, 10**6),
+)
+def test_a_matrix_answer_encodes_as_the_plain_one(
+    cells: list[list[float | None]], start_ms: int, step_ms: int
+) -> None:
+    """The HTTP answer's pre-encoded points read back as the CLI's plain lists."""
+    values = np.array([[np.nan if c is None else c for c in row] for row in cells])
+    present = np.array([[c is not None for c in row] for row in cells])
+    times = start_ms + step_ms * np.arange(2, dtype=np.int64)
+    labels = [{"__name__": "m", "i": str(i)} for i in range(len(cells))]
+    m = StepMatrix(times, labels, values, present)
+    plain = result_json(m)
+    assert json.loads(orjson.dumps(result_json(m, fragments=True))) == plain
