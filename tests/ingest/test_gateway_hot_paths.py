@@ -18,7 +18,6 @@
 from __future__ import annotations
 
 import struct
-import threading
 from collections.abc import Iterator
 
 import numpy as np
@@ -40,6 +39,7 @@ from ingest.gateway import Gateway, IntKeyedBatch, KeyedBatch, new_series_key
 from ingest.line_protocol import decode_influx
 from tests.ingest.line_loop import line_loop_only
 from tests.ingest.test_byte_table import collisions  # noqa: F401 - the fixture
+from tests.ingest.threads import in_threads
 
 T0 = 1_700_000_000_000
 
@@ -303,25 +303,11 @@ def test_decoders_on_several_threads(
     monkeypatch.setattr(remote_write_v1, "LABEL_CACHE_SIZE", cache_size)
     bodies = [_fleet_request(i, i + 400, s) for s in range(3) for i in range(0, 4000, 400)]
     want = [_full(raw) for raw in bodies]
-    errors: list[BaseException] = []
 
-    def work(order: list[int]) -> None:
-        try:
-            for k in order:
-                _same(remote_write_v1.decode(bodies[k], "_metric_"), want[k])
-        except BaseException as e:  # reported by the test
-            errors.append(e)
+    def each(k: int) -> None:
+        _same(remote_write_v1.decode(bodies[k], "_metric_"), want[k])
 
-    rng = np.random.default_rng(5)
-    threads = [
-        threading.Thread(target=work, args=(rng.permutation(len(bodies)).tolist(),))
-        for _ in range(4)
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[0]
+    in_threads(each, len(bodies), seed=5)
 
 
 # ----- line protocol ---------------------------------------------------------------------------

@@ -11,8 +11,6 @@ collisions) and decoders on several threads sharing the table.
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -25,6 +23,7 @@ from ingest.bad_records import Decoded
 from ingest.gateway import KeyedBatch
 from ingest.line_protocol import decode_influx
 from tests.ingest.line_loop import line_loop_only
+from tests.ingest.threads import in_threads
 
 T0 = 1_700_000_000_000
 
@@ -250,22 +249,4 @@ def test_decoders_on_several_threads() -> None:
     bodies = [_fleet(i, i + 500, scrape=s) for s in range(3) for i in range(0, 6000, 500)]
     with line_loop_only():
         want = [decode_influx(raw, T0) for raw in bodies]
-    errors: list[BaseException] = []
-
-    def work(order: list[int]) -> None:
-        try:
-            for k in order:
-                _exactly(decode_influx(bodies[k], T0), want[k])
-        except BaseException as e:  # reported by the test
-            errors.append(e)
-
-    rng = np.random.default_rng(3)
-    threads = [
-        threading.Thread(target=work, args=(rng.permutation(len(bodies)).tolist(),))
-        for _ in range(4)
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[0]
+    in_threads(lambda k: _exactly(decode_influx(bodies[k], T0), want[k]), len(bodies), seed=3)
