@@ -6,17 +6,19 @@ methods still reach the routes. The query service is a real one over fake nodes
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 from fastapi import FastAPI
-from fastapi.testclient import TestClient
 
 from filopy.rest import promql
 from filopy.rest.errors import install_handlers
 from filopy.rest.promql import DirectQueries, promql_router, serve_queries
 from query.service import QueryService
 from tests.query.test_service_fanout import DS, NODES, FakeMaps, FakeNodes, T, active_map
+from tests.rest.conftest import ServerThread
 
 
 class FakeClient:
@@ -67,13 +69,24 @@ CASES: list[tuple[str, str, dict[str, str], dict[str, str] | None]] = [
 ]
 
 
+@pytest.fixture(scope="module")
+def servers() -> Iterator[tuple[str, str]]:
+    """The routed app and the direct one, each served by uvicorn: (routed URL, direct URL)."""
+    with ServerThread(_app(direct=False)) as routed, ServerThread(_app(direct=True)) as direct:
+        yield routed, direct
+
+
 @pytest.mark.parametrize(("method", "path", "query", "form"), CASES)
 def test_direct_answers_equal_the_routed_ones(
-    method: str, path: str, query: dict[str, str], form: dict[str, str] | None
+    servers: tuple[str, str],
+    method: str,
+    path: str,
+    query: dict[str, str],
+    form: dict[str, str] | None,
 ) -> None:
     answers = []
-    for direct in (False, True):
-        with TestClient(_app(direct)) as http:
+    for url in servers:
+        with httpx.Client(base_url=url) as http:
             resp = http.request(method, path, params=query, data=form)
             answers.append((resp.status_code, resp.headers["content-type"], resp.json()))
     assert answers[0] == answers[1]
@@ -99,7 +112,7 @@ def test_the_query_endpoints_skip_the_router_and_the_others_do_not(
         await endpoint_of(self, scope, receive, send)
 
     monkeypatch.setattr(promql.APIRoute, "handle", handle)
-    with TestClient(_app(direct=True)) as http:
+    with ServerThread(_app(direct=True)) as url, httpx.Client(base_url=url) as http:
         assert http.get("/api/v1/query", params={"query": "sum(a)"}).status_code == 200
         assert http.post(f"/promql/{DS.name}/api/v1/query_range", data={"query": "a", **RANGE})
         assert http.get("/api/v1/labels").status_code == 200
@@ -107,8 +120,8 @@ def test_the_query_endpoints_skip_the_router_and_the_others_do_not(
     assert routed == ["/api/v1/labels"]
 
 
-def test_a_multipart_form_is_still_read() -> None:
-    with TestClient(_app(direct=True)) as http:
+def test_a_multipart_form_is_still_read(servers: tuple[str, str]) -> None:
+    with httpx.Client(base_url=servers[1]) as http:
         form = {"query": "sum(a)", "time": str(END)}
         multipart = http.post("/api/v1/query", files={k: (None, v) for k, v in form.items()})
         urlencoded = http.post("/api/v1/query", data=form)
