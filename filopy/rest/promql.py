@@ -410,12 +410,14 @@ def promql_router(
         body's value wins). A urlencoded body, what every Prometheus client sends, is split
         here: Starlette's form parser costs more than the rest of a small query's request."""
         out: dict[str, Any] = {}
-        for k, v in parse_qsl(request.scope["query_string"].decode("latin-1")):
+        for k, v in parse_qsl(
+            request.scope["query_string"].decode("latin-1"), keep_blank_values=True
+        ):
             out.setdefault(k, []).append(v)
         if request.method == "POST":
             kind = request.headers.get("content-type", "").partition(";")[0].strip().lower()
             if kind == "application/x-www-form-urlencoded":
-                pairs = parse_qsl((await request.body()).decode("utf-8", "replace"))
+                pairs = parse_qsl((await request.body()).decode("latin-1"), keep_blank_values=True)
             else:
                 pairs = [(k, str(v)) for k, v in (await request.form()).multi_items()]
             for k, v in pairs:

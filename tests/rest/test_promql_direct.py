@@ -128,3 +128,25 @@ def test_a_multipart_form_is_still_read(servers: tuple[str, str]) -> None:
     assert multipart.status_code == 200, multipart.text
     assert multipart.json() == urlencoded.json()
     assert multipart.json()["data"]["result"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"query=count+by+(instance)+(a)&time={t}",  # '+' is a space
+        b"query=count%20by%20(instance)%20(a)&time=1&time={t}",  # the last value wins
+        b"query=count+by+(instance)+({__name__=~%22a|%C3%A9%22})&time={t}",  # UTF-8 escapes
+        b"query=count+by+(instance)+(a)&time={t}&spread=&lookback_delta=",  # blanks: unset
+    ],
+)
+def test_a_urlencoded_body_reads_as_a_query_string_does(
+    servers: tuple[str, str], body: bytes
+) -> None:
+    """The body is split as Starlette's form parser splits it (latin-1 bytes, then %-escapes
+    as UTF-8, '+' as a space, blank values kept)."""
+    body = body.replace(b"{t}", str(END).encode())
+    with httpx.Client(base_url=servers[1]) as http:
+        posted = http.post("/api/v1/query", content=body, headers=FORM)
+        got = http.get("/api/v1/query", params={"query": "count by (instance) (a)", "time": END})
+    assert posted.status_code == 200, posted.text
+    assert posted.json() == got.json() and got.json()["data"]["result"]
