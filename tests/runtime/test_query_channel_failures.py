@@ -37,6 +37,20 @@ def control_plane(ray_cluster: LocalRayCluster, tmp_path: Path) -> Iterator[Filo
     yield c
 
 
+def _state(pid: int) -> str:
+    """The process' state letter (T: stopped) from /proc."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def _wait_stopped(pid: int) -> None:
+    """Until SIGSTOP has stopped the process (every thread: on a loaded machine a thread in
+    an uninterruptible wait stops only when that wait ends)."""
+    deadline = time.monotonic() + 10
+    while _state(pid) != "T":
+        assert time.monotonic() < deadline, f"process {pid} not stopped: {_state(pid)}"
+        time.sleep(0.01)
+
+
 def test_a_node_that_hangs_or_dies_mid_query_is_unavailable_not_a_hang(
     control_plane: FiloPyCluster,
 ) -> None:
@@ -54,10 +68,12 @@ def test_a_node_that_hangs_or_dies_mid_query_is_unavailable_not_a_hang(
 
     os.kill(pid, signal.SIGSTOP)  # hung: the request is sent, no answer comes
     try:
+        _wait_stopped(pid)
         call = caller.submit(node, ref, mine, request)
         began = time.monotonic()
         with pytest.raises(NodeUnavailable, match="no answer within 1 s"):
-            call.result(1.0)
+            answer = call.result(1.0)
+            pytest.fail(f"a stopped node ({_state(pid)}) answered: {answer}")
         assert time.monotonic() - began < 3
         call = caller.submit(node, ref, mine, request)  # in flight when the node dies
         time.sleep(0.2)
