@@ -60,11 +60,29 @@ def test_a_node_that_hangs_or_dies_mid_query_is_unavailable_not_a_hang(
     node = sorted({o for o in state.owners if o})[0]
     mine = [s for s in range(4) if state.owner(s) == node]
     ref = next(d.ref for d in c.client.datasets() if d.name == "m")
-    handle = ray.get_actor(node_actor_name(node), namespace=namespace)
-    pid = ray.get(handle.ping.remote(), timeout=10).pid
     request = NodeQuery("series", matchers=(parse("up").matchers,))
     caller = SocketNodeCaller(namespace)
-    assert caller.submit(node, ref, mine, request).result(10).result == []  # connected
+
+    def connected() -> bool:
+        """The caller's channel reaches the coordinator whose process `pid` is: on a loaded
+        machine the singleton may have replaced a coordinator it judged failed."""
+        nonlocal pid
+        state = c.client.shard_map("m").snapshot()
+        mine[:] = [s for s in range(4) if state.owner(s) == node]
+        try:
+            handle = ray.get_actor(node_actor_name(node), namespace=namespace)
+            pid = ray.get(handle.ping.remote(), timeout=10).pid
+            caller.forget(node)
+            assert caller.submit(node, ref, mine, request).result(10).result == []
+            endpoint = ray.get(handle.query_endpoint.remote(), timeout=10)
+            return caller._pools[node].endpoint == endpoint and (
+                ray.get(handle.ping.remote(), timeout=10).pid == pid
+            )
+        except (ValueError, KeyError, ray.exceptions.RayError, NodeUnavailable, ShardsNotHere):
+            return False
+
+    pid = 0
+    c.wait_for("a channel to the node's coordinator", connected, 60)
 
     os.kill(pid, signal.SIGSTOP)  # hung: the request is sent, no answer comes
     try:
