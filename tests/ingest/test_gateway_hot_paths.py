@@ -64,14 +64,19 @@ def steady_requests(draw: st.DrawFn) -> WriteRequest:
     """Requests of series from a small pool, mostly one sample each (as Prometheus sends)."""
     req = WriteRequest()
     for _ in range(draw(st.integers(1, 10))):
-        ts = req.timeseries.add()
-        for name, value in draw(st.sampled_from(_label_sets)):
-            lb = ts.labels.add()
-            lb.name, lb.value = name, value
-        for _ in range(draw(st.sampled_from([1] * 8 + [0, 2]))):
-            s = ts.samples.add()
-            s.value, s.timestamp = draw(_floats), draw(_stamps)
+        _add_series(draw, req, draw(st.sampled_from(_label_sets)))
     return req
+
+
+def _add_series(draw: st.DrawFn, req: WriteRequest, labels: list[tuple[str, str]]) -> None:
+    """A series of `labels` with mostly one sample (sometimes none, or two)."""
+    ts = req.timeseries.add()
+    for name, value in labels:
+        lb = ts.labels.add()
+        lb.name, lb.value = name, value
+    for _ in range(draw(st.sampled_from([1] * 8 + [0, 2]))):
+        s = ts.samples.add()
+        s.value, s.timestamp = draw(_floats), draw(_stamps)
 
 
 def _same(a: Decoded, b: Decoded) -> None:
@@ -193,19 +198,13 @@ def alike_requests(draw: st.DrawFn) -> WriteRequest:
     """Series of alike label sets, new and known, mostly one sample each, any value."""
     req = WriteRequest()
     for _ in range(draw(st.integers(1, 12))):
-        ts = req.timeseries.add()
         labels = [("__name__", draw(st.sampled_from(["m", "n"])))]
         labels += [
             (k, draw(st.sampled_from(_alike_values))) for k in ["a", "b"][: draw(st.integers(0, 2))]
         ]
         if draw(st.integers(0, 19)) == 0:
             labels = []
-        for name, value in labels:
-            lb = ts.labels.add()
-            lb.name, lb.value = name, value
-        for _ in range(draw(st.sampled_from([1] * 8 + [0, 2]))):
-            s = ts.samples.add()
-            s.value, s.timestamp = draw(_floats), draw(_stamps)
+        _add_series(draw, req, labels)
     return req
 
 
