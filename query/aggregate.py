@@ -41,14 +41,28 @@ def group_labels(
 
 def distinct(label_sets: Sequence[Mapping[str, str]]) -> tuple[list[dict[str, str]], I64]:
     """The distinct label sets (in first-seen order) and, per input, the index of its set."""
+    groups, ids, _ = distinct_keyed(label_sets)
+    return groups, ids
+
+
+def distinct_keyed(
+    label_sets: Sequence[Mapping[str, str]],
+) -> tuple[list[dict[str, str]], I64, list[LabelKey]]:
+    """`distinct`, and the groups' `label_key`s, so a caller that orders the groups next need
+    not compute them again (a label set's key is most of the cost here)."""
     index: dict[LabelKey, int] = {}
     groups: list[dict[str, str]] = []
-    ids = np.empty(len(label_sets), np.int64)
-    for i, lab in enumerate(label_sets):
-        ids[i] = index.setdefault(label_key(lab), len(groups))
-        if ids[i] == len(groups):
+    keys: list[LabelKey] = []
+    ids: list[int] = []
+    for lab in label_sets:
+        key = tuple(sorted(lab.items()))
+        i = index.get(key)
+        if i is None:
+            i = index[key] = len(groups)
             groups.append(dict(lab))
-    return groups, ids
+            keys.append(key)
+        ids.append(i)
+    return groups, np.array(ids, np.int64), keys
 
 
 def group_ids(

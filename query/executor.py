@@ -8,6 +8,8 @@ ColumnStore read per shard for all the series that need one.
 
 from __future__ import annotations
 
+import functools
+import pickle
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -143,6 +145,66 @@ class NodeQuery:
     # batch: every part of one query this node evaluates, as (index, "series_local" or
     # "partial", expression, its shards here); the answer maps each index to its result.
     parts: tuple[tuple[int, str, Expr, tuple[int, ...]], ...] = ()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled with each expression as the bytes of its own pickle, made once per tree
+        (`_packed`) and read once per node (`_unpacked`): a dashboard's queries send the same
+        trees again and again, and pickling a tree node by node was a good part of a small
+        query's time on both sides."""
+        parts = tuple((i, kind, _packed(e), shards) for i, kind, e, shards in self.parts)
+        return _node_query, (
+            self.kind,
+            None if self.expr is None else _packed(self.expr),
+            self.times,
+            self.lookback_ms,
+            self.matchers,
+            self.start_ms,
+            self.end_ms,
+            parts,
+        )
+
+
+def _node_query(
+    kind: Any,
+    expr: bytes | None,
+    times: Any,
+    lookback_ms: int,
+    matchers: Any,
+    start_ms: int,
+    end_ms: int,
+    parts: tuple[tuple[int, str, bytes, tuple[int, ...]], ...],
+) -> NodeQuery:
+    return NodeQuery(
+        kind,
+        None if expr is None else _unpacked(expr),
+        times,
+        lookback_ms,
+        matchers,
+        start_ms,
+        end_ms,
+        tuple((i, k, _unpacked(e), shards) for i, k, e, shards in parts),
+    )
+
+
+_PACKED_MAX = 1024
+_packed_trees: dict[int, tuple[Expr, bytes]] = {}  # id -> (the tree, held so the id stays its)
+
+
+def _packed(expr: Expr) -> bytes:
+    hit = _packed_trees.get(id(expr))
+    if hit is not None and hit[0] is expr:
+        return hit[1]
+    data = pickle.dumps(expr, protocol=5)
+    if len(_packed_trees) >= _PACKED_MAX:
+        _packed_trees.clear()
+    _packed_trees[id(expr)] = (expr, data)
+    return data
+
+
+@functools.lru_cache(maxsize=_PACKED_MAX)
+def _unpacked(data: bytes) -> Expr:
+    """An expression from its pickle, the same (immutable) tree for the same bytes."""
+    return pickle.loads(data)  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True)

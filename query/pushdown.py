@@ -50,7 +50,7 @@ from query.promql import (
     Unary,
     VectorSelector,
 )
-from query.values import I64, SeriesData, StepMatrix, dedupe, finalize
+from query.values import I64, SeriesData, StepMatrix, dedupe_keyed, finalize
 
 __all__ = [
     "Backend",
@@ -158,7 +158,8 @@ def concat_matrices(parts: Sequence[StepMatrix]) -> StepMatrix:
     labels = [lab for p in parts for lab in p.labels]
     values = np.concatenate([p.values for p in parts]).reshape(-1, len(times))
     present = np.concatenate([p.present for p in parts]).reshape(-1, len(times))
-    return finalize(dedupe(StepMatrix(times, labels, values, present)))
+    merged, keys = dedupe_keyed(StepMatrix(times, labels, values, present))
+    return finalize(merged, keys=keys)
 
 
 def partial_from_matrix(agg: Aggregate, m: StepMatrix) -> Partial:

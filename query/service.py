@@ -11,6 +11,7 @@ operators between vectors, topk, ...) runs here on those results (`query.evaluat
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -36,6 +37,7 @@ from query.aggregate import Partial
 from query.evaluator import eval_partial, eval_range_vector, eval_series_local, evaluate
 from query.executor import NodeAnswer, NodeQuery, ShardsNotHere
 from query.promql import (
+    PARSED_CACHED,
     Aggregate,
     Expr,
     MatrixSelector,
@@ -131,6 +133,7 @@ class QueryService:
         self._maps = maps
         self._nodes = nodes
         self._timeout_s = timeout_s
+        self._routes = _Routes()
 
     # ----- cluster state ---------------------------------------------------------------------
 
@@ -265,8 +268,11 @@ class QueryService:
     ) -> QueryResult:
         ds = self.dataset(dataset)
         self._check_spread(ds, spread)
-        expr = resolve_at(parse(query, matrix_ok=True), int(times[0]), int(times[-1]))
-        kind = value_type(expr)
+        plan = _plan(query)
+        if plan.resolves_at:  # `@ start()` / `@ end()`: this query's own tree
+            expr = resolve_at(plan.expr, int(times[0]), int(times[-1]))
+            plan = _Plan(expr, value_type(expr), tuple(remote_parts(expr)), True)
+        expr, kind = plan.expr, plan.kind
         if range_query and kind not in ("scalar", "vector"):
             shown = "range vector" if kind == "matrix" else kind
             raise QueryError(
@@ -277,12 +283,54 @@ class QueryService:
         run = _Run(self, ds, self.shard_map(dataset), spread, partial, lookback_ms)
         if isinstance(expr, MatrixSelector | Subquery):  # an instant query of a range vector
             return run.result(eval_range_vector(expr, run, int(times[0]), lookback_ms))
-        run.prefetch(remote_parts(expr), times)  # every node part, one call per node
+        run.prefetch(plan.parts, times)  # every node part, one call per node
         value = evaluate(expr, run, times, lookback_ms)
         return run.result(value)
 
 
 Part = tuple[int, str, Expr, tuple[int, ...]]  # (index, kind, expression, its shards)
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """What a query text comes to before any data is read: the tree, its type, the parts the
+    nodes evaluate. The same for every run of the text unless it says `@ start()`/`@ end()`."""
+
+    expr: Expr
+    kind: str
+    parts: tuple[Expr, ...]
+    resolves_at: bool
+
+
+@functools.lru_cache(maxsize=PARSED_CACHED)
+def _plan(query: str) -> _Plan:
+    """The plan of a query text, kept for as many texts as `parse` keeps (a dashboard sends the
+    same ones again and again; walking the tree is a good part of a small query's time here)."""
+    expr = parse(query, matrix_ok=True)
+    if resolve_at(expr, 0, 0) is not expr:
+        return _Plan(expr, value_type(expr), (), True)
+    return _Plan(expr, value_type(expr), tuple(remote_parts(expr)), False)
+
+
+class _Routes:
+    """The shards each node part's selectors route to, kept per part (a tree of a cached
+    plan), dataset definition and spread: routing hashes every shard key of the part."""
+
+    MAX = 4096
+
+    def __init__(self) -> None:
+        self._known: dict[tuple[int, int, int | None], tuple[Expr, Dataset, tuple[int, ...]]] = {}
+
+    def shards(self, dataset: Dataset, expr: Expr, spread: int | None) -> tuple[int, ...]:
+        key = (id(expr), id(dataset), spread)
+        hit = self._known.get(key)
+        if hit is not None and hit[0] is expr and hit[1] is dataset:
+            return hit[2]
+        _, shards = route(dataset, [s.matchers for s in selectors(expr)], spread)
+        if len(self._known) >= self.MAX:
+            self._known.clear()  # trees and definitions come and go; start again
+        self._known[key] = (expr, dataset, shards)  # held: their ids stay theirs
+        return shards
 
 
 class _Run:
@@ -319,8 +367,7 @@ class _Run:
         )
 
     def _shards_of(self, expr: Expr) -> tuple[int, ...]:
-        _, shards = route(self.dataset, [s.matchers for s in selectors(expr)], self.spread)
-        return shards
+        return self.svc._routes.shards(self.dataset, expr, self.spread)
 
     # ----- the evaluator's backend -----------------------------------------------------------
 

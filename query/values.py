@@ -181,9 +181,14 @@ def execution_error(message: str) -> QueryError:
 
 def dedupe(m: StepMatrix) -> StepMatrix:
     """Merge rows with equal label sets; an error if two have a value at the same step."""
-    groups, ids = agg_mod.distinct(m.labels)
+    return dedupe_keyed(m)[0]
+
+
+def dedupe_keyed(m: StepMatrix) -> tuple[StepMatrix, list[LabelKey]]:
+    """`dedupe`, and the rows' `label_key`s (for `finalize`: computed once)."""
+    groups, ids, keys = agg_mod.distinct_keyed(m.labels)
     if len(groups) == len(m.labels):
-        return m
+        return m, keys
     count = np.zeros((len(groups), len(m.times)), np.int64)
     np.add.at(count, ids, m.present)
     clash = np.argwhere(count > 1)
@@ -195,7 +200,7 @@ def dedupe(m: StepMatrix) -> StepMatrix:
     merged = np.full((len(groups), len(m.times)), np.nan)
     rows, cols = np.nonzero(m.present)  # at most one present cell per merged cell
     merged[ids[rows], cols] = m.values[rows, cols]
-    return StepMatrix(m.times, groups, merged, count > 0)
+    return StepMatrix(m.times, groups, merged, count > 0), keys
 
 
 def drop_name(m: StepMatrix) -> StepMatrix:
@@ -213,12 +218,17 @@ def drop_name(m: StepMatrix) -> StepMatrix:
     return out if len(names) == 1 else dedupe(out)
 
 
-def finalize(m: StepMatrix, order_by_value: str | None = None) -> StepMatrix:
+def finalize(
+    m: StepMatrix, order_by_value: str | None = None, keys: Sequence[LabelKey] | None = None
+) -> StepMatrix:
     """Drop series without any value; order by label set (or by value, for instant sort, NaN
-    values last; or keep the rows' order, `"rows"`, for instant topk/bottomk)."""
+    values last; or keep the rows' order, `"rows"`, for instant topk/bottomk). `keys`: the
+    rows' `label_key`s, when the caller has them."""
     keep = np.flatnonzero(m.present.any(axis=1)).tolist()
     if order_by_value is None:
-        keep.sort(key=lambda i: label_key(m.labels[i]))
+        if keys is None:
+            keys = [label_key(lab) for lab in m.labels]
+        keep.sort(key=keys.__getitem__)
     elif order_by_value == "rows":
         pass
     else:
