@@ -49,6 +49,7 @@ class ShardSource:
         column_store: ColumnStore,
     ) -> None:
         self.dataset = dataset
+        self._ref = dataset.ref  # a new model per access: made once per part, not per shard
         self._memstores = memstores
         self._columns = column_store
         self.stats = ScanStats()
@@ -105,7 +106,7 @@ class ShardSource:
         ts_parts, val_parts, size_parts = [], [], []
         for shard, mem, sids in self._matching(matchers, start_ms, end_ms):
             ts, vals, bounds = read_merged_batch(
-                mem, self._columns, self.dataset.ref, shard, sids, start_ms, end_ms
+                mem, self._columns, self._ref, shard, sids, start_ms, end_ms
             )
             sizes = np.diff(bounds)
             held = np.flatnonzero(sizes)
