@@ -8,7 +8,8 @@ scrapes, ending a minute ago) go:
 - to a real two-node FiloPy cluster through its remote-write endpoint and Kafka (4 shards,
   SQLite store), as tests/compliance/harness.py loads them.
 
-Each query then runs `--runs` times against both through their HTTP query APIs, from a client
+Once FiloPy's nodes have flushed what the load left them (the reference's blocks were built
+offline), each query runs `--runs` times against both through their HTTP query APIs, from a client
 process of its own, alternating which goes first, after `--warmup` untimed runs each; the
 table gives p50 and p99 wall time of the HTTP call (request to parsed JSON) and the ratio
 FiloPy / Prometheus. Both answers are checked to hold the same number of series. Results:
@@ -105,6 +106,34 @@ def measure(fp: str, ref: str, end: float, runs: int, warmup: int) -> list[Any]:
     return out
 
 
+def at_rest(fp: str, quiet_s: float = 5.0, limit_s: float = 300.0) -> float:
+    """Wait until FiloPy's nodes have flushed what the load left them (the samples written to
+    the store, `filopy_flushed_samples` on its /metrics, unchanged for `quiet_s`): the
+    reference's blocks were built offline, so queries timed while FiloPy still flushes would
+    time that work too. Seconds waited."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    base = fp.split("/promql/")[0]
+    t0 = time.monotonic()
+    last, since = -1.0, t0
+    with httpx.Client(timeout=30) as http:
+        while time.monotonic() - t0 < limit_s:
+            text = http.get(f"{base}/metrics").text
+            flushed = sum(
+                s.value
+                for fam in text_string_to_metric_families(text)
+                if fam.name == "filopy_flushed_samples"
+                for s in fam.samples
+            )
+            now = time.monotonic()
+            if flushed != last:
+                last, since = flushed, now
+            elif now - since >= quiet_s:
+                break
+            time.sleep(0.5)
+    return time.monotonic() - t0
+
+
 def _load(avg: tuple[float, float, float]) -> str:
     return " ".join(f"{x:.2f}" for x in avg)
 
@@ -153,6 +182,8 @@ def main() -> None:
             harness.filopy(work / "filopy", series, args.kafka) as fp,
         ):
             print(f"loaded in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+            settled_s = at_rest(fp)
+            print(f"flushes settled in {settled_s:.0f} s", file=sys.stderr)
             # The timing client runs in its own process: in this one it would share the GIL
             # with FiloPy's REST server (a thread here), which a real client never does.
             client = [sys.executable, __file__, "--client", fp, ref, str(end_s)]
@@ -176,7 +207,8 @@ def main() -> None:
         f"# {platform.node()}: {platform.processor() or platform.machine()}, "
         f"{len(series)} series, {samples} samples (5 s scrapes, {span_s // 60} min), "
         f"2 FiloPy nodes, 4 shards; {args.runs} interleaved runs per query after "
-        f"{args.warmup} warm-up; wall time of each HTTP query in ms",
+        f"{args.warmup} warm-up, once FiloPy's flushes after the load have settled; wall "
+        "time of each HTTP query in ms",
         f"# node parts over {'Ray actor calls' if args.transport == 'ray' else 'query channels'}"
         f"; load average (1, 5, 15 min) {_load(load_before)} before, {_load(load_after)} after",
         f"# command: .venv/bin/python bench/bench_promql.py --instances {args.instances} "
