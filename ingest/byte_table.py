@@ -1,15 +1,15 @@
 """Byte strings found in bulk: many byte ranges of one buffer (a request's series) looked up at
-once, with NumPy, among the byte strings met before, each to an entry id.
+once, among the byte strings met before, each to an entry id.
 
 The gateway's decoders see the same series request after request, as the same bytes: line
 protocol's series key texts, remote write's label sections. A dict costs a slice, a hash and a
-lookup per series in Python; `ByteTable.find` does a whole request's at once: each text's
-8-byte words times a constant of their place, summed (a matrix product), give its hash; an
-open-addressing table of hashes (`Slots`, also the gateway's table of series keys) gives a
-candidate entry; the candidate's stored words are compared with the text's, so a hash is only a
-hint: a collision costs speed, never exactness. Texts the slots cannot hold (their hash taken by
-another text, a probe too long, over 8 KiB, empty) are found in a dict by their bytes. Entries
-carry the caller's columns (labels, keys...).
+lookup per series in Python; `ByteTable.find` does a whole request's in one compiled kernel
+(`ingest.jit`, without the GIL): each text's 8-byte words times a constant of their place,
+summed, give its hash; an open-addressing table of hashes (`Slots`, also the gateway's table of
+series keys) gives a candidate entry; the candidate's stored words are compared with the text's,
+so a hash is only a hint: a collision costs speed, never exactness. Texts the slots cannot hold
+(their hash taken by another text, a probe too long, over 8 KiB, empty) are found in a dict by
+their bytes. Entries carry the caller's columns (labels, keys...).
 
 Decoders run on several threads: `find` takes no lock. Entries are only appended past a view's
 count and slots only filled (or all replaced), so a reader holding an older view reads entries it
@@ -24,72 +24,229 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
-from numpy.lib.stride_tricks import as_strided
 
-ROW_WORDS = 64  # texts up to 512 bytes: rows of a window (all as wide as the longest)
-PAD = 8 * ROW_WORDS  # zero bytes `padded` puts in front of a buffer: a row may start before it
+from ingest.jit import kernel, warms
+
+ROW_WORDS = 64  # zero words in front of a table's stored words
+PAD = (
+    8 * ROW_WORDS
+)  # zero bytes `padded` puts in front of a buffer: a text's first word may start before it
 _MAX_WORDS = 1024  # longer texts (8 KiB) get no slot: found through the dict
 _MAX_PROBES = 32  # a text whose slot is further than this from its hash's goes to the dict
-_WORD = np.dtype("<u8")
 _ALL = (1 << 64) - 1
 # Hashes: each 8-byte word (aligned on the text's end, the first zero padded in front) times
-# the constant of its place counted from the end, summed, the length mixed in.
+# the constant of its place counted from the end, summed, the length mixed in. (Read at each
+# call, as `_HASH_MASK`: tests make hashes collide on purpose.)
 _MIX = np.random.default_rng(0x5EED).integers(0, 1 << 63, _MAX_WORDS, dtype=np.uint64)
 _MIX = _MIX * np.uint64(2) + np.uint64(1)
+_HASH_MASK = np.uint64(_ALL)
 _LEN_MIX, _FINAL_MIX = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9)
-# _HEAD_MASKS[k]: a word without its k low bytes (the padding before a text's first byte)
-_HEAD_MASKS = np.array([_ALL ^ ((1 << (8 * k)) - 1) for k in range(8)], np.uint64)
-_COLUMNS = np.arange(ROW_WORDS)
-_row_masks: dict[int, npt.NDArray[np.uint64]] = {}  # row width -> `_masks(width)`
+_ALL_U64 = np.uint64(_ALL)
 
 
 def padded(raw: bytes) -> npt.NDArray[np.uint8]:
-    """`raw` as `find` reads it: `PAD` zero bytes in front (a window's row may start before
+    """`raw` as `find` reads it: `PAD` zero bytes in front (a text's first word may start before
     the buffer) and 8 behind (an 8-byte read at any offset stays inside)."""
     return np.frombuffer(b"".join((bytes(PAD), raw, bytes(8))), np.uint8)
 
 
-def _masks(cols: int) -> npt.NDArray[np.uint64]:
-    """Row g: the words of a `cols`-word row to keep when its first g bytes are not the text's
-    (the text right-aligned in the row)."""
-    masks = _row_masks.get(cols)
-    if masks is None:
-        g = np.arange(8 * cols)[:, None]
-        word = _COLUMNS[:cols]
-        masks = np.where(word > g // 8, np.uint64(_ALL), np.uint64(0))
-        head = word == g // 8
-        masks[head] = _HEAD_MASKS[(g % 8)[:, 0]]
-        masks = _row_masks.setdefault(cols, masks)
-    return masks
+_U64 = np.dtype("<u8")
+
+
+def words_at(buf: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint64]:
+    """`buf`'s 8-byte little-endian words at every byte offset (a view: item i is bytes i to
+    i + 7, an unaligned load): how the kernels read a buffer."""
+    return np.ndarray((len(buf) - 7,), _U64, buf, strides=(1,))
+
+
+@kernel
+def _word(at_byte: npt.NDArray[np.uint64], at: int) -> np.uint64:
+    return at_byte[at]
+
+
+@kernel
+def _head(n_words: int, size: int) -> np.uint64:
+    """The bits of a text's first word that are its bytes (the rest is what precedes it)."""
+    return _ALL_U64 << np.uint64(8 * (8 * n_words - size))
+
+
+@kernel
+def _hash(
+    at_byte: npt.NDArray[np.uint64], end: int, size: int, mix: npt.NDArray[np.uint64]
+) -> np.uint64:
+    """The hash of the `size` (>= 1) bytes before `end` (`at_byte`: `words_at(buf)`)."""
+    n_words = (size + 7) >> 3
+    last = mix.shape[0] - 1
+    h = np.uint64(0)
+    for j in range(n_words):  # j: the word's place counted from the end
+        w = _word(at_byte, end - 8 * (j + 1))
+        if j == n_words - 1:
+            w &= _head(n_words, size)
+        h += w * mix[min(j, last)]
+    h ^= np.uint64(size) * _LEN_MIX
+    h ^= h >> np.uint64(31)
+    h *= _FINAL_MIX
+    h ^= h >> np.uint64(29)
+    return h
+
+
+@kernel
+def _hashes(
+    at_byte: npt.NDArray[np.uint64],
+    start: npt.NDArray[np.int64],
+    length: npt.NDArray[np.int64],
+    mix: npt.NDArray[np.uint64],
+    hash_mask: np.uint64,
+) -> npt.NDArray[np.uint64]:
+    hashes = np.empty(start.shape[0], np.uint64)
+    for i in range(start.shape[0]):
+        size = max(length[i], 1)
+        hashes[i] = _hash(at_byte, start[i] + size + PAD, size, mix) & hash_mask
+    return hashes
+
+
+@kernel
+def _find(
+    at_byte: npt.NDArray[np.uint64],
+    start: npt.NDArray[np.int64],
+    length: npt.NDArray[np.int64],
+    mix: npt.NDArray[np.uint64],
+    hash_mask: np.uint64,
+    slot_ids: npt.NDArray[np.int64],
+    slot_hashes: npt.NDArray[np.uint64],
+    shift: np.uint64,
+    words: npt.NDArray[np.uint64],
+    word_end: npt.NDArray[np.int64],
+    stored_length: npt.NDArray[np.int64],
+    count: int,
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint64]]:
+    """Each text's entry (-1: none) among the first `count` and its hash: the slot of its
+    hash gives a candidate, whose length and stored words must be the text's. (In passes over
+    all texts, each of independent loads: the cache misses of many texts overlap.)"""
+    n = start.shape[0]
+    ids = np.full(n, -1, np.int64)
+    hashes = np.empty(n, np.uint64)
+    for i in range(n):
+        size = max(length[i], 1)  # (an empty text is hashed as if one byte long)
+        hashes[i] = _hash(at_byte, start[i] + size + PAD, size, mix) & hash_mask
+    mask = slot_ids.shape[0] - 1
+    first = np.empty(n, np.int64)
+    for i in range(n):
+        first[i] = np.int64(hashes[i] >> shift)
+    firsts = np.empty(n, np.int64)
+    for i in range(n):
+        firsts[i] = slot_ids[first[i]]
+    for i in range(n):
+        h = hashes[i]
+        probe = first[i]
+        sid = firsts[i]
+        for _ in range(_MAX_PROBES):
+            if sid < 0:
+                break
+            if slot_hashes[probe] == h:
+                ids[i] = sid
+                break
+            probe = (probe + 1) & mask
+            sid = slot_ids[probe]
+    for i in range(n):
+        candidate = ids[i]
+        if candidate < 0:
+            continue
+        ids[i] = -1
+        real = length[i]
+        if candidate >= count or stored_length[candidate] != real:
+            continue
+        size = max(real, 1)
+        end = start[i] + size + PAD
+        n_words = (size + 7) >> 3
+        stored_end = word_end[candidate]
+        if stored_end - n_words < 0:
+            continue
+        same = True
+        for j in range(n_words):
+            w = _word(at_byte, end - 8 * (j + 1))
+            s = words[stored_end - 1 - j]
+            if j == n_words - 1:
+                head = _head(n_words, size)
+                w &= head
+                s &= head
+            if w != s:
+                same = False
+                break
+        if same:
+            ids[i] = candidate
+    return ids, hashes
+
+
+@kernel
+def _words_of(
+    at_byte: npt.NDArray[np.uint64],
+    start: npt.NDArray[np.int64],
+    length: npt.NDArray[np.int64],
+    which: npt.NDArray[np.intp],
+) -> npt.NDArray[np.uint64]:
+    total = 0
+    for k in range(which.shape[0]):
+        total += (max(length[which[k]], 1) + 7) >> 3
+    out = np.empty(total, np.uint64)
+    at = 0
+    for k in range(which.shape[0]):
+        i = which[k]
+        size = max(length[i], 1)
+        n_words = (size + 7) >> 3
+        end = start[i] + size + PAD
+        for c in range(n_words):  # first word first
+            w = _word(at_byte, end - 8 * (n_words - c))
+            if c == 0:
+                w &= _head(n_words, size)
+            out[at + c] = w
+        at += n_words
+    return out
+
+
+@kernel
+def _probe(
+    hashes: npt.NDArray[np.uint64],
+    slot_ids: npt.NDArray[np.int64],
+    slot_hashes: npt.NDArray[np.uint64],
+    shift: np.uint64,
+) -> npt.NDArray[np.int64]:
+    """Each hash's id in `Slots` (-1: none)."""
+    ids = np.full(hashes.shape[0], -1, np.int64)
+    mask = slot_ids.shape[0] - 1
+    for i in range(hashes.shape[0]):
+        h = hashes[i]
+        probe = np.int64(h >> shift)
+        for _ in range(_MAX_PROBES):
+            sid = slot_ids[probe]
+            if sid < 0:
+                break
+            if slot_hashes[probe] == h:
+                ids[i] = sid
+                break
+            probe = (probe + 1) & mask
+    return ids
 
 
 class Texts(NamedTuple):
-    """Byte ranges `raw[start:start+length]` as the table hashes them: texts up to
-    `ROW_WORDS` words as `rows` (each right-aligned in a row as wide as the longest, the bytes
-    before it masked out), longer ones as `words` (each text's, one after the other)."""
+    """Byte ranges `raw[start:start+length]` (`buf`: `padded(raw)`) and their hashes."""
 
     raw: bytes
+    buf: npt.NDArray[np.uint8]
     start: npt.NDArray[np.int64]
     length: npt.NDArray[np.int64]
-    n_words: npt.NDArray[np.int64]  # (one for an empty text)
     hashes: npt.NDArray[np.uint64]
-    rows: npt.NDArray[np.uint64] | None
-    masks: npt.NDArray[np.uint64] | None  # per row: the words kept (`_masks`)
-    words: npt.NDArray[np.uint64] | None
-    first: npt.NDArray[np.int64] | None  # per text: its first word in `words`
+
+    @property
+    def n_words(self) -> npt.NDArray[np.int64]:
+        """Each text's 8-byte words (one for an empty text)."""
+        return (np.maximum(self.length, 1) + 7) >> 3
 
     def words_of(self, which: npt.NDArray[np.intp]) -> npt.NDArray[np.uint64]:
-        """The words of texts `which`, one after the other."""
-        n_words = self.n_words[which]
-        if self.rows is not None:
-            rows = self.rows[which]
-            cols = rows.shape[1]
-            return rows[_COLUMNS[:cols] >= (cols - n_words)[:, None]]
-        assert self.words is not None and self.first is not None
-        first = self.first[which]
-        total = int(n_words.sum())
-        at = np.cumsum(n_words) - n_words
-        return self.words[np.repeat(first - at, n_words) + np.arange(total)]
+        """The words of texts `which`, one after the other (each text aligned on its end, the
+        bytes before it in its first word zeroed)."""
+        which = which.astype(np.intp, copy=False)
+        return _words_of(words_at(self.buf), self.start, self.length, which)
 
 
 def hash_texts(
@@ -97,37 +254,10 @@ def hash_texts(
     raw: bytes,
     start: npt.NDArray[np.int64],
     length: npt.NDArray[np.int64],
-    row_words: int = ROW_WORDS,
 ) -> Texts:
-    """The texts `raw[start:start+length]` (`buf`: `padded(raw)`), their words and hashes.
-    Texts up to `row_words` words long are copied as rows of a strided window (a copy per
-    row, no index per word), longer ones gathered word by word: the same words and hashes.
-    Empty texts are hashed as if one byte long (they are found through the dict only)."""
-    real_length, length = length, np.maximum(length, 1)
-    n_words = (length + 7) >> 3
-    end = start + length + PAD  # in `buf`
-    cols = int(n_words.max())
-    rows = masks = words = first = None
-    if cols <= row_words:
-        w8 = 8 * cols
-        window = as_strided(buf, shape=(len(buf) - w8 + 1, w8), strides=(1, 1))
-        rows = window[end - w8].view(_WORD)  # row i: the w8 bytes before text i's end
-        masks = _masks(cols).take(w8 - length, axis=0)
-        rows &= masks
-        h = np.einsum("ij,j->i", rows, _MIX[cols - 1 :: -1])  # (the place from the end)
-    else:
-        first = np.cumsum(n_words) - n_words
-        total = int(first[-1] + n_words[-1])
-        at_byte = np.ndarray((len(buf) - 7,), _WORD, buf, strides=(1,))  # unaligned
-        from_end = np.repeat(first + n_words - 1, n_words) - np.arange(total)
-        words = at_byte[np.repeat(end, n_words) - 8 * (from_end + 1)]
-        words[first] &= _HEAD_MASKS[8 * n_words - length]
-        h = np.add.reduceat(words * _MIX[np.minimum(from_end, _MAX_WORDS - 1)], first)
-    h ^= length.astype(np.uint64) * _LEN_MIX
-    h ^= h >> np.uint64(31)
-    h *= _FINAL_MIX
-    h ^= h >> np.uint64(29)
-    return Texts(raw, start, real_length, n_words, h, rows, masks, words, first)
+    """The texts `raw[start:start+length]` (`buf`: `padded(raw)`) and their hashes. Empty texts
+    are hashed as if one byte long (they are found through the dict only)."""
+    return Texts(raw, buf, start, length, _hashes(words_at(buf), start, length, _MIX, _HASH_MASK))
 
 
 class TableView(NamedTuple):
@@ -213,14 +343,15 @@ class ByteTable:
     ) -> Found:
         """The entry of each text `raw[start:start+length]` (`buf`: `padded(raw)`), -1 for
         those not met yet; texts not in a slot are looked up in the dict one by one."""
+        start = np.ascontiguousarray(start, np.int64)  # (the types the kernel is compiled for)
+        length = np.ascontiguousarray(length, np.int64)
         view = self.view
-        texts = hash_texts(buf, raw, start, length)
-        ids, match = view.slots.find(texts.hashes)  # candidates, then compared word for word
-        hit = match & (ids >= 0) & (ids < view.count)
-        ids[~hit] = 0  # (a valid index: entry 0's stored words, or the zero words)
-        hit &= view.length[ids] == length
-        hit &= _same_words(view, ids, texts)
-        ids[~hit] = -1
+        slots = view.slots
+        ids, hashes = _find(
+            words_at(buf), start, length, _MIX, _HASH_MASK, slots.ids, slots.hashes, slots.shift,
+            view.words, view.word_end, view.length, view.count,
+        )  # fmt: skip
+        hit = ids >= 0
         if not hit.all():
             missed = np.flatnonzero(~hit)
             get, count = view.overflow.get, view.count
@@ -230,7 +361,7 @@ class ByteTable:
                 entry = get(raw[a : a + n])
                 if entry is not None and entry < count:
                     ids[i] = entry
-        return Found(ids, view, texts)
+        return Found(ids, view, Texts(raw, buf, start, length, hashes))
 
     def add(
         self, found: Found, which: npt.NDArray[np.intp], values: Sequence[Sequence[Any]]
@@ -282,28 +413,6 @@ class ByteTable:
         return ids
 
 
-def _same_words(view: TableView, ids: npt.NDArray[np.int64], texts: Texts) -> npt.NDArray[np.bool_]:
-    """Whether each text's words are those stored for entry `ids` (of the same length)."""
-    word_end = view.word_end[ids]
-    if texts.rows is not None:
-        assert texts.masks is not None
-        rows = texts.rows
-        cols = rows.shape[1]
-        window = as_strided(view.words, shape=(len(view.words) - cols + 1, cols), strides=(8, 8))
-        stored = window[np.maximum(word_end - cols, 0)]  # entries' words fill their rows' ends
-        stored &= texts.masks
-        differ = stored != rows
-        if not differ.any():
-            return np.ones(len(ids), bool)
-        return ~differ.any(axis=1)
-    assert texts.words is not None and texts.first is not None
-    words, first, n_words = texts.words, texts.first, texts.n_words
-    stored = view.words.take(
-        np.repeat(word_end - n_words - first, n_words) + np.arange(len(words)), mode="clip"
-    )
-    return ~np.logical_or.reduceat(stored != words, first)
-
-
 class Slots(NamedTuple):
     """Open addressing of 64-bit hashes to ids (linear probing, at most one slot per hash):
     `ByteTable`'s candidates by text hash, the gateway's series by key. Slots are only filled
@@ -317,21 +426,8 @@ class Slots(NamedTuple):
         self, hashes: npt.NDArray[np.uint64]
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
         """Per hash, the id in its slot and whether there is one (else any id, or -1)."""
-        slot_ids, slot_hashes, mask = self.ids, self.hashes, len(self.ids) - 1
-        probe = (hashes >> self.shift).astype(np.int64)
-        ids = slot_ids[probe]
-        match = slot_hashes[probe] == hashes
-        going = np.flatnonzero((ids >= 0) & ~match)  # another hash's slot: probe on
-        for _ in range(_MAX_PROBES - 1):
-            if not len(going):
-                break
-            probe[going] = (probe[going] + 1) & mask
-            sid = slot_ids[probe[going]]
-            now = slot_hashes[probe[going]] == hashes[going]
-            ids[going] = sid
-            match[going] = now
-            going = going[(sid >= 0) & ~now]
-        return ids, match & (ids >= 0)
+        ids = _probe(hashes, self.ids, self.hashes, self.shift)
+        return ids, ids >= 0
 
     def place(
         self, hashes: npt.NDArray[np.uint64], ids: npt.NDArray[np.int64]
@@ -376,3 +472,15 @@ def new_slots(n_slots: int) -> Slots:
         hashes=np.zeros(n_slots, np.uint64),
         shift=np.uint64(64 - n_slots.bit_length() + 1),
     )
+
+
+@warms
+def _warm() -> None:
+    """`find`, `add` and `Slots.find` with the argument types of the gateway's decoders."""
+    table = ByteTable([np.int64])
+    raw = b"abc"
+    start, length = np.zeros(1, np.int64), np.full(1, 3, np.int64)
+    found = table.find(padded(raw), raw, start, length)
+    table.add(found, np.zeros(1, np.intp), [[1]])
+    table.find(padded(raw), raw, start, length)
+    table.view.slots.find(np.zeros(1, np.uint64))

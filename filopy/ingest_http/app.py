@@ -26,6 +26,7 @@ from filopy.ingest_http.influx import influx_router
 from filopy.ingest_http.otlp import otlp_router
 from filopy.ingest_http.remote_write import remote_write_router
 from filopy.store import open_stores
+from ingest.jit import warm
 
 Endpoint = Callable[[str, Request], Awaitable[Response]]
 
@@ -83,7 +84,9 @@ def direct_writes(routers: Iterable[APIRouter]) -> list[tuple[re.Pattern[str], E
 
 def serve_ingestion(app: FastAPI, ingestion: Ingestion) -> None:
     """Every ingestion endpoint on `app`, the write endpoints' POSTs called directly
-    (`DirectWrites`)."""
+    (`DirectWrites`). The decoders' compiled kernels are loaded (or compiled) now, before the
+    server listens: not on a sender's first request."""
+    warm()
     routers = ingest_routers(ingestion)
     app.include_router(ingest_router(ingestion, routers))
     app.add_middleware(DirectWrites, routes=direct_writes(routers))

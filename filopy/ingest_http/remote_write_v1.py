@@ -23,7 +23,6 @@ import sys
 
 import numpy as np
 import numpy.typing as npt
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
 from filopy.hashing import PROMETHEUS_METRIC_LABEL
@@ -33,6 +32,7 @@ from ingest.bad_records import Decoded
 from ingest.batch import Labels, SampleBatch
 from ingest.byte_table import PAD, ByteTable, padded
 from ingest.gateway import IntKeyedBatch, new_series_key
+from ingest.jit import kernel, warms
 
 UNSUPPORTED = "unsupported"  # a refusal reason: samples of a kind FiloPy cannot store
 
@@ -43,23 +43,6 @@ _LABELS_TAG, _SAMPLES_TAG = 0x0A, 0x12  # TimeSeries fields 1 and 2, length-deli
 _VALUE_TAG, _TIMESTAMP_TAG = 0x09, 0x10  # Sample: double value = 1, int64 timestamp = 2
 
 
-def _split_message() -> type:
-    """`WriteRequest` with each series as raw bytes: upb splits a body into series without
-    building their labels."""
-    f = descriptor_pb2.FieldDescriptorProto
-    proto = descriptor_pb2.FileDescriptorProto(
-        name="filopy_remote_write_split.proto", package="filopy.rw1split", syntax="proto3"
-    )
-    msg = proto.message_type.add(name="WriteRequestSplit")
-    msg.field.add(name="timeseries", number=1, type=f.TYPE_BYTES, label=f.LABEL_REPEATED)
-    pool = descriptor_pool.DescriptorPool()
-    pool.Add(proto)
-    return message_factory.GetMessageClass(
-        pool.FindMessageTypeByName("filopy.rw1split.WriteRequestSplit")
-    )
-
-
-_WriteRequestSplit = _split_message()
 # metric column -> the series' label bytes met, each entry's labels and key: label dicts are
 # shared between batches (read only); a key (`new_series_key`) is an int: the gateway's lookup
 # hashes no bytes. Keys as ints and in int64 (`IntKeyedBatch.key_array`).
@@ -168,21 +151,54 @@ def _varints(
     return np.bitwise_or.reduce(digits, axis=1), size
 
 
+@kernel
+def _series_fields(
+    buf: npt.NDArray[np.uint8],
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Where each field's bytes start and end, if `buf` is only fields 1 (tag 0A) with
+    shortest length varints of at most 5 bytes, else none."""
+    n = buf.shape[0]
+    none = np.empty(0, np.int64)
+    starts = ends = none
+    for k in range(2):  # count the fields, then note where they are
+        pos = count = 0
+        while pos < n:
+            if buf[pos] != _LABELS_TAG:
+                return none, none
+            pos += 1
+            length = shift = 0
+            while True:
+                if pos >= n or shift > 28:
+                    return none, none
+                b = np.int64(buf[pos])
+                pos += 1
+                length |= (b & 0x7F) << shift
+                shift += 7
+                if b < 0x80:
+                    break
+            if b == 0 and shift > 7:  # a varint longer than it needs to be
+                return none, none
+            if length > n - pos:
+                return none, none
+            if k:
+                starts[count] = pos
+                ends[count] = pos + length
+            pos += length
+            count += 1
+        if not k:
+            starts = np.empty(count, np.int64)
+            ends = np.empty(count, np.int64)
+    return starts, ends
+
+
 def _series_bounds(raw: bytes) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]] | None:
     """Where each series' bytes start and end in `raw`, if the body is series only (field 1,
-    shortest length varints), as senders encode it."""
-    try:
-        parts = _WriteRequestSplit.FromString(raw).timeseries
-    except DecodeError:
+    shortest length varints), as senders encode it. (What upb would split it into: any other
+    field, or a longer varint, is not this shape; a truncated one not a protobuf.)"""
+    starts, ends = _series_fields(np.frombuffer(raw, np.uint8))
+    if not len(starts):
         return None
-    n = len(parts)
-    if n == 0:
-        return None
-    lens = np.fromiter(map(len, parts), np.int64, n)
-    ends = np.cumsum(1 + _varint_size(lens) + lens)
-    if int(ends[-1]) != len(raw):  # other fields, or longer varints: not the common shape
-        return None
-    return ends - lens, ends
+    return starts, ends
 
 
 def decode_fast(raw: bytes, metric_column: str) -> Decoded | None:
@@ -202,28 +218,57 @@ def decode_fast(raw: bytes, metric_column: str) -> Decoded | None:
 
 
 # The steady state: every series ends with one sample of a millisecond timestamp (6-byte varint,
-# 1971 to 2109), its value present (field 2, 16 bytes: 09 <8 bytes> 10 <6 bytes>) or zero and so
-# left out by the sender (7 bytes: 10 <6 bytes>). Read as little-endian 8-byte words:
+# 1971 to 2109), its value present (field 2, 16 bytes: 12 10 | 09 <8 bytes> 10 <6 bytes>) or
+# zero and so left out by the sender (7 bytes: 12 07 | 10 <6 bytes>).
 _TAIL_WITH_VALUE, _TAIL_ZERO = 18, 9
-_WITH_VALUE = 0x091012  # the 3 bytes from end - 18: 12 10 09
-_ZERO = 0x0712  # the 2 bytes from end - 9: 12 07
-# the 8 bytes from end - 8: any (the value's last, or 07), 10, 5 varint bytes with their high
-# bit set and a last one without
-_STAMP_MASK, _STAMP = np.uint64(0x808080808080FF00), np.uint64(0x0080808080801000)
-_U64 = np.dtype("<u8")
 
 
-def _varint6(stamp: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
-    """The values of 6-byte varints (their bytes the low 6 of each word, high bits ignored):
-    7-bit digits joined in pairs, then the three pairs."""
-    x = stamp & np.uint64(0x7F7F7F7F7F7F)
-    x = (x & np.uint64(0x007F007F007F)) | ((x >> np.uint64(1)) & np.uint64(0x3F803F803F80))
-    x = (
-        (x & np.uint64(0x3FFF))
-        | ((x >> np.uint64(2)) & np.uint64(0x3FFF << 14))
-        | ((x >> np.uint64(4)) & np.uint64(0x3FFF << 28))
-    )
-    return x.view(np.int64)  # < 2**42
+@kernel
+def _known_tails(
+    pad: npt.NDArray[np.uint8], starts: npt.NDArray[np.int64], ends: npt.NDArray[np.int64]
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.uint64]]:
+    """Each series' label end, timestamp and value (its bits) if every series ends with one
+    sample of the steady shape (`_TAIL_WITH_VALUE` or `_TAIL_ZERO` bytes), else none.
+    `pad`: `padded(raw)`."""
+    n = starts.shape[0]
+    label_end = np.empty(n, np.int64)
+    timestamps = np.empty(n, np.int64)
+    values = np.zeros(n, np.uint64)
+    at = pad[PAD:]
+    none = (np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.uint64))
+    for i in range(n):
+        e = ends[i]
+        size = e - starts[i]
+        if size < _TAIL_ZERO:
+            return none
+        # the stamp: 10, then 5 bytes with their high bit set and a last one without
+        if at[e - 7] != _TIMESTAMP_TAG or at[e - 1] >= 0x80:
+            return none
+        t = np.int64(at[e - 1])
+        for k in range(2, 7):
+            b = at[e - k]
+            if b < 0x80:
+                return none
+            t = (t << 7) | np.int64(b & 0x7F)
+        with_value = (
+            size >= _TAIL_WITH_VALUE
+            and at[e - 18] == _SAMPLES_TAG
+            and at[e - 17] == 0x10
+            and at[e - 16] == _VALUE_TAG
+        )
+        zero = at[e - 9] == _SAMPLES_TAG and at[e - 8] == 0x07
+        if with_value == zero:
+            return none
+        timestamps[i] = t
+        if with_value:
+            v = np.uint64(0)
+            for k in range(8):
+                v |= np.uint64(at[e - 15 + k]) << np.uint64(8 * k)
+            values[i] = v
+            label_end[i] = e - _TAIL_WITH_VALUE
+        else:
+            label_end[i] = e - _TAIL_ZERO
+    return label_end, timestamps, values
 
 
 def _decode_known(
@@ -244,24 +289,14 @@ def _decode_known(
     if table is None:
         return None
     n = len(starts)
-    size = ends - starts
-    if int(size.min()) < _TAIL_ZERO:
+    label_end, timestamps, value_bits = _known_tails(pad, starts, ends)
+    if not len(label_end):
         return None
-    # 8 bytes from any offset (past the ends of short series too: only read where longer)
-    at = np.ndarray((len(pad) - 7,), _U64, pad, strides=(1,))
-    end = ends + PAD
-    last = at[end - 8]
-    with_value = ((at[end - 18] & np.uint64(0xFFFFFF)) == _WITH_VALUE) & (size >= _TAIL_WITH_VALUE)
-    zero = (at[end - 9] & np.uint64(0xFFFF)) == _ZERO
-    if not (((last & _STAMP_MASK) == _STAMP).all() and (with_value ^ zero).all()):
-        return None
-    label_end = ends - np.where(with_value, _TAIL_WITH_VALUE, _TAIL_ZERO)
+    values = value_bits.view(np.float64)
     found = table.find(pad, raw, starts, label_end - starts)
     ids = found.ids
     if (ids < 0).any():
         return None
-    values = np.where(with_value, at[end - 15].view(np.float64), 0.0)
-    timestamps = _varint6(last >> np.uint64(16))
     columns = found.view.columns
     series = columns[_LABELS][ids].tolist()
     keys = columns[_KEYS][ids].tolist()
@@ -418,3 +453,19 @@ def _labels_of(
     keys_added = [e[2] for e in entries]
     table.add(found, which, ([e[1] for e in entries], keys_added, keys_added))
     return series, keys
+
+
+@warms
+def _warm() -> None:
+    """Both paths' kernels (a new series is walked, then known), on a column of its own."""
+    request = WriteRequest()
+    series = request.timeseries.add()
+    series.labels.add(name=PROMETHEUS_METRIC_LABEL, value="warm")
+    series.samples.add(value=1.0, timestamp=1_700_000_000_000)
+    raw = request.SerializeToString()
+    column = "\x00warm"
+    try:
+        decode(raw, column)
+        decode(raw, column)
+    finally:
+        _tables.pop(column, None)

@@ -1,0 +1,172 @@
+"""The compiled kernels (`ingest.jit`) of remote write 1.0's fast path decide exactly as the
+upb and NumPy formulations they replaced (kept here as references), on generated requests and
+adversarial bytes: truncated bodies, lengths as longer varints than needed, other fields, bytes
+flipped or cut anywhere, tails that almost look like a sample. (`ByteTable`'s kernels:
+tests/ingest/test_byte_table.py.)"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.message import DecodeError
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from numba.core.caching import CacheImpl
+
+from filopy.ingest_http import remote_write_v1
+from filopy.ingest_http.prompb.remote_pb2 import WriteRequest
+from ingest.byte_table import PAD, padded
+from ingest.jit import kernel, warm
+from tests.ingest.test_gateway_hot_paths import steady_requests
+
+
+def _split_message() -> type:
+    f = descriptor_pb2.FieldDescriptorProto
+    proto = descriptor_pb2.FileDescriptorProto(
+        name="filopy_test_split.proto", package="filopy.testsplit", syntax="proto3"
+    )
+    msg = proto.message_type.add(name="Split")
+    msg.field.add(name="timeseries", number=1, type=f.TYPE_BYTES, label=f.LABEL_REPEATED)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(proto)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("filopy.testsplit.Split"))
+
+
+_Split = _split_message()
+_LIMITS = np.array([1 << 7, 1 << 14, 1 << 21, 1 << 28, 1 << 35], np.int64)
+
+
+def _reference_bounds(raw: bytes) -> tuple[list[int], list[int]] | None:
+    """upb splits the body into series; the body must be just those, shortest varints."""
+    try:
+        parts = _Split.FromString(raw).timeseries
+    except DecodeError:
+        return None
+    if not parts:
+        return None
+    lens = np.array([len(p) for p in parts], np.int64)
+    ends = np.cumsum(1 + np.searchsorted(_LIMITS, lens, side="right") + 1 + lens)
+    if int(ends[-1]) != len(raw):
+        return None
+    return (ends - lens).tolist(), ends.tolist()
+
+
+def _reference_tails(
+    raw: bytes, starts: np.ndarray, ends: np.ndarray
+) -> tuple[list[int], list[int], list[int]] | None:
+    """The NumPy formulation: 8-byte words read back from each series' end."""
+    pad = padded(raw)
+    size = ends - starts
+    if int(size.min()) < 9:
+        return None
+    at = np.ndarray((len(pad) - 7,), np.dtype("<u8"), pad, strides=(1,))
+    end = ends + PAD
+    last = at[end - 8]
+    with_value = ((at[end - 18] & np.uint64(0xFFFFFF)) == 0x091012) & (size >= 18)
+    zero = (at[end - 9] & np.uint64(0xFFFF)) == 0x0712
+    stamp_mask, stamp = np.uint64(0x808080808080FF00), np.uint64(0x0080808080801000)
+    if not (((last & stamp_mask) == stamp).all() and (with_value ^ zero).all()):
+        return None
+    label_end = ends - np.where(with_value, 18, 9)
+    values = np.where(with_value, at[end - 15], np.uint64(0))
+    digits = (last >> np.uint64(16))[:, None] >> (np.arange(6, dtype=np.uint64) * np.uint64(8))
+    stamps = ((digits & np.uint64(0x7F)) << (np.arange(6, dtype=np.uint64) * np.uint64(7))).sum(
+        axis=1, dtype=np.uint64
+    )
+    return label_end.tolist(), stamps.view(np.int64).tolist(), values.tolist()
+
+
+def _check(raw: bytes) -> None:
+    bounds = remote_write_v1._series_bounds(raw)
+    expected = _reference_bounds(raw)
+    if expected is None:
+        assert bounds is None
+        return
+    assert bounds is not None
+    assert (bounds[0].tolist(), bounds[1].tolist()) == expected
+    label_end, stamps, values = remote_write_v1._known_tails(padded(raw), *bounds)
+    tails = _reference_tails(raw, *bounds)
+    if tails is None:
+        assert not len(label_end)
+    else:
+        assert (label_end.tolist(), stamps.tolist(), values.tolist()) == tails
+
+
+def _varint(n: int, extra: int = 0) -> bytes:
+    """`n` as a varint, `extra` bytes longer than needed."""
+    out = bytearray()
+    while True:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+        if not n:
+            break
+    out += b"\x80" * extra
+    out[-1] &= 0x7F
+    return bytes(out)
+
+
+_body_edits = st.sampled_from(["none", "truncate", "flip", "insert", "long_varint", "field"])
+
+
+def test_kernels_warm() -> None:
+    warm()
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steady_requests(), _body_edits, st.data())
+def test_kernels_decide_as_the_references(
+    req: WriteRequest, edit: str, data: st.DataObject
+) -> None:
+    raw = req.SerializeToString()
+    at = data.draw(st.integers(0, max(len(raw) - 1, 0)))
+    if edit == "truncate":
+        raw = raw[:at]
+    elif edit == "flip":
+        raw = raw[:at] + bytes([raw[at] ^ data.draw(st.integers(1, 255))]) + raw[at + 1 :]
+    elif edit == "insert":
+        raw = raw[:at] + data.draw(st.binary(min_size=1, max_size=3)) + raw[at:]
+    elif edit == "long_varint":  # a series' length with needless continuation bytes
+        parts = [bytes(p) for p in _Split.FromString(raw).timeseries]
+        k = data.draw(st.integers(0, len(parts) - 1))
+        extra = data.draw(st.integers(1, 5))
+        raw = b"".join(
+            b"\x0a" + _varint(len(p), extra if i == k else 0) + p for i, p in enumerate(parts)
+        )
+    elif edit == "field":  # another field before, between or after the series
+        field = data.draw(st.sampled_from([b"\x12\x00", b"\x08\x01", b"\x1a\x01x", b"\x0a"]))
+        raw = raw[:at] + field + raw[at:]
+    _check(raw)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=64))
+def test_kernels_on_random_bytes(raw: bytes) -> None:
+    _check(raw)
+    _check(b"\x0a" + _varint(len(raw)) + raw)
+
+
+def test_kernels_on_edge_cases() -> None:
+    for raw in [
+        b"",
+        b"\x0a",
+        b"\x0a\x00",  # one empty series
+        b"\x0a\x80\x00",  # an empty series, its length in two bytes
+        b"\x0a\x01",  # truncated
+        b"\x0a\xff\xff\xff\xff\x0f",  # a length past the body
+        b"\x0a\xff\xff\xff\xff\xff\x01",  # a 6-byte varint
+        b"\x0a\x09" + b"\x12\x07\x10" + b"\x80" * 5 + b"\x01",  # a zero-value sample only
+    ]:
+        _check(raw)
+
+
+def test_a_kernel_without_a_writable_cache_still_compiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where no cache directory is writable (read-only site-packages, no home), numba refuses
+    `cache=True` when the kernel is defined: the kernel is then compiled in each process."""
+    monkeypatch.setattr(CacheImpl, "_locator_classes", [])
+
+    @kernel
+    def twice(x: int) -> int:
+        return 2 * x
+
+    assert twice(21) == 42
