@@ -42,8 +42,9 @@ from ingest.binary_format import (
     DEFAULT_COMPRESSION_LEVEL,
     HEADER,
     encode_binary_parts,
-    encode_checked,
+    encode_bodies,
     encode_labels,
+    finish,
 )
 from ingest.byte_table import new_slots
 from ingest.topics import DEFAULT_TIMEOUT_S, check_topic
@@ -117,12 +118,14 @@ class _Table:
     cost: npt.NDArray[np.int64]
 
 
-_COLUMNS = ("shard", "n_labels", "cost", "code", "blobs")
+_COLUMNS = ("shard", "n_labels", "cost", "code", "blobs", "blob_start", "blob_len")
 
 
 class _Slots:
     """Cached series as columns: slot i is one series' shard, encoded labels, label count,
-    size in a series table and refusal code (`_Series`' fields), for NumPy gathers."""
+    size in a series table and refusal code (`_Series`' fields), for NumPy gathers. The
+    encoded labels also as bytes of one `arena` (slot i's at `blob_start[i]`, `blob_len[i]`
+    long), which the compiled message encoder reads."""
 
     def __init__(self, capacity: int = 1024) -> None:
         self.n = 0
@@ -131,6 +134,10 @@ class _Slots:
         self.cost = np.empty(capacity, np.int64)
         self.code = np.empty(capacity, np.int8)
         self.blobs = np.empty(capacity, object)  # bytes: taken for many slots at once
+        self.blob_start = np.empty(capacity, np.int64)
+        self.blob_len = np.empty(capacity, np.int64)
+        self.arena = np.empty(64 * capacity, np.uint8)
+        self.arena_used = 0
         self.whys: list[str] = []
 
     def add(self, info: _Series) -> int:
@@ -144,6 +151,15 @@ class _Slots:
                 setattr(self, name, grown)
         self.shard[i], self.n_labels[i], self.cost[i] = info.shard, info.n_labels, info.cost
         self.code[i], self.blobs[i] = info.code, info.blob
+        # (the arena grows by copying: a reader's older arena holds the slots it knows)
+        a, z = self.arena_used, self.arena_used + len(info.blob)
+        arena = self.arena
+        if z > len(arena):
+            arena = np.empty(max(2 * len(arena), z), np.uint8)
+            arena[:a] = self.arena[:a]
+        arena[a:z] = np.frombuffer(info.blob, np.uint8)
+        self.arena, self.arena_used = arena, z
+        self.blob_start[i], self.blob_len[i] = a, len(info.blob)
         self.whys.append(info.why)
         self.n = i + 1
         return i
@@ -661,7 +677,20 @@ class Gateway:
         wide = (np.maximum.reduceat(offsets, starts) > 0xFFFFFFFF).tolist()
         bases_list = bases.tolist()
         label_counts = cached.n_labels[used_slots]
-        used_blobs = cached.blobs[used_slots].tolist()
+        # every message's body at once, in compiled code (a shard split below discards its)
+        bodies = encode_bodies(
+            np.array(bounds, np.int64),
+            np.append(series_start, series_end[-1:]).astype(np.int64),
+            np.array(wide, bool),
+            values_sorted,
+            offsets,
+            (local_all - np.repeat(series_start, np.diff(bounds))).astype(np.int64),
+            label_counts,
+            used_slots.astype(np.int64),
+            cached.arena,
+            cached.blob_start,
+            cached.blob_len,
+        )
         table: _Table | None = None  # the batch's series table, for per-piece tables
 
         def batch_table() -> _Table:
@@ -688,15 +717,8 @@ class Gateway:
             if pieces > 1:
                 accepted += self._send_split(shard_id, batch, rows, batch_table(), pieces)
                 continue
-            message = encode_checked(
-                used_blobs[sa:sb],
-                label_counts[sa:sb],
-                local_all[a:b] - sa,
-                offsets[a:b],
-                wide[g],
-                bases_list[g],
-                values_sorted[a:b],
-                self.compression_level,
+            message = finish(
+                bodies[g], sb - sa, n_rows, wide[g], bases_list[g], self.compression_level
             )
             self._ratio = 0.8 * self._ratio + 0.2 * min(len(message) / raw_bound, 1.0)
             if len(message) > self.max_message_bytes:  # as `_send_piece` does

@@ -1,8 +1,9 @@
 """The compiled kernels (`ingest.jit`) of remote write 1.0's fast path decide exactly as the
 upb and NumPy formulations they replaced (kept here as references), on generated requests and
 adversarial bytes: truncated bodies, lengths as longer varints than needed, other fields, bytes
-flipped or cut anywhere, tails that almost look like a sample. (`ByteTable`'s kernels:
-tests/ingest/test_byte_table.py.)"""
+flipped or cut anywhere, tails that almost look like a sample. The gateway's message bodies,
+laid out by a kernel for all of a batch's messages at once, are `encode_checked`'s bytes.
+(`ByteTable`'s kernels: tests/ingest/test_byte_table.py.)"""
 
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ from numba.core.caching import CacheImpl
 
 from filopy.ingest_http import remote_write_v1
 from filopy.ingest_http.prompb.remote_pb2 import WriteRequest
+from ingest.binary_format import encode_bodies, encode_checked, finish
 from ingest.byte_table import PAD, padded
 from ingest.jit import kernel, warm
-from tests.ingest.test_gateway_hot_paths import steady_requests
+from tests.ingest.test_gateway_hot_paths import T0, steady_requests
 
 
 def _split_message() -> type:
@@ -170,3 +172,93 @@ def test_a_kernel_without_a_writable_cache_still_compiles(monkeypatch: pytest.Mo
         return 2 * x
 
     assert twice(21) == 42
+
+
+def _messages_both_ways(
+    groups: list[tuple[list[bytes], list[int], list[int], list[float]]], level: int
+) -> tuple[list[bytes], list[bytes]]:
+    """Each group (its series' blobs, each sample's series, timestamps, values) encoded by
+    `encode_checked` and by `encode_bodies` + `finish` (all groups at once, blobs in an arena
+    in another order)."""
+    expected, bounds, series_bounds, wide, bases = [], [0], [0], [], []
+    values, offsets, local, counts, slots = [], [], [], [], []
+    blobs: list[bytes] = []
+    for group_blobs, idx, stamps, vals in groups:
+        ts = np.array(stamps, np.int64)
+        base = int(ts.min())
+        off = ts.view(np.uint64) - np.uint64(base & 0xFFFFFFFFFFFFFFFF)
+        is_wide = int(off.max()) > 0xFFFFFFFF
+        n_labels = np.array([b.count(b"\xff") // 2 + 1 if b else 0 for b in group_blobs])
+        v = np.array(vals, np.float64)
+        expected.append(
+            encode_checked(group_blobs, n_labels, np.array(idx), off, is_wide, base, v, level)
+        )
+        bounds.append(bounds[-1] + len(idx))
+        series_bounds.append(series_bounds[-1] + len(group_blobs))
+        wide.append(is_wide)
+        bases.append(base)
+        values.append(v)
+        offsets.append(off)
+        local += idx
+        counts.append(n_labels)
+        slots += list(range(len(blobs), len(blobs) + len(group_blobs)))
+        blobs += group_blobs
+    order = np.random.default_rng(len(blobs)).permutation(len(blobs))  # slots: arena order
+    blob_start, blob_len, at = np.zeros(len(blobs), np.int64), np.zeros(len(blobs), np.int64), 0
+    for k in order.tolist():
+        blob_start[k], blob_len[k] = at, len(blobs[k])
+        at += len(blobs[k])
+    arena = np.frombuffer(b"".join(blobs[k] for k in order.tolist()) + b"\x00", np.uint8).copy()
+    bodies = encode_bodies(
+        np.array(bounds, np.int64), np.array(series_bounds, np.int64), np.array(wide, bool),
+        np.concatenate(values), np.concatenate(offsets), np.array(local, np.int64),
+        np.concatenate(counts).astype(np.int64), np.array(slots, np.int64), arena, blob_start,
+        blob_len,
+    )  # fmt: skip
+    got = [
+        finish(
+            body,
+            series_bounds[g + 1] - series_bounds[g],
+            bounds[g + 1] - bounds[g],
+            wide[g],
+            bases[g],
+            level,
+        )
+        for g, body in enumerate(bodies)
+    ]
+    return expected, got
+
+
+_blobs = st.lists(
+    st.sampled_from([b"", b"k\xffv", b"__name__\xffup\xffjob\xffnode", b"a\xff" + b"x" * 300]),
+    min_size=1,
+    max_size=300,
+)
+
+
+@st.composite
+def _groups(draw: st.DrawFn) -> tuple[list[bytes], list[int], list[int], list[float]]:
+    blobs = draw(_blobs)
+    n = draw(st.integers(1, 40))
+    idx = draw(st.lists(st.integers(0, len(blobs) - 1), min_size=n, max_size=n))
+    stamp = st.integers(-(2**63), 2**63 - 1) | st.integers(T0, T0 + 2**33)
+    stamps = draw(st.lists(stamp, min_size=n, max_size=n))
+    vals = draw(st.lists(st.floats(allow_nan=True) | st.just(-0.0), min_size=n, max_size=n))
+    return blobs, idx, stamps, vals
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_groups(), min_size=1, max_size=5), st.sampled_from([0, 1]))
+def test_compiled_bodies_are_encode_checked(groups: list, level: int) -> None:
+    """The gateway's messages laid out by the kernel (any blobs, empty ones too, 1- and 2-byte
+    series indexes, 4- and 8-byte timestamp offsets) are `encode_checked`'s bytes."""
+    expected, got = _messages_both_ways(groups, level)
+    assert got == expected
+
+
+def test_compiled_bodies_with_4_byte_series_indexes() -> None:
+    blobs = [f"k\xff{i}".encode() for i in range(70_000)]
+    idx = list(range(0, 70_000, 7))
+    group = (blobs, idx, [T0 + i for i in idx], [float(i) for i in idx])
+    expected, got = _messages_both_ways([group, group], 1)
+    assert got == expected
