@@ -6,15 +6,16 @@ histogram samples are counted as refused ("unsupported"): FiloPy stores float sa
 
 Speed: building a Python object per label (upb's message API) cost ~15 us per series, the
 whole budget of a fast gateway. Requests of the shape Prometheus and vmagent send (each series
-its labels, then float samples, canonically encoded) take a vectorized path instead: one upb
-parse splits the request into series, NumPy walks every series' fields at once, and each
-series' label bytes are found among those met before (`ByteTable`: every series at once, each
-hit checked byte for byte), with their label dict and key. The batch carries those keys
-(`IntKeyedBatch`) so the gateway's routing cache needs no tuple of labels either. Anything else
-(histograms, exemplars, odd field order or encodings, many samples per series) goes through the
-full upb parse, which has the last word. In the steady state (every series one sample, its
-labels known) even the walk over the label fields is skipped (`_decode_known`): the series' last
-bytes are the sample, the rest its label bytes; no Python runs per series.
+its labels, then float samples, canonically encoded) take a vectorized path instead: a compiled
+kernel (`ingest.jit`, without the GIL) splits the request into series, NumPy walks every
+series' fields at once, and each series' label bytes are found among those met before
+(`ByteTable`: every series at once, each hit checked byte for byte), with their label dict and
+key. The batch carries those keys (`IntKeyedBatch`) so the gateway's routing cache needs no
+tuple of labels either. Anything else (histograms, exemplars, odd field order or encodings,
+many samples per series) goes through the full upb parse, which has the last word. In the
+steady state (every series one sample, its labels known) even the walk over the label fields
+is skipped (`_decode_known`): a kernel reads each series' last bytes as the sample, the rest
+are its label bytes; no Python runs per series.
 """
 
 from __future__ import annotations
