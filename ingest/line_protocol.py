@@ -11,10 +11,11 @@ check, a `KeyedBatch` key for the gateway) is kept across messages, bounded by `
 a known series costs the line's split and a few dict lookups.
 
 Whole messages of one-field lines (`key name=float timestamp`, as scrapes are sent) skip the
-per-line loop: `_decode_columns` works on the message's bytes with NumPy alone (timestamps and
-plain decimal values read from the bytes, series key texts found in a NumPy hash table,
-`_SeriesTable`), `_decode_bulk` on its text with whole-message string operations. Each steps
-aside at the first doubt, and the loop decides; every message decodes as the loop decodes it.
+per-line loop: `_decode_columns` works on the message's bytes in compiled kernels without the
+GIL (`ingest.jit`: lines framed, timestamps and plain decimal values read from the bytes, series
+key texts found in a hash table, `_SeriesTable`) and NumPy, `_decode_bulk` on its text with
+whole-message string operations. Each steps aside at the first doubt, and the loop decides;
+every message decodes as the loop decodes it.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from typing import NamedTuple
 
 import numpy as np
 from line_protocol_parser import LineFormatError, parse_line
-from numpy.lib.stride_tricks import as_strided
 
 from filopy.dataset import METRIC_COLUMN, LabelLimits
 from ingest.bad_records import (
@@ -43,6 +43,7 @@ from ingest.bad_records import (
 from ingest.batch import Labels, SampleBatch
 from ingest.byte_table import ByteTable, TableView, padded
 from ingest.gateway import KeyedBatch, new_series_key
+from ingest.jit import kernel, warms
 
 _TS_UNITS_PER_MS: dict[str, tuple[int, int]] = {
     # precision -> (divide by, multiply by) to get milliseconds
@@ -323,102 +324,127 @@ def _decode_bulk(b: _InfluxBuilder, lines: list[str], lo: int, hi: int) -> bool:
 CACHE_BYTES = 64 << 20  # key bytes kept per metric column, limits and field (`_SeriesTable`)
 _SP, _NL, _EQ, _ZERO, _DOT, _MINUS = 0x20, 0x0A, 0x3D, 0x30, 0x2E, 0x2D
 _MAX_DIGITS = 19  # < 10**19 < 2**64: a timestamp of at most 19 digits is exact in uint64
-_RIGHT = np.arange(-_MAX_DIGITS, 0)  # the last 19 bytes of a line, relative to its end
 _FLOAT_BYTES = _FLOAT_CHARS.encode()
-# Values read by NumPy: at most 18 characters (so at most 18 digits: < 10**18 < 2**63, and at
-# most 17 after the point: 10**17 is an exact float64), their digits M <= 2**53 (an exact
+# Values read by the kernel: at most 18 characters (so at most 18 digits: < 10**18 < 2**63, and
+# at most 17 after the point: 10**17 is an exact float64), their digits M <= 2**53 (an exact
 # float64): M / 10**p is then the correctly rounded value of the text, as float() gives it
 # (Clinger's fast path: one IEEE division of exact operands). Other values go through float().
 _VALUE_WIDTH = 18
-_VALUE_POW10 = 10 ** np.arange(_VALUE_WIDTH - 1, -1, -1, dtype=np.int64)
 _POW10_FLOAT = 10.0 ** np.arange(_VALUE_WIDTH)
 _MANTISSA_MAX = 1 << 53
-_ONES = np.ones(_VALUE_WIDTH, np.int64)
-_COLUMN = np.arange(_VALUE_WIDTH)
-# _INSIDE[w][n]: which of w right-aligned columns hold a value of n bytes (n <= w)
-_INSIDE = [np.arange(w) >= w - np.arange(w + 1)[:, None] for w in range(_VALUE_WIDTH + 1)]
-_INT64_MAX_U = np.uint64(_INT64_MAX)
-_SPLIT = np.uint64(10**9)
-# `_integers`' weights: row j of 19 is the digit of 10**(18-j), in column 0 (10**9 and up, as a
-# multiple of 10**9) or 1
-_DIGIT_WEIGHTS = np.array(
-    [[10.0 ** (p - 9), 0.0] if p >= 9 else [0.0, 10.0**p] for p in range(_MAX_DIGITS - 1, -1, -1)]
-)
 
 
-def _rows(buf: np.ndarray, end: np.ndarray, width: int) -> np.ndarray:
-    """The `width` bytes before each `end` (>= width), a row each: rows of a strided window
-    over the buffer, which NumPy copies whole (faster than an index per byte)."""
-    window = as_strided(buf, shape=(len(buf) - width + 1, width), strides=(1, 1))
-    return window[end - width]
+@kernel
+def _frame(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each line's end, first and second space, if every line has exactly two spaces and no
+    other byte under 0x21 but the newlines (tabs are not here: the caller); else none."""
+    n = 1
+    for i in range(buf.shape[0]):
+        if buf[i] == _NL:
+            n += 1
+    line_end = np.empty(n, np.int64)
+    key_end = np.empty(n, np.int64)
+    field_end = np.empty(n, np.int64)
+    none = np.empty(0, np.int64)
+    k = spaces = 0
+    for i in range(buf.shape[0]):
+        c = buf[i]
+        if c > _SP:
+            continue
+        if c == _NL:
+            if spaces != 2:
+                return none, none, none
+            line_end[k] = i
+            k += 1
+            spaces = 0
+        elif c == _SP:
+            if spaces == 0:
+                key_end[k] = i
+            elif spaces == 1:
+                field_end[k] = i
+            else:
+                return none, none, none
+            spaces += 1
+        else:  # another control character
+            return none, none, none
+    if spaces != 2:
+        return none, none, none
+    line_end[k] = buf.shape[0]
+    return line_end, key_end, field_end
 
 
-def _integers(digits: np.ndarray) -> np.ndarray:
-    """Rows of at most 19 digits (uint8 0..9, right-aligned) as uint64 integers: one float64
-    matrix product (BLAS) into the last 9 digits and those before, each sum below 10**10, so
-    exact in float64 in any order of additions, then joined in uint64."""
-    parts = digits.astype(np.float64) @ _DIGIT_WEIGHTS[-digits.shape[1] :]
-    return parts[:, 0].astype(np.uint64) * _SPLIT + parts[:, 1].astype(np.uint64)
+@kernel
+def _stamps_of(buf: np.ndarray, line_end: np.ndarray, field_end: np.ndarray) -> np.ndarray:
+    """Each line's timestamp (the bytes after its second space): 1 to 19 ASCII digits, within
+    int64; none if any is anything else."""
+    n = line_end.shape[0]
+    t = np.empty(n, np.int64)
+    none = np.empty(0, np.int64)
+    for k in range(n):
+        a, z = field_end[k] + 1, line_end[k]
+        if z - a < 1 or z - a > _MAX_DIGITS:
+            return none
+        x = np.uint64(0)
+        for i in range(a, z):
+            d = np.int64(buf[i]) - _ZERO
+            if d < 0 or d > 9:
+                return none
+            x = x * np.uint64(10) + np.uint64(d)
+        if x > np.uint64(_INT64_MAX):
+            return none  # (the line loop hands these to the parser, which refuses them)
+        t[k] = np.int64(x)
+    return t
 
 
 def _stamps(buf: np.ndarray, line_end: np.ndarray, field_end: np.ndarray) -> np.ndarray | None:
     """Each line's timestamp (the bytes after its second space): 1 to 19 ASCII digits read
     right-aligned from the line's last bytes, within int64; None for anything else."""
-    digits = line_end - field_end - 1
-    shortest, longest = int(digits.min()), int(digits.max())
-    if shortest < 1 or longest > _MAX_DIGITS:
-        return None
-    if shortest == longest:  # the usual message: every timestamp as long
-        block = _rows(buf, line_end, longest) - np.uint8(_ZERO)
-        if (block > 9).any():  # (uint8: bytes under "0" wrap above 9)
-            return None
-    else:
-        right = _RIGHT[-longest:]
-        block = buf.take(line_end[:, None] + right, mode="clip") - np.uint8(_ZERO)
-        in_stamp = -digits[:, None] <= right
-        if (block[in_stamp] > 9).any():
-            return None
-        block[~in_stamp] = 0
-    t = _integers(block)
-    if longest == _MAX_DIGITS and (t > _INT64_MAX_U).any():
-        return None  # (the line loop hands these to the parser, which refuses them)
-    return t.astype(np.int64)
+    t = _stamps_of(buf, line_end, field_end)
+    return t if len(t) else None
+
+
+@kernel
+def _plain_values(
+    buf: np.ndarray, start: np.ndarray, end: np.ndarray, pow10: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each value text `buf[start:end]` as a float64 and whether it is a plain decimal read
+    exactly (digits, at most one point, a leading minus, at most `_VALUE_WIDTH` bytes, its
+    digits at most 2**53); the others' values are left for float()."""
+    n = start.shape[0]
+    vals = np.zeros(n, np.float64)
+    plain = np.zeros(n, np.bool_)
+    for k in range(n):
+        a, z = start[k], end[k]
+        if z - a > _VALUE_WIDTH:
+            continue
+        negative = buf[a] == _MINUS
+        mantissa = np.int64(0)
+        digits = dots = fraction = 0
+        for i in range(a + 1 if negative else a, z):
+            c = buf[i]
+            if c == _DOT:
+                dots += 1
+                fraction = z - 1 - i
+            elif _ZERO <= c <= _ZERO + 9:
+                digits += 1
+                mantissa = mantissa * 10 + (np.int64(c) - _ZERO)
+            else:
+                dots = 2  # not plain
+                break
+        if digits < 1 or dots > 1 or mantissa > _MANTISSA_MAX:
+            continue
+        v = np.float64(mantissa) / pow10[fraction]
+        vals[k] = -v if negative else v
+        plain[k] = True
+    return vals, plain
 
 
 def _values(raw: bytes, buf: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray | None:
     """The field values `raw[start:end]` (non-empty) as the line loop reads them, or None if
     it would not take them all (`_floats_as_the_loop_reads`). Plain decimals (`-12.5`: digits,
-    at most one point, a leading minus) are read by NumPy, exactly (see `_VALUE_WIDTH`); the
-    others (exponents, long mantissas) by float(), one at a time. Row sums are matrix products:
-    NumPy reduces short rows slowly."""
-    length = end - start
-    width = min(int(length.max()), _VALUE_WIDTH)
-    if int(end.min()) >= width:
-        block = _rows(buf, end, width)  # right-aligned
-    else:
-        block = buf.take(end[:, None] + np.arange(-width, 0), mode="clip")
-    inside = _INSIDE[width][np.minimum(length, width)]
-    digit = block - np.uint8(_ZERO)
-    is_digit = ((digit <= 9) & inside).view(np.uint8)
-    is_dot = ((block == _DOT) & inside).view(np.uint8)
-    n_digits = is_digit @ _ONES[:width]
-    n_dots = is_dot @ _ONES[:width]
-    negative = buf.take(start) == _MINUS
-    has_dot = n_dots == 1
-    fraction = np.where(has_dot, width - 1 - is_dot @ _COLUMN[:width], 0)  # after the point
-    # the digits as one integer, the point's place empty: left * 10**(fraction+1) + right
-    whole = _integers(digit * is_digit).astype(np.int64)
-    scale = _VALUE_POW10[-1 - fraction]  # 10**fraction
-    mantissa = np.where(has_dot, whole // (scale * 10) * scale + whole % scale, whole)
-    plain = (
-        (length <= width)
-        & (n_digits >= 1)
-        & (n_digits + n_dots + negative == length)  # nothing else: a minus only in front
-        & (n_dots <= 1)
-        & (mantissa <= _MANTISSA_MAX)
-    )
-    vals = mantissa.astype(np.float64) / _POW10_FLOAT[fraction]
-    np.negative(vals, out=vals, where=negative)
+    at most one point, a leading minus) are read by a compiled kernel, exactly (see
+    `_VALUE_WIDTH`); the others (exponents, long mantissas) by float(), one at a time."""
+    vals, plain = _plain_values(buf, start, end, _POW10_FLOAT)
     if plain.all():
         return vals
     others = np.flatnonzero(~plain).tolist()
@@ -436,8 +462,8 @@ def _values(raw: bytes, buf: np.ndarray, start: np.ndarray, end: np.ndarray) -> 
 def _decode_columns(b: _InfluxBuilder, raw: bytes, lo: int, hi: int) -> bool:
     """The common message with no Python per line: lines of `key name=value timestamp` with the
     same field name, no escapes, quotes or tabs (the caller checked), timestamps of 1 to 19
-    digits. NumPy finds the spaces and newlines, reads the timestamps and the plain decimal
-    values (others go through float(), as in the line loop) and finds each line's series key
+    digits. Kernels find the spaces and newlines, read the timestamps and the plain decimal
+    values (others go through float(), as in the line loop) and find each line's series key
     text in a table of known ones (`_SeriesTable.find`). False, with `b` untouched, for any
     other message or anything in doubt: `_decode_bulk` and then the line loop decide, and every
     message decodes as the line loop decodes it (hypothesis tests)."""
@@ -446,20 +472,11 @@ def _decode_columns(b: _InfluxBuilder, raw: bytes, lo: int, hi: int) -> bool:
     if not raw:
         return False
     buf = np.frombuffer(raw, np.uint8)
-    cuts = np.flatnonzero(buf <= _SP)  # spaces and newlines (tabs are not here: the caller)
-    is_nl = buf[cuts] == _NL
-    nl = cuts[is_nl]
-    sp = cuts[~is_nl]
-    n = len(nl) + 1
-    if (buf[sp] != _SP).any():  # another control character
+    line_end, key_end, field_end = _frame(buf)  # each line exactly two spaces
+    if not len(line_end):
         return False
-    if len(sp) != 2 * n:
-        return False
-    line_end = np.append(nl, len(raw))
-    key_end, field_end = sp[0::2], sp[1::2]
-    # each line exactly two spaces: the k-th pair lies between the k-th line's start and end
-    if (field_end > line_end).any() or (key_end[1:] < nl).any():
-        return False
+    n = len(line_end)
+    nl = line_end[:-1]
     t = _stamps(buf, line_end, field_end)
     if t is None or int(t.min()) < lo or int(t.max()) > hi:
         return False
@@ -844,3 +861,13 @@ def _decoded(
     batch = SampleBatch(b.series, idx, ts, vals, b.bad)
     decoded = drop_bad(batch, codes, None, metric_column, limits)
     return Decoded(decoded.batch, b.first_bad or decoded.first_bad)
+
+
+@warms
+def _warm() -> None:
+    """The column path's kernels (`_frame`, `_stamps_of`, `_plain_values`)."""
+    raw = b"m,host=a value=1.5 1700000000000\nm,host=b value=-2 1700000000000"
+    buf = np.frombuffer(raw, np.uint8)
+    line_end, _, field_end = _frame(buf)
+    _stamps(buf, line_end, field_end)
+    _values(raw, buf, np.array([15, 48], np.int64), np.array([18, 50], np.int64))

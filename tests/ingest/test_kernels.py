@@ -17,6 +17,7 @@ from numba.core.caching import CacheImpl
 
 from filopy.ingest_http import remote_write_v1
 from filopy.ingest_http.prompb.remote_pb2 import WriteRequest
+from ingest import line_protocol
 from ingest.binary_format import encode_bodies, encode_checked, finish
 from ingest.byte_table import PAD, padded
 from ingest.jit import kernel, warm
@@ -262,3 +263,96 @@ def test_compiled_bodies_with_4_byte_series_indexes() -> None:
     group = (blobs, idx, [T0 + i for i in idx], [float(i) for i in idx])
     expected, got = _messages_both_ways([group, group], 1)
     assert got == expected
+
+
+# ----- line protocol's column path -------------------------------------------------------------
+
+
+def _reference_frame(raw: bytes) -> tuple[list[int], list[int], list[int]] | None:
+    """The NumPy formulation: the bytes under 0x21, split into newlines and spaces."""
+    buf = np.frombuffer(raw, np.uint8)
+    cuts = np.flatnonzero(buf <= 0x20)
+    is_nl = buf[cuts] == 0x0A
+    nl, sp = cuts[is_nl], cuts[~is_nl]
+    n = len(nl) + 1
+    if (buf[sp] != 0x20).any() or len(sp) != 2 * n:
+        return None
+    line_end = np.append(nl, len(raw))
+    key_end, field_end = sp[0::2], sp[1::2]
+    if (field_end > line_end).any() or (key_end[1:] < nl).any():
+        return None
+    return line_end.tolist(), key_end.tolist(), field_end.tolist()
+
+
+def _reference_stamp(text: bytes) -> int | None:
+    if not 1 <= len(text) <= 19 or any(not 0x30 <= c <= 0x39 for c in text):
+        return None
+    t = int(text)
+    return t if t < 2**63 else None
+
+
+def _reference_plain(text: bytes) -> float | None:
+    """A plain decimal of at most 18 bytes and 2**53 as its digits, as float() reads it."""
+    body = text[1:] if text[:1] == b"-" else text
+    digits = body.replace(b".", b"", 1)
+    if len(text) > 18 or not digits or not digits.isdigit() or not digits.isascii():
+        return None
+    if int(digits) > 2**53:
+        return None
+    return float(text)
+
+
+_lp_bytes = st.lists(
+    st.sampled_from(
+        [
+            b"m,h=a",
+            b" ",
+            b"\n",
+            b"v=",
+            b"1.5",
+            b"-",
+            b".",
+            b"0",
+            b"/",
+            b":",
+            b"\t",
+            b"\x1f",
+            b"9" * 19,
+            b"18446744073709551615",
+            b"e",
+            b"9223372036854775808",
+            b"123456789012345678",
+            b"9007199254740993",
+            b"-0",
+        ]
+    ),
+    max_size=30,
+).map(b"".join)
+
+
+@settings(max_examples=500, deadline=None)
+@given(_lp_bytes)
+def test_line_protocol_kernels_decide_as_the_references(raw: bytes) -> None:
+    """Framing, timestamps and plain values: the kernels take exactly what the NumPy
+    formulation took (bytes under "0" or over "9", 19-digit stamps over int64, long values,
+    several points or minus signs), and read the same numbers (float() for the values)."""
+    if not raw:
+        return
+    buf = np.frombuffer(raw, np.uint8)
+    line_end, key_end, field_end = line_protocol._frame(buf)
+    framed = (line_end.tolist(), key_end.tolist(), field_end.tolist()) if len(line_end) else None
+    assert framed == _reference_frame(raw)
+    # stamps and values of any ranges, framed or not
+    ends = np.array([len(raw)], np.int64)
+    for a in range(len(raw)):
+        t = line_protocol._stamps(buf, ends, np.array([a - 1], np.int64))
+        want = _reference_stamp(raw[a:])
+        assert (None if t is None else int(t[0])) == want
+        vals, plain = line_protocol._plain_values(
+            buf, np.array([a], np.int64), ends, line_protocol._POW10_FLOAT
+        )
+        want_v = _reference_plain(raw[a:])
+        if want_v is None:
+            assert not plain[0]
+        else:
+            assert plain[0] and vals.view(np.int64)[0] == np.float64(want_v).view(np.int64)
