@@ -272,9 +272,11 @@ def encode_bodies(
     `bounds[g]:bounds[g + 1]`, series `series_bounds[g]:series_bounds[g + 1]`, their blobs
     in `arena`), laid out by one compiled kernel without the GIL; `finish` makes each a
     message."""
+    i64, c = np.int64, np.ascontiguousarray  # (the types the kernel is compiled for)
     out, starts = _bodies(
-        bounds, series_bounds, wide, values.view(np.uint64), offsets, local_idx,
-        label_counts, series_slots, arena, blob_start, blob_len,
+        c(bounds, i64), c(series_bounds, i64), c(wide, np.bool_),
+        c(values, np.float64).view(np.uint64), c(offsets, np.uint64), c(local_idx, i64),
+        c(label_counts, i64), c(series_slots, i64), arena, c(blob_start, i64), c(blob_len, i64),
     )  # fmt: skip
     view = memoryview(out)
     at = starts.tolist()
