@@ -461,7 +461,7 @@ class NodeClusterActor:
                 max_restarts=0,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False),
             )
-            .remote(node, self._settings, labels=self._labels.get(node))
+            .remote(node, self._settings, labels=self._labels.get(node), own_process=True)
         )
 
     async def _sync_membership(self) -> None:

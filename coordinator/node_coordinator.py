@@ -43,6 +43,7 @@ from coordinator.names import CLUSTER_ACTOR_NAME
 from coordinator.query_channel import QueryEndpoint, QueryServer
 from filopy.config import Settings
 from filopy.dataset import Dataset, DatasetRef
+from filopy.heap import keep_long_lived_frozen
 from filopy.shard_status import (
     Assigned,
     Handoff,
@@ -258,8 +259,14 @@ class NodeCoordinator:
         ingester_factory: IngesterFactory | None = None,
         reporter: EventReporter | None = None,
         labels: Mapping[str, str] | None = None,
+        *,
+        own_process: bool = False,
     ) -> None:
-        """`labels`: the Ray node's labels, as the singleton read them from Ray."""
+        """`labels`: the Ray node's labels, as the singleton read them from Ray. `own_process`:
+        this coordinator is its process's server (a Ray actor), which then keeps its long-lived
+        objects out of the garbage collector's way (`filopy.heap`)."""
+        if own_process:
+            keep_long_lived_frozen()
         self._info = NodeInfo(
             node_id,
             time.time(),

@@ -122,6 +122,7 @@ def _supervise(nodes: int, port: int) -> None:
 
     from coordinator.client import FiloPyClient
     from coordinator.cluster_actor import start_cluster_actor
+    from filopy.heap import keep_long_lived_frozen
     from filopy.rest import create_app
 
     def stop(signum: int, _frame: object) -> None:
@@ -153,6 +154,7 @@ def _supervise(nodes: int, port: int) -> None:
                 create_app(client, settings), host="127.0.0.1", port=port, log_level="warning"
             )
         )
+        keep_long_lived_frozen()
         state = LocalCluster(
             pid=os.getpid(),
             ray_address=cluster.address,

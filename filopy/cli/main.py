@@ -125,6 +125,7 @@ def serve(
     from coordinator.cluster_actor import start_cluster_actor
     from filopy import ray_env
     from filopy.config import load_settings
+    from filopy.heap import keep_long_lived_frozen
     from filopy.rest import create_app
 
     settings = load_settings()
@@ -136,7 +137,9 @@ def serve(
     ray.get(actor.ready.remote(), timeout=120)
     client = FiloPyClient(actor, settings)
     console.print(f"FiloPy singleton ready; REST API on http://{host}:{port} (OpenAPI at /docs)")
-    uvicorn.run(create_app(client, settings), host=host, port=port, log_level="warning")
+    app_ = create_app(client, settings)
+    keep_long_lived_frozen()
+    uvicorn.run(app_, host=host, port=port, log_level="warning")
 
 
 @app.command()
@@ -159,6 +162,7 @@ def gateway(
     import uvicorn
 
     from filopy.config import load_settings
+    from filopy.heap import keep_long_lived_frozen
     from filopy.ingest_http import create_gateway_app
 
     settings = load_settings()
@@ -169,7 +173,9 @@ def gateway(
             update={"gateway": settings.gateway.model_copy(update=overrides)}
         )
     console.print(f"FiloPy ingestion gateway on http://{host}:{port}")
-    uvicorn.run(create_gateway_app(settings), host=host, port=port, log_level="warning")
+    app_ = create_gateway_app(settings)
+    keep_long_lived_frozen()
+    uvicorn.run(app_, host=host, port=port, log_level="warning")
 
 
 @app.command()

@@ -1,0 +1,90 @@
+"""The long-lived heap policy (filopy/heap.py): when it freezes and sweeps, with a fake
+collector and clock; and with Python's own collector, that frozen garbage waits for the sweep
+and nothing else is lost."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from collections.abc import Iterator
+
+import pytest
+
+from filopy.heap import LongLivedHeap
+
+
+class FakeCollector:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def collect(self) -> int:
+        self.calls.append("collect")
+        return 3
+
+    def freeze(self) -> None:
+        self.calls.append("freeze")
+
+    def unfreeze(self) -> None:
+        self.calls.append("unfreeze")
+
+    def get_freeze_count(self) -> int:
+        return 42
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_freezes_at_start_then_every_interval_and_sweeps_at_its_own() -> None:
+    gc_, clock = FakeCollector(), Clock()
+    heap = LongLivedHeap(freeze_every_s=60, sweep_every_s=600, collector=gc_, clock=clock)
+    assert heap.tick() == "freeze" and gc_.calls == ["collect", "freeze"]
+    assert heap.frozen == 42
+    clock.now += 59
+    assert heap.tick() is None
+    clock.now += 1
+    assert heap.tick() == "freeze"
+    gc_.calls.clear()
+    clock.now = 1000.0 + 600
+    assert heap.tick() == "sweep" and gc_.calls == ["unfreeze", "collect", "freeze"]
+    assert heap.swept == 3
+    clock.now += 30  # the sweep froze too: the next freeze is an interval later
+    assert heap.tick() is None
+    clock.now += 30
+    assert heap.tick() == "freeze"
+
+
+class Node:
+    """An object in a reference cycle: only the cyclic collector frees it."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+
+@pytest.fixture
+def real_gc() -> Iterator[None]:
+    yield
+    gc.unfreeze()  # leave the test process as it was
+
+
+def test_frozen_cycles_are_freed_by_the_sweep_and_young_ones_as_usual(real_gc: None) -> None:
+    clock = Clock()
+    heap = LongLivedHeap(freeze_every_s=60, sweep_every_s=600, clock=clock)
+    old = Node()
+    old_ref = weakref.ref(old)
+    assert heap.tick() == "freeze" and heap.frozen > 0
+    del old  # garbage now, but frozen: collections pass it by
+    gc.collect()
+    assert old_ref() is not None
+    young = Node()  # made after the freeze: collected as usual
+    young_ref = weakref.ref(young)
+    del young
+    gc.collect()
+    assert young_ref() is None
+    clock.now += 600
+    assert heap.tick() == "sweep"
+    assert old_ref() is None and heap.swept >= 1
