@@ -265,8 +265,7 @@ class NodeCoordinator:
         """`labels`: the Ray node's labels, as the singleton read them from Ray. `own_process`:
         this coordinator is its process's server (a Ray actor), which then keeps its long-lived
         objects out of the garbage collector's way (`filopy.heap`)."""
-        if own_process:
-            keep_long_lived_frozen()
+        self._heap = keep_long_lived_frozen() if own_process else None
         self._info = NodeInfo(
             node_id,
             time.time(),
@@ -353,8 +352,14 @@ class NodeCoordinator:
             await asyncio.gather(*(ing.stop() for _, ing in stopping))
             for ref, shard in (key for key, _ in stopping):
                 self._report(IngestionStopped(ref, shard, self.node_id))
+            self._released(len(stopping))
             await asyncio.to_thread(self._sender.flush, 10.0)
             return len(stopping)
+
+    def _released(self, stopped: int) -> None:
+        """Ingesters were let go: have their memory back soon, not at the hourly sweep."""
+        if stopped and self._heap is not None:
+            self._heap.sweep_soon()
 
     # ----- for queries and operators ---------------------------------------------------------
 
@@ -546,6 +551,7 @@ class NodeCoordinator:
                     continue
                 await ingester.stop()
                 self._report(IngestionStopped(ref, shard, self.node_id))
+            self._released(len(running - wanted))
             await self._drain_shards(ref, draining)
             # A handoff cancelled after the drain: the shard is this node's again, start afresh.
             for shard in sorted(s for r, s in self._drained if r == ref and s not in draining):

@@ -11,7 +11,8 @@ The policy: objects that have survived a collection and lived `freeze_every_s` a
 (`gc.freeze`): automatic collections scan only the younger ones, and take under a millisecond.
 A cycle among frozen objects that later becomes garbage is not collected until the next sweep:
 every `sweep_every_s` everything is unfrozen and collected once (one full collection, at a
-known rate), then frozen again. Reference counting frees everything else as before.
+known rate), then frozen again, and at once when a caller lets go of much (`sweep_soon`: a
+node whose shard stopped). Reference counting frees everything else as before.
 """
 
 from __future__ import annotations
@@ -63,6 +64,12 @@ class LongLivedHeap:
             self._freeze(now)
             return "freeze"
         return None
+
+    def sweep_soon(self, delay_s: float = 5.0) -> None:
+        """Sweep within `delay_s` (time for the caller's last references to go): the caller just
+        let go of much that lived long (a stopped shard's ingester and memstore), which a
+        reference cycle would otherwise keep until the hourly sweep."""
+        self._next_sweep = min(self._next_sweep, self.clock() + delay_s)
 
     def _freeze(self, now: float) -> None:
         self.collector.freeze()

@@ -58,6 +58,24 @@ def test_freezes_at_start_then_every_interval_and_sweeps_at_its_own() -> None:
     assert heap.tick() == "freeze"
 
 
+def test_a_sweep_asked_for_comes_after_its_delay_and_the_hourly_one_stays() -> None:
+    gc_, clock = FakeCollector(), Clock()
+    heap = LongLivedHeap(freeze_every_s=60, sweep_every_s=3600, collector=gc_, clock=clock)
+    heap.tick()
+    clock.now += 10
+    heap.sweep_soon(delay_s=5)
+    clock.now += 4
+    assert heap.tick() is None
+    clock.now += 1
+    assert heap.tick() == "sweep"
+    clock.now += 60
+    assert heap.tick() == "freeze"  # back to freezing; the next sweep an hour from this one
+    clock.now += 3600 - 60 - 1
+    assert heap.tick() == "freeze"
+    clock.now += 1
+    assert heap.tick() == "sweep"
+
+
 class Node:
     """An object in a reference cycle: only the cyclic collector frees it."""
 

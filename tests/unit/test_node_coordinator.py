@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -39,6 +40,8 @@ def test_converges_ignores_stale_and_rereports_lost_events(tmp_path: Path) -> No
     )
     events: list[ShardEvent] = []
     node = NodeCoordinator("n1", settings, reporter=events.append)
+    sweeps: list[str] = []  # the process's heap policy, asked to sweep when shards stop
+    node._heap = SimpleNamespace(sweep_soon=lambda: sweeps.append("sweep"))  # type: ignore[assignment]
     mapper = ShardMapper(4)
     for shard in (0, 1):
         mapper.update_from_event(ShardAssignmentStarted(DS.ref, shard, "n1"))
@@ -70,11 +73,13 @@ def test_converges_ignores_stale_and_rereports_lost_events(tmp_path: Path) -> No
         assert not await node.apply_map(v1)  # stale
         assert events == []
 
-        # Shard 1 moves away: it is stopped and reported stopped.
+        # Shard 1 moves away: it is stopped and reported stopped, and its memory swept soon.
+        assert sweeps == []
         mapper.unassign_shard(1)
         assert await node.apply_map(_map(mapper))
         assert await node.running_shards() == {"m": [0]}
         assert events == [IngestionStopped(DS.ref, 1, "n1")]
+        assert sweeps == ["sweep"]
 
     asyncio.run(scenario())
 
