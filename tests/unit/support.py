@@ -1,4 +1,4 @@
-"""Independent re-implementations used as test oracles, plus small factories."""
+"""Independent re-implementations used as test oracles, plus small factories and fakes."""
 
 from __future__ import annotations
 
@@ -62,3 +62,13 @@ def dataset(
 
 def ref(name: str = "prom") -> DatasetRef:
     return DatasetRef(name=name)
+
+
+class Clock:
+    """A monotonic clock the test moves by hand (`clock.now += 5`)."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now

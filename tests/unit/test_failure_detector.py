@@ -5,14 +5,7 @@ from __future__ import annotations
 import pytest
 
 from coordinator.failure_detector import PingFailureDetector
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.unit.support import Clock
 
 
 def test_silent_node_fails_after_timeout_and_answering_node_does_not() -> None:

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from filopy.heap import LongLivedHeap
+from tests.unit.support import Clock
 
 
 class FakeCollector:
@@ -29,14 +30,6 @@ class FakeCollector:
 
     def get_freeze_count(self) -> int:
         return 42
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_freezes_at_start_then_every_interval_and_sweeps_at_its_own() -> None:

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from coordinator.inbox import OrderedInbox, Sequencer
+from tests.unit.support import Clock
 
 
 def test_out_of_order_batches_are_released_in_order() -> None:
@@ -165,19 +166,11 @@ def test_receivers_converge_on_the_senders_state_whatever_is_lost(
 # ----- grace: a resync waits for batches that are only late ---------------------------------
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_a_resync_overtaking_late_batches_waits_for_them_and_every_event_arrives() -> None:
     """A brand-new subscriber: its snapshot (1) and events (2, 3) are late, the periodic resync
     (4) arrives first. Within the grace, the late batches fill the gap: the subscriber sees
     everything in order and the resync, now redundant, is dropped."""
-    seq, clock = Sequencer(incarnation=1.0), Clock()
+    seq, clock = Sequencer(incarnation=1.0), Clock(100.0)
     snapshot, down, up = (seq.stamp("s", (m,)) for m in ("snapshot", "down", "up"))
     resync = seq.stamp("s", ("resync",), resync=True)
     inbox = OrderedInbox(grace_s=2.0, clock=clock)
@@ -193,7 +186,7 @@ def test_a_resync_overtaking_late_batches_waits_for_them_and_every_event_arrives
 
 
 def test_past_the_grace_the_resync_replaces_what_never_came() -> None:
-    seq, clock = Sequencer(incarnation=1.0), Clock()
+    seq, clock = Sequencer(incarnation=1.0), Clock(100.0)
     first = seq.stamp("s", ("e1",))
     seq.stamp("s", ("lost",))
     resync = seq.stamp("s", ("snapshot",), resync=True)
@@ -208,7 +201,7 @@ def test_past_the_grace_the_resync_replaces_what_never_came() -> None:
 
 
 def test_a_later_resync_within_the_grace_replaces_the_held_one_without_postponing_it() -> None:
-    seq, clock = Sequencer(incarnation=1.0), Clock()
+    seq, clock = Sequencer(incarnation=1.0), Clock(100.0)
     seq.stamp("s", ("lost",))
     r1 = seq.stamp("s", ("state1",), resync=True)
     r2 = seq.stamp("s", ("state2",), resync=True)

@@ -8,14 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from coordinator.membership import TRANSITIONS, IllegalTransition, Membership, NodeState
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.unit.support import Clock
 
 
 def member(m: Membership, node: str) -> None:

@@ -45,6 +45,7 @@ from filopy.hashing import (
     shards_for_query,
     strip_metric_suffix,
 )
+from tests.unit.support import Clock
 
 from .support import dataset, ref
 
@@ -187,20 +188,12 @@ DATASETS = [
 ]
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class ManagerMachine(RuleBasedStateMachine):
     """Random joins, leaves, errors, node events, start/stop and recoveries."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.clock = Clock()
+        self.clock = Clock(0.0)
         self.mgr = ShardManager(clock=self.clock, reassignment_min_interval=100)
         self.joined = 0
         self.node_versions: dict[tuple[str, str], int] = {}
