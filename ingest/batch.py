@@ -51,5 +51,13 @@ class KeyedBatch(SampleBatch):
     keys: list[Hashable] = field(default_factory=list)
 
 
+@dataclass(slots=True)
+class IntKeyedBatch(KeyedBatch):
+    """A `KeyedBatch` whose keys are `new_series_key` ints, also as an int64 array: the gateway
+    finds their series all at once in NumPy, not with a dict lookup per series."""
+
+    key_array: npt.NDArray[np.int64] = field(default_factory=lambda: np.empty(0, np.int64))
+
+
 new_series_key: Callable[[], int] = itertools.count(1).__next__  # atomic under the GIL
 """A `KeyedBatch` key never given before in this process, so decoders' keys never collide."""

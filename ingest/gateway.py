@@ -35,7 +35,8 @@ from filopy.dataset import Dataset
 from filopy.errors import Invalid, Unavailable
 from filopy.hashing import shard_for_series
 from ingest.bad_records import DEFAULT_TS_RANGE, SERIES_REASONS, BadRecord, series_problem
-from ingest.batch import KeyedBatch as KeyedBatch  # also imported from here by the decoders
+from ingest.batch import IntKeyedBatch as IntKeyedBatch  # also imported from here by decoders
+from ingest.batch import KeyedBatch as KeyedBatch
 from ingest.batch import Labels, SampleBatch
 from ingest.batch import new_series_key as new_series_key
 from ingest.binary_format import (
@@ -59,14 +60,6 @@ _SAMPLE_BYTES_BOUND = 8 + 8 + 4  # value + timestamp + series index, widest enco
 _SERIES_OVERHEAD = 2 + 1  # label count + separator
 _SEND_CHUNK = 100_000  # rows per columnar batch when `send` consumes an iterable
 _log = logging.getLogger("filopy.kafka")
-
-
-@dataclass(slots=True)
-class IntKeyedBatch(KeyedBatch):
-    """A `KeyedBatch` whose keys are `new_series_key` ints, also as an int64 array: the gateway
-    finds their series all at once in NumPy, not with a dict lookup per series."""
-
-    key_array: npt.NDArray[np.int64] = field(default_factory=lambda: np.empty(0, np.int64))
 
 
 class GatewayError(Unavailable):

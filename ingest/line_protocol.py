@@ -42,7 +42,7 @@ from ingest.bad_records import (
 )
 from ingest.batch import Labels, SampleBatch
 from ingest.byte_table import ByteTable, TableView, padded
-from ingest.gateway import KeyedBatch, new_series_key
+from ingest.gateway import IntKeyedBatch, KeyedBatch, new_series_key
 from ingest.jit import kernel, warms
 
 _TS_UNITS_PER_MS: dict[str, tuple[int, int]] = {
@@ -123,6 +123,7 @@ class _InfluxBuilder:
         "codes",
         "first_bad",
         "idx",
+        "key_array",
         "keys",
         "limits",
         "metric_column",
@@ -144,6 +145,7 @@ class _InfluxBuilder:
         self.series: list[Labels] = []
         self.codes: list[int] = []  # per series, aligned with `series`
         self.keys: list[Hashable | None] = []  # per series: its key, None if not cached
+        self.key_array: np.ndarray | None = None  # `keys` as int64, where the column path set it
         self.idx: list[int] = []
         self.ts: list[int] = []
         self.vals: list[float] = []
@@ -518,7 +520,8 @@ def _decode_columns(b: _InfluxBuilder, raw: bytes, lo: int, hi: int) -> bool:
             rank[order] = np.arange(len(first), dtype=np.int32)
             rows = first[order]
             b.idx = rank[inverse.ravel()]  # type: ignore[assignment]
-        b.series, b.codes, b.keys = found.series(rows)  # type: ignore[assignment]
+        b.series, b.codes, b.key_array = found.series(rows)  # type: ignore[assignment]
+        b.keys = b.key_array.tolist()
     else:  # series in order of first appearance, each with its first line's template
         templates = found.templates()
         canon = list(map(_canonical_of, templates))
@@ -558,12 +561,12 @@ class _Found(NamedTuple):
     def templates(self) -> list[_Template]:
         return self._per_line(_TEMPLATE, slice(None)).tolist()
 
-    def series(self, rows: np.ndarray) -> tuple[list[Labels], np.ndarray, list[int]]:
-        """Labels, contract codes and keys of the lines `rows`."""
+    def series(self, rows: np.ndarray) -> tuple[list[Labels], np.ndarray, np.ndarray]:
+        """Labels, contract codes and keys (int64) of the lines `rows`."""
         return (
             self._per_line(_LABELS, rows).tolist(),
             self._per_line(_CODE, rows),
-            self._per_line(_KEY, rows).tolist(),
+            self._per_line(_KEY, rows),
         )
 
     def _per_line(self, k: int, rows: np.ndarray | slice) -> np.ndarray:
@@ -857,6 +860,9 @@ def _decoded(
         if None in b.keys:
             return Decoded(SampleBatch(b.series, idx, ts, vals, b.bad), b.first_bad)
         keys: list[Hashable] = b.keys  # type: ignore[assignment]
+        if b.key_array is not None:  # the column path: the gateway finds them in NumPy
+            batch = IntKeyedBatch(b.series, idx, ts, vals, b.bad, keys=keys, key_array=b.key_array)
+            return Decoded(batch, b.first_bad)
         return Decoded(KeyedBatch(b.series, idx, ts, vals, b.bad, keys=keys), b.first_bad)
     batch = SampleBatch(b.series, idx, ts, vals, b.bad)
     decoded = drop_bad(batch, codes, None, metric_column, limits)

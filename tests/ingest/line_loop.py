@@ -6,7 +6,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import numpy as np
+
 from ingest import line_protocol
+from ingest.batch import IntKeyedBatch, KeyedBatch, SampleBatch
 
 
 @contextmanager
@@ -19,3 +22,12 @@ def line_loop_only() -> Iterator[None]:
         yield
     finally:
         line_protocol._decode_columns, line_protocol._decode_bulk = columns, bulk
+
+
+def keyed_alike(x: SampleBatch, y: SampleBatch) -> None:
+    """Both batches keyed (the gateway finds their series by key) or neither; a column path
+    batch's int64 keys (`IntKeyedBatch`) equal to its key list."""
+    assert isinstance(x, KeyedBatch) == isinstance(y, KeyedBatch)
+    for b in (x, y):
+        if isinstance(b, IntKeyedBatch):
+            assert b.key_array.dtype == np.int64 and b.key_array.tolist() == b.keys

@@ -37,7 +37,7 @@ from ingest.binary_format import decode_binary, encode_binary_parts, encode_labe
 from ingest.byte_table import padded
 from ingest.gateway import Gateway, IntKeyedBatch, KeyedBatch, new_series_key
 from ingest.line_protocol import decode_influx
-from tests.ingest.line_loop import line_loop_only
+from tests.ingest.line_loop import keyed_alike, line_loop_only
 from tests.ingest.test_byte_table import collisions  # noqa: F401 - the fixture
 from tests.ingest.threads import in_threads
 
@@ -313,10 +313,11 @@ def test_decoders_on_several_threads(
 
 
 def _exactly(a: Decoded, b: Decoded) -> None:
-    """The same batch, each series' labels in the same order (the binary format keeps it)."""
+    """The same batch, each series' labels in the same order (the binary format keeps it),
+    keyed alike (the column path's keys also as an int64 array, equal to its list)."""
     _same(a, b)
     assert [list(s.items()) for s in a.batch.series] == [list(s.items()) for s in b.batch.series]
-    assert type(a.batch) is type(b.batch)
+    keyed_alike(a.batch, b.batch)
 
 
 def _mostly(usual: list[str], odd: list[str]) -> st.SearchStrategy[str]:

@@ -22,7 +22,7 @@ from ingest import byte_table, line_protocol
 from ingest.bad_records import Decoded
 from ingest.gateway import KeyedBatch
 from ingest.line_protocol import decode_influx
-from tests.ingest.line_loop import line_loop_only
+from tests.ingest.line_loop import keyed_alike, line_loop_only
 from tests.ingest.threads import in_threads
 
 T0 = 1_700_000_000_000
@@ -31,7 +31,7 @@ T0 = 1_700_000_000_000
 def _exactly(a: Decoded, b: Decoded) -> None:
     """The same batch: series and their label order, samples (values bit for bit), counts."""
     x, y = a.batch, b.batch
-    assert type(x) is type(y)
+    keyed_alike(x, y)
     assert [list(s.items()) for s in x.series] == [list(s.items()) for s in y.series]
     assert x.series_idx.tolist() == y.series_idx.tolist()
     assert x.timestamps.dtype == y.timestamps.dtype == np.int64
