@@ -274,6 +274,7 @@ def start_filopy(tmp: Path, extra_env: dict[str, str] | None = None) -> Server:
         "FILOPY_STORE__BACKEND": "sqlite",
         "FILOPY_STORE__SQLITE_PATH": str(db),
         "FILOPY_KAFKA__BOOTSTRAP_SERVERS": BOOTSTRAP,
+        "PYTHONSAFEPATH": "1",  # not the working directory first: `--gateway-env PYTHONPATH=`
         **(extra_env or {}),
     }
     base = load_settings()

@@ -428,6 +428,11 @@ class Gateway:
         return self._producer.poll(timeout_s)
 
     @property
+    def backlog(self) -> int:
+        """Messages handed to the producer and not yet answered by Kafka."""
+        return len(self._producer)
+
+    @property
     def usable(self) -> bool:
         """False once closed or after a fatal producer error (make a new Gateway)."""
         return not self._closed and self._c.fatal is None
