@@ -497,11 +497,11 @@ def _decode_columns(b: _InfluxBuilder, raw: bytes, lo: int, hi: int) -> bool:
     if vals is None:
         return False
     # series: every line's key text found in the field's table at once
-    field = name.decode()
     key_start = np.empty(n, np.int64)
     key_start[0] = 0
     key_start[1:] = nl + 1
     try:
+        field = name.decode()
         found = _series_table(b, field).find(b, field, raw, key_start, key_end)
     except (_Fallback, UnicodeDecodeError):
         return False
@@ -831,17 +831,17 @@ def decode_influx(
     lo, hi = max(lo, _INT64_MIN), min(hi, _INT64_MAX)  # the parser's limits
     b = _InfluxBuilder(metric_column, limits)
     lines: Sequence[str | bytes]
-    special = True
+    raw = data.encode() if isinstance(data, str) else bytes(data)
+    special = b"\\" in raw or b'"' in raw or b"\t" in raw
+    # (the column path never takes invalid UTF-8: it decodes the key texts it learns and the
+    # field name, and reads nothing else but digits, signs and points)
+    if fast_path and not special and _decode_columns(b, raw, lo, hi):
+        return _decoded(b, div, mul, metric_column, limits)
     try:
-        text = data if isinstance(data, str) else bytes(data).decode("utf-8")
-        special = "\\" in text or '"' in text or "\t" in text
-        if fast_path and not special:
-            raw = data.encode() if isinstance(data, str) else bytes(data)
-            if _decode_columns(b, raw, lo, hi):
-                return _decoded(b, div, mul, metric_column, limits)
-        lines = text.split("\n")
+        lines = (data if isinstance(data, str) else raw.decode("utf-8")).split("\n")
     except UnicodeDecodeError:
-        lines = bytes(data).split(b"\n")  # the parser reports the bad lines
+        special = True
+        lines = raw.split(b"\n")  # the parser reports the bad lines
     if not (fast_path and not special and _decode_bulk(b, lines, lo, hi)):  # type: ignore[arg-type]
         _decode_lines(b, lines, default_ts, lo, hi, fast_path, special)
     return _decoded(b, div, mul, metric_column, limits)
