@@ -336,34 +336,53 @@ _POW10_FLOAT = 10.0 ** np.arange(_VALUE_WIDTH)
 _MANTISSA_MAX = 1 << 53
 
 
+# A word of 8 bytes holds a byte under 0x21 iff (w - 0x2121..21) & ~w & 0x8080..80 is not zero
+# ("hasless", exact for bounds up to 0x80): `_frame` skips the words of a line's texts whole.
+_WORD_BELOW = np.uint64(0x21 * 0x0101010101010101)
+_WORD_HIGHS = np.uint64(0x8080808080808080)
+
+
 @kernel
 def _frame(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each line's end, first and second space, if every line has exactly two spaces and no
     other byte under 0x21 but the newlines (tabs are not here: the caller); else none."""
+    size = buf.shape[0]
     n = 1
-    for i in range(buf.shape[0]):
-        if buf[i] == _NL:
-            n += 1
+    for i in range(size):
+        n += buf[i] == _NL
     line_end = np.empty(n, np.int64)
     key_end = np.empty(n, np.int64)
     field_end = np.empty(n, np.int64)
     none = np.empty(0, np.int64)
-    k = spaces = 0
-    for i in range(buf.shape[0]):
+    n_words = size // 8
+    words = buf[: n_words * 8].view(np.uint64)
+    k = spaces = i = 0
+    while i < size:
+        if i % 8 == 0:  # whole words without a byte under 0x21 skipped
+            w = i // 8
+            while w < n_words:
+                x = words[w]
+                if (x - _WORD_BELOW) & ~x & _WORD_HIGHS:
+                    break
+                w += 1
+            i = w * 8
+            if i >= size:
+                break
         c = buf[i]
+        i += 1
         if c > _SP:
             continue
         if c == _NL:
             if spaces != 2:
                 return none, none, none
-            line_end[k] = i
+            line_end[k] = i - 1
             k += 1
             spaces = 0
         elif c == _SP:
             if spaces == 0:
-                key_end[k] = i
+                key_end[k] = i - 1
             elif spaces == 1:
-                field_end[k] = i
+                field_end[k] = i - 1
             else:
                 return none, none, none
             spaces += 1
@@ -371,7 +390,7 @@ def _frame(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             return none, none, none
     if spaces != 2:
         return none, none, none
-    line_end[k] = buf.shape[0]
+    line_end[k] = size
     return line_end, key_end, field_end
 
 

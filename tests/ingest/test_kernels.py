@@ -324,6 +324,9 @@ _lp_bytes = st.lists(
             b"123456789012345678",
             b"9007199254740993",
             b"-0",
+            b"\xc3\xa9",  # UTF-8, and bytes over 0x7f around the words `_frame` skips
+            b"\xff\x80",
+            b"abcdefghijklmnopq",
         ]
     ),
     max_size=30,
