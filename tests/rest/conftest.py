@@ -19,12 +19,16 @@ import httpx
 import pytest
 import ray
 import uvicorn
+from confluent_kafka import Consumer, TopicPartition
 
 import filopy.testing  # binds Ray to loopback; must precede any `import ray` elsewhere
 from coordinator.client import FiloPyClient
 from coordinator.cluster_actor import start_cluster_actor
 from filopy.config import Settings
+from filopy.dataset import Dataset
 from filopy.rest import create_app
+from ingest.batch import SampleBatch
+from ingest.binary_format import decode_binary
 from tests.runtime.conftest import FiloPyCluster, cluster_settings
 
 
@@ -99,3 +103,28 @@ def rest(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rest]:
 def name() -> str:
     """A fresh dataset name."""
     return f"ds{uuid.uuid4().hex[:8]}"
+
+
+def topic_batches(ds: Dataset) -> Iterator[SampleBatch]:
+    """Every message of the dataset's topic as the ingesters decode it, partition by
+    partition, read straight from Kafka."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": ds.source.bootstrap_servers,
+            "group.id": "tests",
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        for p in range(ds.num_shards):
+            end = consumer.get_watermark_offsets(TopicPartition(ds.topic, p), timeout=30)[1]
+            consumer.assign([TopicPartition(ds.topic, p, 0)])
+            offset = 0
+            while offset < end:
+                msg = consumer.poll(10)
+                assert msg is not None, f"partition {p}: nothing at offset {offset} of {end}"
+                assert msg.error() is None, msg.error()
+                offset = msg.offset() + 1
+                yield decode_binary(msg.value()).batch
+    finally:
+        consumer.close()

@@ -15,16 +15,14 @@ from typing import Any
 import anyio.to_thread
 import httpx
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 from fastapi import FastAPI
 
 from filopy.dataset import Dataset, SourceSettings
 from filopy.ingest_http import Ingestion, core
 from filopy.ingest_http.app import serve_ingestion
 from filopy.ingest_http.core import DEFAULT_SETTINGS, Definitions
-from ingest.binary_format import decode_binary
 from ingest.topics import ensure_topic
-from tests.rest.conftest import ServerThread
+from tests.rest.conftest import ServerThread, topic_batches
 
 T0 = 1_700_000_000_000
 Sample = tuple[tuple[tuple[str, str], ...], int, float]
@@ -42,26 +40,11 @@ def _sent(n: int, first: int) -> list[Sample]:
 
 def _topic_samples(ds: Dataset) -> list[Sample]:
     """Every sample in the dataset's topic, read straight from Kafka."""
-    consumer = Consumer(
-        {"bootstrap.servers": ds.source.bootstrap_servers, "group.id": "inline"}
-        | {"enable.auto.commit": False}
+    return sorted(
+        (tuple(sorted(b.series[i].items())), int(t), float(v))
+        for b in topic_batches(ds)
+        for i, t, v in zip(b.series_idx, b.timestamps, b.values, strict=True)
     )
-    out: list[Sample] = []
-    try:
-        for p in range(ds.num_shards):
-            end = consumer.get_watermark_offsets(TopicPartition(ds.topic, p), timeout=30)[1]
-            consumer.assign([TopicPartition(ds.topic, p, 0)])
-            offset = 0
-            while offset < end:
-                msg = consumer.poll(10)
-                assert msg is not None and msg.error() is None, msg and msg.error()
-                offset = msg.offset() + 1
-                b = decode_binary(msg.value()).batch
-                for i, t, v in zip(b.series_idx, b.timestamps, b.values, strict=True):
-                    out.append((tuple(sorted(b.series[i].items())), int(t), float(v)))
-    finally:
-        consumer.close()
-    return sorted(out)
 
 
 class _Served:
@@ -71,6 +54,11 @@ class _Served:
     def __init__(self, url: str, ingestion: Ingestion, dataset: Dataset) -> None:
         self.url, self.ingestion, self.dataset = url, ingestion, dataset
         self.threaded: list[str] = []  # names of the functions run on a thread
+
+    def warm(self) -> None:
+        """A first request: the definitions read, the producer made (on threads)."""
+        assert self.post(_lines(5, 0)).status_code == 204
+        self.threaded.clear()
 
     def post(self, body: bytes) -> httpx.Response:
         with httpx.Client(base_url=self.url, timeout=60) as http:
@@ -116,9 +104,8 @@ def test_a_common_request_is_handled_on_the_event_loop(served: _Served) -> None:
 def test_a_large_body_is_handled_on_a_thread(
     served: _Served, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert served.post(_lines(5, 0)).status_code == 204
+    served.warm()
     monkeypatch.setattr(core, "INLINE_BYTES", 1000)
-    served.threaded.clear()
     big = served.post(_lines(200, 1000))  # ~7 KB
     assert big.status_code == 204, big.text
     assert served.threaded == ["blocking"]
@@ -129,10 +116,9 @@ def test_a_large_body_is_handled_on_a_thread(
 def test_a_body_over_the_bound_once_decompressed_is_handled_on_a_thread(
     served: _Served, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert served.post(_lines(5, 0)).status_code == 204
+    served.warm()
     body = _lines(300, 1000)
     monkeypatch.setattr(core, "INLINE_BYTES", len(body) - 1)
-    served.threaded.clear()
     with httpx.Client(base_url=served.url, timeout=60) as http:
         r = http.post(
             f"/ingest/{served.dataset.name}/write?precision=ms",
@@ -148,23 +134,24 @@ def test_a_body_over_the_bound_once_decompressed_is_handled_on_a_thread(
 def test_a_busy_producer_sends_from_a_thread(served: _Served) -> None:
     """Another request sending holds the dataset's producer: this one is decoded on the event
     loop, and waits for the producer on a thread (the event loop never waits for it)."""
-    assert served.post(_lines(5, 0)).status_code == 204
+    served.warm()
     shared = served.ingestion.pool._shared[served.dataset.name]
     held = threading.Event()
 
-    def hold() -> None:
+    def hold() -> None:  # until the request below has gone to a thread
         with shared.lock:
             held.set()
-            time.sleep(0.5)
+            deadline = time.monotonic() + 30
+            while "write" not in served.threaded and time.monotonic() < deadline:
+                time.sleep(0.01)
 
     holder = threading.Thread(target=hold)
     holder.start()
     held.wait()
     try:
         with httpx.Client(base_url=served.url, timeout=60) as http:
-            t = time.monotonic()
-            alive = http.get(f"/ingest/{served.dataset.name}/ping")  # while the lock is held
-            assert alive.status_code == 204 and time.monotonic() - t < 0.5
+            alive = http.get(f"/ingest/{served.dataset.name}/ping")  # the loop is free
+        assert alive.status_code == 204 and shared.lock.locked()
         served.threaded.clear()
         r = served.post(_lines(40, 1000))
     finally:
@@ -179,9 +166,8 @@ def test_a_backlog_for_kafka_sends_from_a_thread(
     served: _Served, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Messages queued for Kafka past the bound (a full queue blocks `produce`)."""
-    assert served.post(_lines(5, 0)).status_code == 204
+    served.warm()
     monkeypatch.setattr(core, "INLINE_BACKLOG", -1)
-    served.threaded.clear()
     assert served.post(_lines(30, 1000)).status_code == 204
     assert served.threaded == ["write"]
     assert _topic_samples(served.dataset) == sorted(_sent(5, 0) + _sent(30, 1000))
@@ -189,9 +175,8 @@ def test_a_backlog_for_kafka_sends_from_a_thread(
 
 @pytest.mark.kafka
 def test_stale_definitions_are_read_on_a_thread(served: _Served) -> None:
-    assert served.post(_lines(5, 0)).status_code == 204
+    served.warm()
     served.ingestion.definitions._read_at = -float("inf")  # as after the TTL
-    served.threaded.clear()
     assert served.post(_lines(30, 1000)).status_code == 204
     assert served.threaded == ["blocking"]
     assert _topic_samples(served.dataset) == sorted(_sent(5, 0) + _sent(30, 1000))
@@ -201,7 +186,7 @@ def test_stale_definitions_are_read_on_a_thread(served: _Served) -> None:
 def test_bad_requests_are_answered_alike_on_either_way(
     served: _Served, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert served.post(_lines(5, 0)).status_code == 204
+    served.warm()
     bad = b"cpu,host=a value=1 " + str(T0).encode() + b"\nnot line protocol\n"
     inline = served.post(bad)
     monkeypatch.setattr(core, "INLINE_BYTES", 0)

@@ -35,7 +35,6 @@ from typing import Any
 import cramjam
 import httpx
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 from fastapi import FastAPI
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -49,10 +48,9 @@ from filopy.ingest_http.core import DEFAULT_SETTINGS, Refused
 from filopy.ingest_http.prompb.remote_pb2 import WriteRequest
 from filopy.ingest_http.prompb.write_v2_pb2 import Request
 from filopy.store import open_stores
-from ingest.binary_format import decode_binary
 from ingest.gateway import KeyedBatch
 from ingest.topics import ensure_topic
-from tests.rest.conftest import Rest, ServerThread, start_rest
+from tests.rest.conftest import Rest, ServerThread, start_rest, topic_batches
 from tests.rest.test_remote_write import free_port, held_counts, new_dataset
 from tests.rest.test_remote_write_kafka_outage import _settings
 from tests.runtime.conftest import cluster_settings
@@ -91,32 +89,13 @@ def gateway_on(tmp: Path, kafka_bootstrap: str) -> Iterator[tuple[str, Dataset]]
 def topic_series(ds: Dataset) -> list[tuple[dict[str, str], int]]:
     """Every series in each message of the dataset's topic (with Prometheus' `__name__`) and
     its sample count, read straight from Kafka."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": ds.source.bootstrap_servers,
-            "group.id": "rw2",
-            "enable.auto.commit": False,
-        }
-    )
     out: list[tuple[dict[str, str], int]] = []
-    try:
-        for p in range(ds.num_shards):
-            end = consumer.get_watermark_offsets(TopicPartition(ds.topic, p), timeout=30)[1]
-            consumer.assign([TopicPartition(ds.topic, p, 0)])
-            offset = 0
-            while offset < end:
-                msg = consumer.poll(10)
-                assert msg is not None, f"partition {p}: nothing at offset {offset} of {end}"
-                assert msg.error() is None, msg.error()
-                offset = msg.offset() + 1
-                batch = decode_binary(msg.value()).batch
-                counts = Counter(batch.series_idx.tolist())
-                for i, labels in enumerate(batch.series):
-                    named = dict(labels)
-                    named["__name__"] = named.pop("_metric_")
-                    out.append((named, counts[i]))
-    finally:
-        consumer.close()
+    for batch in topic_batches(ds):
+        counts = Counter(batch.series_idx.tolist())
+        for i, labels in enumerate(batch.series):
+            named = dict(labels)
+            named["__name__"] = named.pop("_metric_")
+            out.append((named, counts[i]))
     return out
 
 
