@@ -876,12 +876,12 @@ def _decoded(
     vals = np.array(b.vals, dtype=np.float64)
     codes = np.array(b.codes, np.int8)
     if not codes.any():
-        if None in b.keys:
-            return Decoded(SampleBatch(b.series, idx, ts, vals, b.bad), b.first_bad)
         keys: list[Hashable] = b.keys  # type: ignore[assignment]
-        if b.key_array is not None:  # the column path: the gateway finds them in NumPy
+        if b.key_array is not None:  # the column path (every key known): found in NumPy
             batch = IntKeyedBatch(b.series, idx, ts, vals, b.bad, keys=keys, key_array=b.key_array)
             return Decoded(batch, b.first_bad)
+        if None in keys:
+            return Decoded(SampleBatch(b.series, idx, ts, vals, b.bad), b.first_bad)
         return Decoded(KeyedBatch(b.series, idx, ts, vals, b.bad, keys=keys), b.first_bad)
     batch = SampleBatch(b.series, idx, ts, vals, b.bad)
     decoded = drop_bad(batch, codes, None, metric_column, limits)

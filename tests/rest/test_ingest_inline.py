@@ -60,9 +60,10 @@ class _Served:
         assert self.post(_lines(5, 0)).status_code == 204
         self.threaded.clear()
 
-    def post(self, body: bytes) -> httpx.Response:
+    def post(self, body: bytes, headers: dict[str, str] | None = None) -> httpx.Response:
         with httpx.Client(base_url=self.url, timeout=60) as http:
-            return http.post(f"/ingest/{self.dataset.name}/write?precision=ms", content=body)
+            path = f"/ingest/{self.dataset.name}/write?precision=ms"
+            return http.post(path, content=body, headers=headers)
 
 
 @pytest.fixture
@@ -119,12 +120,7 @@ def test_a_body_over_the_bound_once_decompressed_is_handled_on_a_thread(
     served.warm()
     body = _lines(300, 1000)
     monkeypatch.setattr(core, "INLINE_BYTES", len(body) - 1)
-    with httpx.Client(base_url=served.url, timeout=60) as http:
-        r = http.post(
-            f"/ingest/{served.dataset.name}/write?precision=ms",
-            content=gzip.compress(body),
-            headers={"Content-Encoding": "gzip"},
-        )
+    r = served.post(gzip.compress(body), {"Content-Encoding": "gzip"})
     assert r.status_code == 204, r.text
     assert served.threaded == ["blocking"]
     assert _topic_samples(served.dataset) == sorted(_sent(5, 0) + _sent(300, 1000))
