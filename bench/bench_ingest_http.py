@@ -12,8 +12,10 @@ the same samples (gzip, as Telegraf sends; `precision=ms`) and, with `--protocol
 remote write 2.0 requests (FiloPy only: VictoriaMetrics 1.79 has no 2.0 receiver). One client
 (threads, one keep-alive connection each, pre-encoded bodies) sends them to each server; a run
 is timed from the first request to the last answer, and every answer must be 204. One warm-up
-scrape per server and protocol is sent first and not timed (both servers then know every
-series: the steady state).
+scrape per server process and protocol is sent first and not timed (both servers then know
+every series: the steady state). `--gateways N` starts N gateway processes of the one dataset
+(as behind a load balancer: each learns every series in its own warm-up) and spreads the
+connections over them.
 
 What a 204 means differs: FiloPy answers once Kafka acknowledged every sample (acks=all);
 VictoriaMetrics once the samples are parsed and added to its in-memory buffers (written to disk
@@ -225,6 +227,12 @@ class Server:
         self.proc = subprocess.Popen(argv, env=env, stdout=self._log, stderr=subprocess.STDOUT)
         self.paths: dict[str, str] = {}  # protocol -> path (a protocol it does not take: none)
         self.port = 0
+        self.peers: list[Server] = []  # more processes of the same server (`--gateways`)
+
+    @property
+    def ports(self) -> list[int]:
+        """Every process' port: the client spreads its connections over them."""
+        return [self.port, *(p.port for p in self.peers)]
 
     def wait_ready(self, port: int, timeout_s: float = 60.0) -> None:
         self.port = port
@@ -252,9 +260,11 @@ class Server:
         return body
 
     def cpu(self) -> float:
-        return cpu_seconds(self.proc.pid)
+        return cpu_seconds(self.proc.pid) + sum(p.cpu() for p in self.peers)
 
     def stop(self) -> None:
+        for peer in self.peers:
+            peer.stop()
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -265,8 +275,9 @@ class Server:
         self._log.close()
 
 
-def start_filopy(tmp: Path, extra_env: dict[str, str] | None = None) -> Server:
-    """`filopy gateway` on a SQLite store holding one dataset whose topic exists."""
+def start_filopy(tmp: Path, extra_env: dict[str, str] | None = None, processes: int = 1) -> Server:
+    """`filopy gateway` on a SQLite store holding one dataset whose topic exists; with
+    `processes` > 1, that many gateways of the same dataset (as behind a load balancer)."""
     db = tmp / "filopy.db"
     env = {
         **os.environ,
@@ -296,10 +307,18 @@ def start_filopy(tmp: Path, extra_env: dict[str, str] | None = None) -> Server:
     finally:
         meta.close()
         columns.close()
-    port = free_port()
-    argv = [sys.executable, "-m", "filopy.cli", "gateway", "--port", str(port)]
-    server = Server("FiloPy gateway", argv, env, "/__liveness", tmp / "gateway.log")
-    server.wait_ready(port)
+
+    def gateway(k: int) -> Server:
+        port = free_port()
+        argv = [sys.executable, "-m", "filopy.cli", "gateway", "--port", str(port)]
+        own = {**env, "FILOPY_STATE_DIR": str(tmp / f"state{k or ''}")}
+        name = "FiloPy gateway" if processes == 1 else f"FiloPy x{processes}"
+        server = Server(name, argv, own, "/__liveness", tmp / f"gateway{k or ''}.log")
+        server.wait_ready(port)
+        return server
+
+    server = gateway(0)
+    server.peers = [gateway(k) for k in range(1, processes)]
     server.paths = {
         RW1: f"/ingest/{ds.name}/api/v1/write",
         RW2: f"/ingest/{ds.name}/api/v1/write",
@@ -328,14 +347,19 @@ def start_victoria(tmp: Path) -> Server:
 
 
 def send_all(
-    port: int, path: str, bodies: Sequence[bytes], headers: dict[str, str], connections: int
+    ports: Sequence[int],
+    path: str,
+    bodies: Sequence[bytes],
+    headers: dict[str, str],
+    connections: int,
 ) -> float:
-    """Send every body (each once, in order across `connections` threads); seconds from the
-    first request to the last answer. Any answer but 204 fails the run."""
+    """Send every body (each once, in order across `connections` threads, connection k to
+    `ports[k % len(ports)]`); seconds from the first request to the last answer. Any answer
+    but 204 fails the run."""
     counter = itertools.count()  # next() is atomic under the GIL
     failures: list[str] = []
 
-    def worker() -> None:
+    def worker(port: int) -> None:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
         try:
             while not failures:
@@ -350,7 +374,9 @@ def send_all(
         finally:
             conn.close()
 
-    threads = [threading.Thread(target=worker) for _ in range(connections)]
+    threads = [
+        threading.Thread(target=worker, args=(ports[k % len(ports)],)) for k in range(connections)
+    ]
     t = time.perf_counter()
     for th in threads:
         th.start()
@@ -400,10 +426,11 @@ def timed_run(
     server: Server, protocol: str, work: Workload, connections: int, broker: int | None
 ) -> Run:
     bodies, path, headers = work.bodies(protocol), server.paths[protocol], HEADERS[protocol]
-    send_all(server.port, path, bodies[: work.per_scrape], headers, connections)  # warm-up
+    for port in server.ports:  # warm-up: each process meets every series once
+        send_all([port], path, bodies[: work.per_scrape], headers, connections)
     time.sleep(1.0)
     cpu0, b0, c0 = server.cpu(), broker and cpu_seconds(broker), time.process_time()
-    seconds = send_all(server.port, path, bodies[work.per_scrape :], headers, connections)
+    seconds = send_all(server.ports, path, bodies[work.per_scrape :], headers, connections)
     cpu1, b1, c1 = server.cpu(), broker and cpu_seconds(broker), time.process_time()
     return Run(
         server.name,
@@ -424,19 +451,22 @@ FILOPY_PROTOCOL_LABELS = {
 VM_ROW_TYPES = {RW1: 'type="promremotewrite"', LP: 'type="influx"'}
 
 
-def check_counts(filopy: Server | None, vm: Server | None, expected: dict[str, int]) -> None:
-    """Each server counted every sample sent (warm-up included) as stored."""
+def check_counts(
+    filopy: Server | None, vm: Server | None, work: Workload, protos: list[str]
+) -> None:
+    """Each server counted every sample sent (warm-up included: once per process) as stored."""
     if filopy is not None:
-        text = filopy.get("/metrics")
-        for proto, n in expected.items():
-            got = _metric(
-                text, "filopy_http_ingest_samples_accepted_total", FILOPY_PROTOCOL_LABELS[proto]
-            )
+        texts = [s.get("/metrics") for s in (filopy, *filopy.peers)]
+        n = work.series * (work.scrapes + len(texts))
+        for proto in protos:
+            label = FILOPY_PROTOCOL_LABELS[proto]
+            got = sum(_metric(t, "filopy_http_ingest_samples_accepted_total", label) for t in texts)
             if got != n:
                 raise RuntimeError(f"FiloPy acked {got} {proto} samples, sent {n}")
     if vm is not None:
         text = vm.get("/metrics")
-        for proto, n in expected.items():
+        n = work.series * (work.scrapes + 1)
+        for proto in protos:
             if proto in VM_ROW_TYPES:
                 got = _metric(text, "vm_rows_inserted_total", VM_ROW_TYPES[proto])
                 if got != n:
@@ -454,6 +484,10 @@ def _metric(text: str, name: str, label_part: str) -> int:
 # ----- the report ----------------------------------------------------------------------------
 
 
+def _processes(n: int) -> str:
+    return "one `filopy gateway` process" if n == 1 else f"{n} `filopy gateway` processes"
+
+
 def report(runs: list[Run], work: Workload, args: argparse.Namespace, note: str) -> str:
     per_request = work.scrapes * work.per_scrape * 1024
 
@@ -461,12 +495,13 @@ def report(runs: list[Run], work: Workload, args: argparse.Namespace, note: str)
         return sum(len(b) for b in bodies[work.per_scrape :]) / per_request
 
     out = [
-        "HTTP ingestion: one `filopy gateway` process vs VictoriaMetrics single-node, same samples",
+        f"HTTP ingestion: {_processes(args.gateways)} vs VictoriaMetrics single-node, same samples",
         f"{time.strftime('%Y-%m-%d %H:%M')}, Python {platform.python_version()}, "
         f"{os.cpu_count()} CPUs shared by client, servers and the Kafka broker (load average "
         f"{os.getloadavg()[0]:.1f} at the end)",
         "command: " + shlex.join(["python", *sys.argv]),
-        f"{work.series:,} series x 8 labels; {work.scrapes} timed scrapes (+1 warm-up) = "
+        f"{work.series:,} series x 8 labels; {work.scrapes} timed scrapes (+1 warm-up per "
+        f"process) = "
         f"{work.timed_samples:,} samples in requests of {SAMPLES_PER_REQUEST:,} samples "
         f"(1 per series); {args.connections} client connections",
         f"bodies: remote write 1.0 snappy {kib(work.remote_write):.1f} KiB/request; line "
@@ -531,6 +566,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--series", type=int, default=50_000)
     p.add_argument("--scrapes", type=int, default=20, help="timed scrapes (one more warms up)")
     p.add_argument("--connections", type=int, default=4)
+    p.add_argument(
+        "--gateways",
+        type=int,
+        default=1,
+        help="FiloPy gateway processes of the one dataset, the connections spread over them",
+    )
     p.add_argument("--servers", default="filopy,vm", help="filopy, vm or both")
     p.add_argument("--protocols", default="rw,lp", help="some of rw, lp, rw2 (FiloPy only)")
     p.add_argument(
@@ -565,7 +606,7 @@ def main(argv: list[str] | None = None) -> None:
         filopy = vm = None
         if "filopy" in servers:
             env = dict(kv.split("=", 1) for kv in args.gateway_env)
-            filopy = start_filopy(tmp / "filopy", env)
+            filopy = start_filopy(tmp / "filopy", env, args.gateways)
             started.append(filopy)
         if "vm" in servers:
             vm = start_victoria(tmp / "vm")
@@ -580,8 +621,7 @@ def main(argv: list[str] | None = None) -> None:
                 runs.append(run)
                 print(f"{proto:<18}{server.name:<17}{run.rate:>12,.0f} samples/s", flush=True)
                 time.sleep(2.0)
-        sent = work.series * (work.scrapes + 1)
-        check_counts(filopy, vm, {names[p]: sent for p in protocols})
+        check_counts(filopy, vm, work, [names[p] for p in protocols])
     except BaseException:
         print(f"failed; the servers' logs are kept under {tmp}", file=sys.stderr)
         raise
