@@ -129,14 +129,6 @@ _NO_TS = np.empty(0, I64)  # the buffers of a series without open samples: share
 _NO_VALS = np.empty(0, F64)
 
 
-def _cut(ts: npt.NDArray[np.int64], window: npt.NDArray[np.int64]) -> tuple[int, int]:
-    """[a, b) of the ascending `ts` inside the window [start, end] (both inclusive)."""
-    a, b = ts.searchsorted(window, side="left").tolist()
-    if b < len(ts) and ts[b] == window[1]:
-        b += 1
-    return a, b
-
-
 class _Series:
     """A series' open buffer (`ts[:n]`, `vals[:n]`) and its sealed chunks in memory, oldest
     first (its labels and part key are in the `SeriesIndex`). Buffers are released at each seal
@@ -522,6 +514,9 @@ class ShardMemstore:
     def labels(self, series_id: int) -> Labels:
         return self._index.labels(series_id)
 
+    def labels_many(self, series_ids: Iterable[int]) -> list[Labels]:
+        return self._index.labels_many(series_ids)
+
     def group_of(self, series_id: int) -> int:
         return self._series[series_id].group
 
@@ -576,19 +571,22 @@ class ShardMemstore:
         """`snapshot` of many series at once: their memory starts, and their samples in
         [start, end] concatenated, series i's at `[bounds[i]:bounds[i + 1]]`. One lock for all,
         one concatenation. Only the chunks that meet the window are read, and each open buffer is
-        cut to it before it is copied, so a 5-minute query of series holding hours costs minutes
-        of copying (bench/bench_promql.py); the chunks are cut with one mask over all of them."""
+        cut to it (by its first and last times, searching only where the window ends inside it),
+        so a 5-minute query of series holding hours costs minutes of copying
+        (bench/bench_promql.py); the open buffers' pieces are copied by one concatenation under
+        the lock, and the chunks are cut with one mask over all of them."""
         ts_parts: list[npt.NDArray[np.int64]] = []
         val_parts: list[npt.NDArray[np.float64]] = []
         mem_starts: list[int | None] = []
         records: list[tuple[int, ChunkRecord]] = []  # decoded outside the lock
         owners: list[int] = []  # per part, the series it belongs to
-        window = np.array([start, end], I64)
+        opened: list[int] = []  # the parts that are open buffers' pieces (views, then copies)
         cut = False  # whether a chunk reaches out of the window (cut all at once, below)
         with self._lock:
             self._settle()
+            series = self._series
             for i, sid in enumerate(series_ids):
-                ser = self._series[sid]
+                ser = series[sid]
                 chunks = ser.chunks
                 n = ser.n
                 if chunks:
@@ -607,28 +605,52 @@ class ShardMemstore:
                             val_parts.append(_NO_VALS)
                             owners.append(i)
                 elif n:
-                    mem_starts.append(int(ser.ts[0]))
+                    mem_starts.append(ser.ts.item(0))
                 else:
                     mem_starts.append(None)
                     continue
-                if n and ser.ts[n - 1] >= start and ser.ts[0] <= end:
-                    a, b = _cut(ser.ts[:n], window)  # copied under the lock: cut it first
-                    if b > a:
-                        ts_parts.append(ser.ts[a:b].copy())
-                        val_parts.append(ser.vals[a:b].copy())
-                        owners.append(i)
-        for pos, r in records:
-            ts_parts[pos], val_parts[pos] = r.samples()
+                if not n:
+                    continue
+                ts = ser.ts
+                first, last = ts.item(0), ts.item(n - 1)
+                if last < start or first > end:
+                    continue
+                a = 0 if first >= start else int(ts[:n].searchsorted(start))
+                b = n if last <= end else int(ts[:n].searchsorted(end, side="right"))
+                if b > a:  # views here, copied below (the buffer changes after the lock)
+                    opened.append(len(ts_parts))
+                    ts_parts.append(ts[a:b])
+                    val_parts.append(ser.vals[a:b])
+                    owners.append(i)
+            if opened and len(opened) == len(ts_parts):  # only open buffers: one copy, done
+                ts_all, vals_all = np.concatenate(ts_parts), np.concatenate(val_parts)
+                records = []
+            elif opened:
+                open_ts = np.concatenate([ts_parts[k] for k in opened])
+                open_vals = np.concatenate([val_parts[k] for k in opened])
         bounds = np.zeros(len(series_ids) + 1, I64)
         if not ts_parts:
             return mem_starts, np.empty(0, I64), np.empty(0, F64), bounds
-        ts, vals = np.concatenate(ts_parts), np.concatenate(val_parts)
-        owner = np.repeat(np.array(owners, I64), np.array(list(map(len, ts_parts)), I64))
+        if records or not opened:
+            if opened:  # the copies' pieces in place of the views
+                at = 0
+                for k in opened:
+                    m = len(ts_parts[k])
+                    ts_parts[k], val_parts[k] = open_ts[at : at + m], open_vals[at : at + m]
+                    at += m
+            for pos, r in records:
+                ts_parts[pos], val_parts[pos] = r.samples()
+            ts_all, vals_all = np.concatenate(ts_parts), np.concatenate(val_parts)
+        lengths = np.fromiter(map(len, ts_parts), I64, len(ts_parts))
         if cut:  # every part in series order and ascending: a mask keeps that
-            inside = (ts >= start) & (ts <= end)
-            ts, vals, owner = ts[inside], vals[inside], owner[inside]
-        np.cumsum(np.bincount(owner, minlength=len(series_ids)), out=bounds[1:])
-        return mem_starts, ts, vals, bounds
+            owner = np.repeat(np.array(owners, I64), lengths)
+            inside = (ts_all >= start) & (ts_all <= end)
+            ts_all, vals_all, owner = ts_all[inside], vals_all[inside], owner[inside]
+            np.cumsum(np.bincount(owner, minlength=len(series_ids)), out=bounds[1:])
+        else:
+            per_series = np.bincount(owners, weights=lengths, minlength=len(series_ids))
+            np.cumsum(per_series.astype(I64), out=bounds[1:])
+        return mem_starts, ts_all, vals_all, bounds
 
     def memory_start(self, series_id: int) -> int | None:
         """Time of the series' oldest in-memory sample (None if none): memory holds every

@@ -20,7 +20,7 @@ series (`bench/bench_series_memory.py`). Not thread-safe: the memstore calls it 
 from __future__ import annotations
 
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -58,6 +58,11 @@ class SeriesIndex:
         """The series' canonical label set (a new dict)."""
         names, *values = self._labels[series_id]
         return dict(zip(names, values, strict=True))
+
+    def labels_many(self, series_ids: Iterable[int]) -> list[Labels]:
+        """`labels` of many series (new dicts): one call for a query's series."""
+        rows = map(self._labels.__getitem__, series_ids)
+        return [dict(zip(r[0], r[1:], strict=True)) for r in rows]
 
     def part_key(self, series_id: int) -> str:
         return self._part_keys[series_id]

@@ -69,11 +69,13 @@ class ShardSource:
             for m in matchers
         ]
 
-    def _labels(self, labels: Mapping[str, str]) -> dict[str, str]:
-        out = dict(labels)
+    def _labels(self, mem: ShardMemstore, series_ids: Iterable[int]) -> list[dict[str, str]]:
+        """The series' label sets as PromQL names them (the metric column as `__name__`)."""
+        out = mem.labels_many(series_ids)
         metric = self.dataset.metric_column
-        if metric in out:
-            out[PROMETHEUS_METRIC] = out.pop(metric)
+        for labels in out:
+            if metric in labels:
+                labels[PROMETHEUS_METRIC] = labels.pop(metric)
         return out
 
     def _matching(
@@ -110,7 +112,7 @@ class ShardSource:
             )
             sizes = np.diff(bounds)
             held = np.flatnonzero(sizes)
-            labels.extend(self._labels(mem.labels(sids[i])) for i in held.tolist())
+            labels.extend(self._labels(mem, map(sids.__getitem__, held.tolist())))
             ts_parts.append(ts)
             val_parts.append(vals)
             size_parts.append(sizes[held])
@@ -128,7 +130,7 @@ class ShardSource:
     ) -> list[dict[str, str]]:
         """Label sets of the matching series with samples in the range (`/api/v1/series`)."""
         found = self._matching(matchers, start_ms, end_ms)
-        return [self._labels(mem.labels(sid)) for _, mem, sids in found for sid in sids]
+        return [labels for _, mem, sids in found for labels in self._labels(mem, sids)]
 
 
 @dataclass(frozen=True)
