@@ -58,6 +58,7 @@ from filopy.store import ColumnStore, MetaStore, StoreUnavailable, open_stores
 from ingest import tenure
 from ingest.base import EventReporter, IngesterFactory, ShardIngester
 from ingest.ingester import KafkaShardIngester
+from ingest.jit import warm
 from ingest.memstore import ShardMemstore
 from ingest.placeholder import EpochClaimingIngester
 from ingest.tenure import Tenure
@@ -301,6 +302,9 @@ class NodeCoordinator:
         self._channel: QueryServer | None = None  # started by the first `query_endpoint`
         self._loop: asyncio.AbstractEventLoop | None = None
         self._report: EventReporter = reporter or self._sender.report
+        # The query kernels, loaded from numba's disk cache (or compiled) off the actor's
+        # thread: not in a node's first query.
+        threading.Thread(target=warm, name="warm-kernels", daemon=True).start()
 
     @property
     def node_id(self) -> str:

@@ -188,6 +188,7 @@ class QueryServer:
         self._closed = False
         self.served = 0
         self.cpu_s = 0.0  # CPU time of reading, evaluating and pickling the parts served
+        self.wall_s = 0.0  # their wall time: well above cpu_s, they waited (the GIL, the lock)
         self.refused = 0
         self._refusal_logged = 0.0
         self._thread = threading.Thread(
@@ -196,11 +197,13 @@ class QueryServer:
         self._thread.start()
 
     def stats(self) -> dict[str, float]:
-        """Parts served and the CPU seconds they took here, connections refused and open."""
+        """Parts served and the CPU and wall seconds they took here, connections refused and
+        open."""
         with self._lock:
             return {
                 "served": self.served,
                 "cpu_s": self.cpu_s,
+                "wall_s": self.wall_s,
                 "refused": self.refused,
                 "open": len(self._conns),
             }
@@ -263,12 +266,13 @@ class QueryServer:
                     return  # else idle: its caller reconnects when it needs to
                 signed = True
                 conn.settimeout(None)  # the answer is sent without the receive's deadline
-                cpu = time.thread_time()
+                cpu, wall = time.thread_time(), time.perf_counter()
                 answer = self._answer(payload)
-                cpu = time.thread_time() - cpu
+                cpu, wall = time.thread_time() - cpu, time.perf_counter() - wall
                 with self._lock:
                     self.served += 1
                     self.cpu_s += cpu
+                    self.wall_s += wall
                 framer.send(answer)
         except OSError:
             return  # the caller went away (or gave up on a slow answer)

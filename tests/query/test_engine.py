@@ -11,7 +11,6 @@ import pytest
 
 from filopy.staleness import STALE_NAN
 from filopy.store.api import LabelMatcher
-from query import functions
 from query.aggregate import Partial
 from query.evaluator import LocalBackend, eval_series_local, evaluate, range_times
 from query.promql import Aggregate, Expr, QueryError, parse
@@ -292,13 +291,6 @@ def test_queries_are_not_trivially_empty() -> None:
         if isinstance(result, StepMatrix) and len(result) == 0:
             empty.append(query)
     assert empty == ["topk(0, temperature)"]
-
-
-@pytest.mark.parametrize("query", [RATE, "sum_over_time(temperature[3m])", "temperature"])
-def test_chunked_windows_match_reference(query: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    # A tiny key range forces the chunked window search used for very long queries.
-    monkeypatch.setattr(functions, "_KEY_LIMIT", 3 * (RANGE[-1] - RANGE[0] + 30 * MIN))
-    check(query, RANGE.tolist())
 
 
 def test_string_literal() -> None:

@@ -75,3 +75,31 @@ def test_a_window_of_negative_zeros_sums_to_positive_zero() -> None:
     v = np.array([-0.0, -0.0, -0.0, 5.0])
     got = fn.window_reduce(v, np.array([[0, 0]]), np.array([[3, 2]]), "sum")
     assert np.signbit(got).tolist() == [[False, False]]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    series=st.lists(
+        st.lists(st.integers(-50, 50), max_size=12).map(sorted), min_size=1, max_size=5
+    ),
+    upper=st.lists(st.integers(-80, 80), min_size=1, max_size=8),
+    ascending=st.booleans(),
+    width=st.integers(0, 40),
+)
+def test_window_bounds_are_each_series_searched_alone(
+    series: list[list[int]], upper: list[int], ascending: bool, width: int
+) -> None:
+    """The compiled `window_bounds` finds what `searchsorted` on each series alone finds, for
+    ascending steps (a range query: searches resume) and any others, repeated times included."""
+    sizes = [len(s) for s in series]
+    bounds = np.zeros(len(series) + 1, np.int64)
+    np.cumsum(sizes, out=bounds[1:])
+    ts = np.array([t for s in series for t in s], np.int64)
+    batch = fn.SampleBatch([{} for _ in series], ts, np.zeros(len(ts)), bounds)
+    steps = np.array(sorted(upper) if ascending else upper, np.int64)
+    lo, hi = fn.window_bounds(batch, steps, width)
+    for i, s in enumerate(series):
+        own = np.array(s, np.int64)
+        a = int(bounds[i])
+        assert lo[i].tolist() == (a + np.searchsorted(own, steps - width, "right")).tolist()
+        assert hi[i].tolist() == (a + np.searchsorted(own, steps, "right")).tolist()
