@@ -29,6 +29,15 @@ def kernel(fn: F) -> F:
         return numba.njit(nogil=True)(fn)  # type: ignore[no-any-return]
 
 
+def float_kernel(fn: F) -> F:
+    """`kernel` with NumPy's float semantics: x / 0 is inf or NaN, as in the NumPy code such a
+    kernel replaces (numba's default raises ZeroDivisionError)."""
+    try:
+        return numba.njit(nogil=True, cache=True, error_model="numpy")(fn)  # type: ignore[no-any-return]
+    except RuntimeError:  # as in `kernel`
+        return numba.njit(nogil=True, error_model="numpy")(fn)  # type: ignore[no-any-return]
+
+
 def warms(fn: Callable[[], object]) -> Callable[[], object]:
     """Register `fn` (calls of kernels with the argument types the hot paths use) for `warm`."""
     _warmers.append(fn)

@@ -6,7 +6,7 @@ windows."""
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from query import functions as fn
@@ -103,3 +103,77 @@ def test_window_bounds_are_each_series_searched_alone(
         a = int(bounds[i])
         assert lo[i].tolist() == (a + np.searchsorted(own, steps - width, "right")).tolist()
         assert hi[i].tolist() == (a + np.searchsorted(own, steps, "right")).tolist()
+
+
+def _numpy_rate(
+    batch: fn.SampleBatch,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    upper: np.ndarray,
+    range_ms: int,
+    counter: bool,
+    per_second: bool,
+) -> np.ndarray:
+    """Prometheus's extrapolatedRate as the engine computed it in NumPy before the kernel (the
+    formulation the kernel must match bit for bit)."""
+    vals = batch.vals
+    count = hi - lo
+    ok = count >= 2
+    i0, i1 = np.where(ok, lo, 0), np.where(ok, hi - 1, 0)
+    v0, v1 = vals[i0], vals[i1]
+    t0, t1 = batch.ts[i0], batch.ts[i1]
+    result = v1 - v0
+    if counter:
+        corr = np.zeros(len(vals))
+        if len(vals) >= 2:
+            corr[1:] = np.where(vals[1:] < vals[:-1], vals[:-1], 0.0)
+            starts = batch.bounds[:-1]
+            corr[starts[starts < len(vals)]] = 0.0
+        if corr.any():
+            result = result + fn.window_reduce(corr, lo + 1, np.maximum(hi, lo + 1), "sum")
+    dur_start = (t0 - (upper - range_ms)[None, :]) / 1000.0
+    dur_end = (upper[None, :] - t1) / 1000.0
+    sampled = (t1 - t0) / 1000.0
+    avg_interval = sampled / np.maximum(count - 1, 1)
+    threshold = avg_interval * 1.1
+    dur_start = np.where(dur_start >= threshold, avg_interval / 2, dur_start)
+    if counter:
+        to_zero = sampled * (v0 / result)
+        use_zero = (result > 0) & (v0 >= 0) & (to_zero < dur_start)
+        dur_start = np.where(use_zero, to_zero, dur_start)
+    dur_end = np.where(dur_end >= threshold, avg_interval / 2, dur_end)
+    factor = (sampled + dur_start + dur_end) / sampled
+    if per_second:
+        factor = factor / (range_ms / 1000.0)
+    return np.where(ok, result * factor, np.nan)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    series=st.lists(
+        st.lists(st.tuples(st.integers(0, 40), VALUES), max_size=10), min_size=1, max_size=4
+    ),
+    upper=st.lists(st.integers(0, 60), min_size=1, max_size=5).map(sorted),
+    range_ms=st.integers(1, 40),
+    func=st.sampled_from(["rate", "increase", "delta"]),
+)
+def test_rate_kernel_is_the_numpy_formulation_bit_for_bit(
+    series: list[list[tuple[int, float]]], upper: list[int], range_ms: int, func: str
+) -> None:
+    """rate, increase and delta over any windows (resets, NaN, infinities, signed zeros,
+    repeated times, windows of 0, 1 or more samples) equal the NumPy formulation's bits."""
+    rows = [sorted(s, key=lambda p: p[0]) for s in series]
+    bounds = np.zeros(len(rows) + 1, np.int64)
+    np.cumsum([len(r) for r in rows], out=bounds[1:])
+    ts = np.array([t * 1000 for r in rows for t, _ in r], np.int64)
+    vals = np.array([v for r in rows for _, v in r], np.float64)
+    assume(len(vals))  # (range_function answers a batch without samples before this)
+    batch = fn.SampleBatch([{} for _ in rows], ts, vals, bounds)
+    steps = np.array(upper, np.int64) * 1000
+    width = range_ms * 1000
+    lo, hi = fn.window_bounds(batch, steps, width)
+    counter, per_second = func != "delta", func == "rate"
+    with np.errstate(all="ignore"):
+        want = _numpy_rate(batch, lo, hi, steps, width, counter, per_second)
+        got = fn._extrapolated_rate(batch, lo, hi, steps, width, counter, per_second)
+    assert _bits(got) == _bits(want)
