@@ -68,7 +68,7 @@ from filopy.store.api import (
     StaleEpochError,
     StoreUnavailable,
 )
-from ingest.memstore import SealedGroup, ShardMemstore
+from ingest.memstore import NONE_TS, SealedGroup, ShardMemstore
 from ingest.open_buffers import decode_open_buffers, encode_open_buffers
 
 DEFAULT_FLUSH_INTERVAL_S = 60.0
@@ -490,13 +490,14 @@ def read_merged_batch(
     of them, and none of the per-series work when memory holds the whole window (the common
     case of a dashboard's recent windows)."""
     mem_starts, mem_ts, mem_vals, bounds = memstore.snapshot_many(series_ids, start, end)
-    # Each series needs the ColumnStore only before its oldest in-memory sample.
-    need: dict[str, int] = {}
-    for sid, mem_start in zip(series_ids, mem_starts, strict=True):
-        last = end if mem_start is None else min(end, mem_start - 1)
-        if last >= start:
-            need[memstore.part_key(sid)] = last
-    chunks = column_store.read_chunks(ref, shard, need, start, max(need.values())) if need else {}
+    # Each series needs the ColumnStore only before its oldest in-memory sample (all of the
+    # window if memory holds none of it): found for all series at once, as usually none does.
+    last = np.where(mem_starts == NONE_TS, end, np.minimum(end, mem_starts - 1))
+    wanted = np.flatnonzero(last >= start).tolist()
+    if not wanted:
+        return mem_ts, mem_vals, bounds
+    need = {memstore.part_key(series_ids[i]): int(last[i]) for i in wanted}
+    chunks = column_store.read_chunks(ref, shard, need, start, max(need.values()))
     if not any(chunks.values()):
         return mem_ts, mem_vals, bounds
     ts_parts: list[npt.NDArray[np.int64]] = []

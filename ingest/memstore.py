@@ -567,17 +567,17 @@ class ShardMemstore:
 
     def snapshot_many(
         self, series_ids: Sequence[int], start: int = INT64_MIN, end: int = INT64_MAX
-    ) -> tuple[list[int | None], npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[I64]]:
-        """`snapshot` of many series at once: their memory starts, and their samples in
-        [start, end] concatenated, series i's at `[bounds[i]:bounds[i + 1]]`. One lock for all,
-        one concatenation. Only the chunks that meet the window are read, and each open buffer is
-        cut to it (by its first and last times, searching only where the window ends inside it),
-        so a 5-minute query of series holding hours costs minutes of copying
-        (bench/bench_promql.py); the open buffers' pieces are copied by one concatenation under
-        the lock, and the chunks are cut with one mask over all of them."""
+    ) -> tuple[npt.NDArray[I64], npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[I64]]:
+        """`snapshot` of many series at once: their memory starts (`NONE_TS` for None), and
+        their samples in [start, end] concatenated, series i's at `[bounds[i]:bounds[i + 1]]`.
+        One lock for all, one concatenation. Only the chunks that meet the window are read, and
+        each open buffer is cut to it (by its first and last times, searching only where the
+        window ends inside it), so a 5-minute query of series holding hours costs minutes of
+        copying (bench/bench_promql.py); the open buffers' pieces are copied by one
+        concatenation under the lock, and the chunks are cut with one mask over all of them."""
         ts_parts: list[npt.NDArray[np.int64]] = []
         val_parts: list[npt.NDArray[np.float64]] = []
-        mem_starts: list[int | None] = []
+        mem_starts: list[int] = []
         records: list[tuple[int, ChunkRecord]] = []  # decoded outside the lock
         owners: list[int] = []  # per part, the series it belongs to
         opened: list[int] = []  # the parts that are open buffers' pieces (views, then copies)
@@ -607,7 +607,7 @@ class ShardMemstore:
                 elif n:
                     mem_starts.append(ser.ts.item(0))
                 else:
-                    mem_starts.append(None)
+                    mem_starts.append(NONE_TS)
                     continue
                 if not n:
                     continue
@@ -629,8 +629,9 @@ class ShardMemstore:
                 open_ts = np.concatenate([ts_parts[k] for k in opened])
                 open_vals = np.concatenate([val_parts[k] for k in opened])
         bounds = np.zeros(len(series_ids) + 1, I64)
+        starts = np.array(mem_starts, I64)
         if not ts_parts:
-            return mem_starts, np.empty(0, I64), np.empty(0, F64), bounds
+            return starts, np.empty(0, I64), np.empty(0, F64), bounds
         if records or not opened:
             if opened:  # the copies' pieces in place of the views
                 at = 0
@@ -650,7 +651,7 @@ class ShardMemstore:
         else:
             per_series = np.bincount(owners, weights=lengths, minlength=len(series_ids))
             np.cumsum(per_series.astype(I64), out=bounds[1:])
-        return mem_starts, ts_all, vals_all, bounds
+        return starts, ts_all, vals_all, bounds
 
     def memory_start(self, series_id: int) -> int | None:
         """Time of the series' oldest in-memory sample (None if none): memory holds every

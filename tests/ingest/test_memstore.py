@@ -13,7 +13,7 @@ from filopy.dataset import Dataset
 from filopy.hashing import partition_key_hash
 from filopy.store import LabelMatcher, PartKeyRecord, decode_chunk, encode_part_key
 from ingest.batch import SampleBatch
-from ingest.memstore import ShardMemstore, chunk_cuts, flush_group_of
+from ingest.memstore import NONE_TS, ShardMemstore, chunk_cuts, flush_group_of
 
 DS = Dataset(name="mem", num_shards=4)
 
@@ -449,7 +449,7 @@ def test_snapshot_many_is_each_series_snapshot_concatenated(
     assert len(bounds) == len(sids) + 1 and bounds[0] == 0 and bounds[-1] == len(ts)
     for i, sid in enumerate(sids):
         mem_start, want_ts, want_vals = m.snapshot(sid, start, start + width)
-        assert starts[i] == mem_start
+        assert starts[i] == (NONE_TS if mem_start is None else mem_start)
         assert ts[bounds[i] : bounds[i + 1]].tolist() == want_ts.tolist()
         assert vals[bounds[i] : bounds[i + 1]].tolist() == want_vals.tolist()
 
