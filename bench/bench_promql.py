@@ -16,6 +16,12 @@ FiloPy / Prometheus. Both answers are checked to hold the same number of series.
 bench/results/promql.txt (`--out -` prints). `--transport ray` sends the node parts as Ray
 actor calls instead of over the nodes' query channels (coordinator/query_channel.py), to
 compare the two; the header gives the load average before and after (the machine is shared).
+
+`--only QUERY --times N` skips Prometheus and the table: the client sends the one instant query N
+times in a row to FiloPy, and prints its latency percentiles with what each query cost the
+servers: the nodes' CPU and wall time per node part (their query channels' counters) and the
+REST process' CPU per query (this process: the REST server and Ray's driver threads). For
+finding where a small query's time goes; nothing is written to bench/results.
 """
 
 from __future__ import annotations
@@ -138,7 +144,61 @@ def _load(avg: tuple[float, float, float]) -> str:
     return " ".join(f"{x:.2f}" for x in avg)
 
 
+def repeat(fp: str, query: str, end: float, times: int) -> list[float]:
+    """One instant query `times` times in a row: each call's seconds."""
+    out = []
+    with httpx.Client(timeout=120) as http:
+        for _ in range(times):
+            t = time.perf_counter()
+            ask(http, fp, query, end, 0, 0)
+            out.append(time.perf_counter() - t)
+    return out
+
+
+def node_channel_stats() -> list[dict[str, float]]:
+    """Each node's query channel counters (`NodeCoordinator.query_channel_stats`)."""
+    import ray
+
+    from coordinator.names import node_actor_name
+
+    prefix = node_actor_name("")
+    found = ray.util.list_named_actors(all_namespaces=True)
+    handles = [
+        ray.get_actor(a["name"], namespace=a["namespace"])
+        for a in found
+        if a["name"].startswith(prefix)
+    ]
+    return [ray.get(h.query_channel_stats.remote()) for h in handles]
+
+
+def profile_one(fp: str, query: str, end_s: int, times: int) -> str:
+    """`--only`: the query `times` times from a client process; latency and server costs."""
+    before, cpu0 = node_channel_stats(), time.process_time()
+    client = [sys.executable, __file__, "--client-repeat", fp, query, str(end_s), str(times)]
+    done = subprocess.run(client, capture_output=True, text=True, check=False)
+    if done.returncode:
+        raise RuntimeError(f"the timing client failed: {done.stderr}")
+    rest_cpu = time.process_time() - cpu0
+    after = node_channel_stats()
+    p50, p90, p99 = np.percentile(json.loads(done.stdout), [50, 90, 99]) * 1000
+    lines = [
+        f"{query}: {times} times, p50 {p50:.2f} ms, p90 {p90:.2f}, p99 {p99:.2f}",
+        f"REST process: {rest_cpu / times * 1e6:.0f} us of CPU per query",
+    ]
+    for a, b in zip(before, after, strict=True):
+        parts = b.get("served", 0) - a.get("served", 0)
+        if parts:
+            cpu = (b["cpu_s"] - a.get("cpu_s", 0.0)) / parts * 1e6
+            wall = (b["wall_s"] - a.get("wall_s", 0.0)) / parts * 1e6
+            lines.append(f"node: {parts} parts, {cpu:.0f} us of CPU, {wall:.0f} us wall per part")
+    return "\n".join(lines)
+
+
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--client-repeat":
+        fp, query, end, times = sys.argv[2:6]
+        print(json.dumps(repeat(fp, query, float(end), int(times))))
+        return
     if len(sys.argv) > 1 and sys.argv[1] == "--client":
         cp = argparse.ArgumentParser()
         cp.add_argument("--client", nargs=3, metavar=("FILOPY", "PROMETHEUS", "END"))
@@ -155,6 +215,8 @@ def main() -> None:
     ap.add_argument("--kafka", default="127.0.0.1:9092")
     ap.add_argument("--transport", choices=["channel", "ray"], default="channel")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "promql.txt"))
+    ap.add_argument("--only", metavar="QUERY", help="one instant query, FiloPy only (see above)")
+    ap.add_argument("--times", type=int, default=2000, help="with --only: how many times")
     args = ap.parse_args()
     import filopy.testing  # noqa: F401  binds Ray to loopback before anything imports Ray
     from coordinator import cluster_queries  # the REST server below runs in this process
@@ -172,6 +234,14 @@ def main() -> None:
     samples = sum(len(s.values) for s in series)
     print(f"{len(series)} series, {samples} samples; loading both", file=sys.stderr)
     lines: list[str] = []
+    if args.only:
+        with (
+            tempfile.TemporaryDirectory(prefix="bench-promql-") as tmp,
+            harness.filopy(Path(tmp), series, args.kafka) as fp,
+        ):
+            print(f"flushes settled in {at_rest(fp):.0f} s", file=sys.stderr)
+            print(profile_one(fp, args.only, end_s, args.times))
+        return
     with tempfile.TemporaryDirectory(prefix="bench-promql-") as tmp:
         work = Path(tmp)
         (work / "ref").mkdir()
