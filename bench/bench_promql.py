@@ -20,7 +20,8 @@ compare the two; the header gives the load average before and after (the machine
 `--only QUERY --times N` skips Prometheus and the table: the client sends the one instant query N
 times in a row to FiloPy, and prints its latency percentiles with what each query cost the
 servers: the nodes' CPU and wall time per node part (their query channels' counters) and the
-REST process' CPU per query (this process: the REST server and Ray's driver threads). For
+REST process' CPU per query (this process: the REST server; its CPU when idle, Ray's driver
+threads and such, measured first and taken off). For
 finding where a small query's time goes; nothing is written to bench/results.
 """
 
@@ -173,17 +174,21 @@ def node_channel_stats() -> list[dict[str, float]]:
 
 def profile_one(fp: str, query: str, end_s: int, times: int) -> str:
     """`--only`: the query `times` times from a client process; latency and server costs."""
-    before, cpu0 = node_channel_stats(), time.process_time()
+    idle0, t0 = time.process_time(), time.perf_counter()
+    time.sleep(3.0)  # what this process spends with no query (Ray's driver threads and such)
+    idle_per_s = (time.process_time() - idle0) / (time.perf_counter() - t0)
+    before, cpu0, t0 = node_channel_stats(), time.process_time(), time.perf_counter()
     client = [sys.executable, __file__, "--client-repeat", fp, query, str(end_s), str(times)]
     done = subprocess.run(client, capture_output=True, text=True, check=False)
     if done.returncode:
         raise RuntimeError(f"the timing client failed: {done.stderr}")
-    rest_cpu = time.process_time() - cpu0
+    rest_cpu = time.process_time() - cpu0 - idle_per_s * (time.perf_counter() - t0)
     after = node_channel_stats()
     p50, p90, p99 = np.percentile(json.loads(done.stdout), [50, 90, 99]) * 1000
     lines = [
         f"{query}: {times} times, p50 {p50:.2f} ms, p90 {p90:.2f}, p99 {p99:.2f}",
-        f"REST process: {rest_cpu / times * 1e6:.0f} us of CPU per query",
+        f"REST process: {rest_cpu / times * 1e6:.0f} us of CPU per query (beyond its "
+        f"{idle_per_s * 1000:.0f} ms per second when idle)",
     ]
     for a, b in zip(before, after, strict=True):
         parts = b.get("served", 0) - a.get("served", 0)
