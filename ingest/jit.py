@@ -23,19 +23,20 @@ _warmers: list[Callable[[], object]] = []
 def kernel(fn: F) -> F:
     """`fn` compiled, run without the GIL, its machine code cached on disk (compiled anew in
     each process where no cache directory is writable: numba refuses `cache=True` there)."""
-    try:
-        return numba.njit(nogil=True, cache=True)(fn)  # type: ignore[no-any-return]
-    except RuntimeError:  # "cannot cache function ...: no locator available"
-        return numba.njit(nogil=True)(fn)  # type: ignore[no-any-return]
+    return _compiled(fn)
 
 
 def float_kernel(fn: F) -> F:
     """`kernel` with NumPy's float semantics: x / 0 is inf or NaN, as in the NumPy code such a
     kernel replaces (numba's default raises ZeroDivisionError)."""
+    return _compiled(fn, error_model="numpy")
+
+
+def _compiled(fn: F, **options: Any) -> F:
     try:
-        return numba.njit(nogil=True, cache=True, error_model="numpy")(fn)  # type: ignore[no-any-return]
-    except RuntimeError:  # as in `kernel`
-        return numba.njit(nogil=True, error_model="numpy")(fn)  # type: ignore[no-any-return]
+        return numba.njit(nogil=True, cache=True, **options)(fn)  # type: ignore[no-any-return]
+    except RuntimeError:  # "cannot cache function ...: no locator available"
+        return numba.njit(nogil=True, **options)(fn)  # type: ignore[no-any-return]
 
 
 def warms(fn: Callable[[], object]) -> Callable[[], object]:

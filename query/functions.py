@@ -88,7 +88,7 @@ def window_bounds(batch: SampleBatch, upper: I64, width: int) -> tuple[I64, I64]
 
     Both results have shape (n_series, n_steps) and index into the batch's flat arrays. One
     compiled pass (`_window_bounds`): on a small query the dozen NumPy calls this used to take
-    were a fifth of a node's part, most of it their fixed cost with cold caches."""
+    were a fifth of a node's part in a live profile, mostly their fixed cost."""
     n, m = batch.n_series, len(upper)
     if n == 0 or m == 0:
         return np.zeros((n, m), np.int64), np.zeros((n, m), np.int64)
