@@ -21,8 +21,8 @@ compare the two; the header gives the load average before and after (the machine
 times in a row to FiloPy, and prints its latency percentiles with what each query cost the
 servers: the nodes' CPU and wall time per node part (their query channels' counters) and the
 REST process' CPU per query (this process: the REST server; its CPU when idle, Ray's driver
-threads and such, measured first and taken off). For
-finding where a small query's time goes; nothing is written to bench/results.
+threads and such, measured first and taken off). For finding where a small query's time goes;
+nothing is written to bench/results.
 """
 
 from __future__ import annotations
@@ -237,7 +237,8 @@ def main() -> None:
     span_s = 3 * 3600 + 900
     series = demo_data.generate(end_s, instances=args.instances, span_s=span_s)
     samples = sum(len(s.values) for s in series)
-    print(f"{len(series)} series, {samples} samples; loading both", file=sys.stderr)
+    loading = "FiloPy" if args.only else "both"
+    print(f"{len(series)} series, {samples} samples; loading {loading}", file=sys.stderr)
     lines: list[str] = []
     if args.only:
         with (
