@@ -18,10 +18,11 @@ actor calls instead of over the nodes' query channels (coordinator/query_channel
 compare the two; the header gives the load average before and after (the machine is shared).
 
 `--only QUERY --times N` skips Prometheus and the table: the client sends the one instant query N
-times in a row to FiloPy, and prints its latency percentiles with what each query cost the
-servers: the nodes' CPU and wall time per node part (their query channels' counters) and the
-REST process' CPU per query (this process: the REST server; its CPU when idle, Ray's driver
-threads and such, measured first and taken off). For finding where a small query's time goes;
+times in a row to FiloPy (`--only` again: each query in turn, on the same cluster), and prints
+its latency percentiles with what each query cost the servers: the nodes' CPU and wall time per
+node part (their query channels' counters) and the REST process' CPU per query (this process:
+the REST server; its CPU when idle, Ray's driver threads and such, measured first and taken
+off; how much of it was spent in the kernel). For finding where a small query's time goes;
 nothing is written to bench/results.
 """
 
@@ -178,17 +179,20 @@ def profile_one(fp: str, query: str, end_s: int, times: int) -> str:
     time.sleep(3.0)  # what this process spends with no query (Ray's driver threads and such)
     idle_per_s = (time.process_time() - idle0) / (time.perf_counter() - t0)
     before, cpu0, t0 = node_channel_stats(), time.process_time(), time.perf_counter()
+    sys0 = os.times().system
     client = [sys.executable, __file__, "--client-repeat", fp, query, str(end_s), str(times)]
     done = subprocess.run(client, capture_output=True, text=True, check=False)
     if done.returncode:
         raise RuntimeError(f"the timing client failed: {done.stderr}")
     rest_cpu = time.process_time() - cpu0 - idle_per_s * (time.perf_counter() - t0)
+    rest_sys = os.times().system - sys0
     after = node_channel_stats()
     p50, p90, p99 = np.percentile(json.loads(done.stdout), [50, 90, 99]) * 1000
     lines = [
         f"{query}: {times} times, p50 {p50:.2f} ms, p90 {p90:.2f}, p99 {p99:.2f}",
         f"REST process: {rest_cpu / times * 1e6:.0f} us of CPU per query (beyond its "
-        f"{idle_per_s * 1000:.0f} ms per second when idle)",
+        f"{idle_per_s * 1000:.0f} ms per second when idle; {rest_sys / times * 1e6:.0f} us of "
+        "it in the kernel)",
     ]
     for a, b in zip(before, after, strict=True):
         parts = b.get("served", 0) - a.get("served", 0)
@@ -220,7 +224,12 @@ def main() -> None:
     ap.add_argument("--kafka", default="127.0.0.1:9092")
     ap.add_argument("--transport", choices=["channel", "ray"], default="channel")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "promql.txt"))
-    ap.add_argument("--only", metavar="QUERY", help="one instant query, FiloPy only (see above)")
+    ap.add_argument(
+        "--only",
+        metavar="QUERY",
+        action="append",
+        help="an instant query, FiloPy only (see above); repeatable",
+    )
     ap.add_argument("--times", type=int, default=2000, help="with --only: how many times")
     args = ap.parse_args()
     import filopy.testing  # noqa: F401  binds Ray to loopback before anything imports Ray
@@ -246,7 +255,8 @@ def main() -> None:
             harness.filopy(Path(tmp), series, args.kafka) as fp,
         ):
             print(f"flushes settled in {at_rest(fp):.0f} s", file=sys.stderr)
-            print(profile_one(fp, args.only, end_s, args.times))
+            for query in args.only:
+                print(profile_one(fp, query, end_s, args.times), flush=True)
         return
     with tempfile.TemporaryDirectory(prefix="bench-promql-") as tmp:
         work = Path(tmp)

@@ -10,9 +10,10 @@ rather than coerced (REST bodies are validated by these models).
 
 from __future__ import annotations
 
+import functools
 import re
 from enum import StrEnum
-from typing import Annotated, Self
+from typing import Annotated, Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
@@ -50,6 +51,33 @@ class DatasetRef(_Frozen):
 
     def __str__(self) -> str:
         return self.name
+
+    # A ref is a dict key on every query part's path (maps, ingesters by (ref, shard)), and a
+    # pydantic model compares and hashes field by field in Python: the one instance per name
+    # (`of`, what `Dataset.ref` and unpickling give) compares by identity first, and two
+    # refs otherwise by name alone.
+    @staticmethod
+    def of(name: str) -> DatasetRef:
+        """The ref of `name`, validated once and shared by this process."""
+        return _ref_of(name)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _ref_of, (self.name,)
+
+    def __eq__(self, other: object) -> bool:
+        if other is self:
+            return True
+        if isinstance(other, DatasetRef):
+            return self.name == other.name
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+
+@functools.lru_cache(maxsize=4096)
+def _ref_of(name: str) -> DatasetRef:
+    return DatasetRef(name=name)
 
 
 class RecordFormat(StrEnum):
@@ -233,7 +261,7 @@ class Dataset(_Frozen):
 
     @property
     def ref(self) -> DatasetRef:
-        return DatasetRef(name=self.name)
+        return _ref_of(self.name)
 
     @property
     def topic(self) -> str:

@@ -69,7 +69,22 @@ def group_ids(
     labels: Sequence[Mapping[str, str]], grouping: Sequence[str], without: bool
 ) -> tuple[list[dict[str, str]], I64]:
     """Distinct group label sets and, per input row, the index of its group."""
-    return distinct([group_labels(lab, grouping, without) for lab in labels])
+    if without:
+        return distinct([group_labels(lab, grouping, without) for lab in labels])
+    # `by`: a row's group is the values of the named labels (None where absent; a label's
+    # value is never empty), a dict made only per group, not per row.
+    names = tuple(dict.fromkeys(grouping))
+    index: dict[tuple[str | None, ...], int] = {}
+    groups: list[dict[str, str]] = []
+    ids: list[int] = []
+    for lab in labels:
+        key = tuple(map(lab.get, names))
+        i = index.get(key)
+        if i is None:
+            i = index[key] = len(groups)
+            groups.append({k: v for k, v in zip(names, key, strict=True) if v is not None})
+        ids.append(i)
+    return groups, np.array(ids, np.int64)
 
 
 @dataclass(frozen=True, eq=False)

@@ -10,6 +10,7 @@ the Prometheus API; FiloPy adds `spread` (override the dataset's spread for rout
 
 from __future__ import annotations
 
+import asyncio
 import importlib.metadata
 import math
 import os
@@ -19,12 +20,12 @@ import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl
 
-import anyio
 import numpy as np
 import orjson
 import promql_parser as pp
@@ -62,6 +63,21 @@ _UNITS_MS = {
 }
 MIN_TIME_MS = -(2**62) // 1000
 MAX_TIME_MS = 2**62 // 1000
+
+# Queries run on threads of their own, so the event loop keeps serving while one waits on the
+# nodes: a plain executor, shared by the process's routers, bounded as anyio's worker threads
+# are (40), at ~15 us less per call (no capacity limiter, run vars or cancel scopes on the way).
+QUERY_THREADS = 40
+_executor: ThreadPoolExecutor | None = None
+_executor_lock = threading.Lock()
+
+
+def _query_executor() -> ThreadPoolExecutor:
+    global _executor
+    with _executor_lock:
+        if _executor is None:
+            _executor = ThreadPoolExecutor(QUERY_THREADS, thread_name_prefix="query")
+        return _executor
 
 
 def format_value(v: float) -> str:
@@ -399,7 +415,7 @@ def promql_router(
 
     async def run(fn: Callable[..., R], *args: Any) -> R:
         try:
-            return await anyio.to_thread.run_sync(fn, *args)
+            return await asyncio.get_running_loop().run_in_executor(_query_executor(), fn, *args)
         except ApiError:
             raise
         except Exception as e:
