@@ -103,6 +103,8 @@ class Partial:
     values: F64
     counts: I64
     m2: F64 | None = None
+    # The groups' `label_key`s where the maker had them (`merge`), for ordering the result.
+    keys: list[LabelKey] | None = None
 
     def __post_init__(self) -> None:
         if self.op not in PUSHABLE_OPS:
@@ -119,7 +121,8 @@ class Partial:
         """The partial restricted to some of its groups."""
         m2 = None if self.m2 is None else self.m2[keep]
         labels = [self.labels[i] for i in keep]
-        return Partial(self.op, self.times, labels, self.values[keep], self.counts[keep], m2)
+        keys = None if self.keys is None else [self.keys[i] for i in keep]
+        return Partial(self.op, self.times, labels, self.values[keep], self.counts[keep], m2, keys)
 
 
 def _combine(
@@ -187,7 +190,7 @@ def merge(parts: Sequence[Partial]) -> Partial:
         if p.op != first.op or not np.array_equal(p.times, first.times):
             raise ValueError("can only merge partials of the same aggregation and steps")
     labels = [lab for p in parts for lab in p.labels]
-    groups, ids = distinct(labels)
+    groups, ids, keys = distinct_keyed(labels)
     values = np.concatenate([p.values for p in parts])
     counts = np.concatenate([p.counts for p in parts])
     m2 = None
@@ -196,7 +199,7 @@ def merge(parts: Sequence[Partial]) -> Partial:
     out, out_counts, out_m2 = _combine(
         first.op, ids, len(groups), len(first.times), values, counts, m2
     )
-    return Partial(first.op, first.times, groups, out, out_counts, out_m2)
+    return Partial(first.op, first.times, groups, out, out_counts, out_m2, keys)
 
 
 def finish_values(p: Partial) -> F64:

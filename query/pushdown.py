@@ -181,4 +181,5 @@ def finish(partial: Partial) -> StepMatrix:
     """The aggregation result of a (merged) partial state."""
     values = agg_mod.finish_values(partial)
     present = partial.counts > 0
-    return finalize(StepMatrix(partial.times, list(partial.labels), values, present))
+    m = StepMatrix(partial.times, list(partial.labels), values, present)
+    return finalize(m, keys=partial.keys)

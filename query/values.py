@@ -85,6 +85,8 @@ class StepMatrix:
     labels: list[dict[str, str]]
     values: F64
     present: Mask = None  # type: ignore[assignment]  # set by __post_init__
+    # Made by `finalize` (label order, no empty rows): finalizing it again changes nothing.
+    finalized: bool = False
 
     def __post_init__(self) -> None:
         shape = (len(self.labels), len(self.times))
@@ -224,6 +226,8 @@ def finalize(
     """Drop series without any value; order by label set (or by value, for instant sort, NaN
     values last; or keep the rows' order, `"rows"`, for instant topk/bottomk). `keys`: the
     rows' `label_key`s, when the caller has them."""
+    if m.finalized and order_by_value is None:
+        return m
     keep = np.flatnonzero(m.present.any(axis=1)).tolist()
     if order_by_value is None:
         if keys is None:
@@ -247,4 +251,5 @@ def finalize(
         [m.labels[i] for i in keep],
         m.values[rows].reshape(-1, n),
         m.present[rows].reshape(-1, n),
+        finalized=order_by_value is None,
     )

@@ -195,12 +195,13 @@ def result_json(value: Value, *, fragments: bool = False) -> dict[str, Any]:
     assert isinstance(value, StepMatrix)
     if len(value.times) == 1:
         t = _ts(int(value.times[0]))
+        vals, has = value.values[:, 0].tolist(), value.present[:, 0].tolist()
         return {
             "resultType": "vector",
             "result": [
-                {"metric": labels, "value": [t, format_value(float(row[0]))]}
-                for labels, row, has in zip(value.labels, value.values, value.present, strict=True)
-                if has[0]
+                {"metric": labels, "value": [t, format_value(v)]}
+                for labels, v, h in zip(value.labels, vals, has, strict=True)
+                if h
             ],
         }
     times = [_ts(int(t)) for t in value.times]
