@@ -146,14 +146,16 @@ def _load(avg: tuple[float, float, float]) -> str:
     return " ".join(f"{x:.2f}" for x in avg)
 
 
-def repeat(fp: str, query: str, end: float, times: int) -> list[float]:
-    """One instant query `times` times in a row: each call's seconds."""
+def repeat(fp: str, query: str, end: float, times: int, pause_s: float) -> list[float]:
+    """One instant query `times` times in a row (`pause_s` apart): each call's seconds."""
     out = []
     with httpx.Client(timeout=120) as http:
         for _ in range(times):
             t = time.perf_counter()
             ask(http, fp, query, end, 0, 0)
             out.append(time.perf_counter() - t)
+            if pause_s:
+                time.sleep(pause_s)
     return out
 
 
@@ -173,7 +175,7 @@ def node_channel_stats() -> list[dict[str, float]]:
     return [ray.get(h.query_channel_stats.remote()) for h in handles]
 
 
-def profile_one(fp: str, query: str, end_s: int, times: int) -> str:
+def profile_one(fp: str, query: str, end_s: int, times: int, pause_s: float) -> str:
     """`--only`: the query `times` times from a client process; latency and server costs."""
     idle0, t0 = time.process_time(), time.perf_counter()
     time.sleep(3.0)  # what this process spends with no query (Ray's driver threads and such)
@@ -181,6 +183,7 @@ def profile_one(fp: str, query: str, end_s: int, times: int) -> str:
     before, cpu0, t0 = node_channel_stats(), time.process_time(), time.perf_counter()
     sys0 = os.times().system
     client = [sys.executable, __file__, "--client-repeat", fp, query, str(end_s), str(times)]
+    client.append(str(pause_s))
     done = subprocess.run(client, capture_output=True, text=True, check=False)
     if done.returncode:
         raise RuntimeError(f"the timing client failed: {done.stderr}")
@@ -189,7 +192,8 @@ def profile_one(fp: str, query: str, end_s: int, times: int) -> str:
     after = node_channel_stats()
     p50, p90, p99 = np.percentile(json.loads(done.stdout), [50, 90, 99]) * 1000
     lines = [
-        f"{query}: {times} times, p50 {p50:.2f} ms, p90 {p90:.2f}, p99 {p99:.2f}",
+        f"{query}: {times} times{f' {pause_s * 1000:g} ms apart' if pause_s else ''}, "
+        f"p50 {p50:.2f} ms, p90 {p90:.2f}, p99 {p99:.2f}",
         f"REST process: {rest_cpu / times * 1e6:.0f} us of CPU per query (beyond its "
         f"{idle_per_s * 1000:.0f} ms per second when idle; {rest_sys / times * 1e6:.0f} us of "
         "it in the kernel)",
@@ -205,8 +209,8 @@ def profile_one(fp: str, query: str, end_s: int, times: int) -> str:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--client-repeat":
-        fp, query, end, times = sys.argv[2:6]
-        print(json.dumps(repeat(fp, query, float(end), int(times))))
+        fp, query, end, times, pause_s = sys.argv[2:7]
+        print(json.dumps(repeat(fp, query, float(end), int(times), float(pause_s))))
         return
     if len(sys.argv) > 1 and sys.argv[1] == "--client":
         cp = argparse.ArgumentParser()
@@ -231,6 +235,12 @@ def main() -> None:
         help="an instant query, FiloPy only (see above); repeatable",
     )
     ap.add_argument("--times", type=int, default=2000, help="with --only: how many times")
+    ap.add_argument(
+        "--pause-ms",
+        type=float,
+        default=0.0,
+        help="with --only: idle time between queries (as when they are interleaved)",
+    )
     args = ap.parse_args()
     import filopy.testing  # noqa: F401  binds Ray to loopback before anything imports Ray
     from coordinator import cluster_queries  # the REST server below runs in this process
@@ -256,7 +266,8 @@ def main() -> None:
         ):
             print(f"flushes settled in {at_rest(fp):.0f} s", file=sys.stderr)
             for query in args.only:
-                print(profile_one(fp, query, end_s, args.times), flush=True)
+                line = profile_one(fp, query, end_s, args.times, args.pause_ms / 1000)
+                print(line, flush=True)
         return
     with tempfile.TemporaryDirectory(prefix="bench-promql-") as tmp:
         work = Path(tmp)
