@@ -71,8 +71,8 @@ def group_ids(
     """Distinct group label sets and, per input row, the index of its group."""
     if without:
         return distinct([group_labels(lab, grouping, without) for lab in labels])
-    # `by`: a row's group is the values of the named labels (None where absent; a label's
-    # value is never empty), a dict made only per group, not per row.
+    # `by`: a row's group is the tuple of the named labels' values (None where absent), and a
+    # dict is made only per group, not per row.
     names = tuple(dict.fromkeys(grouping))
     index: dict[tuple[str | None, ...], int] = {}
     groups: list[dict[str, str]] = []
