@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from query.aggregate import Partial
+from query.aggregate import Partial, group_ids, group_labels
 from query.evaluator import LocalBackend, eval_partial, eval_series_local, evaluate
 from query.promql import Aggregate, Expr, parse
 from query.pushdown import concat_matrices, finish, merge_partials
@@ -167,3 +167,28 @@ def test_whole_queries_through_a_split_backend(split, query, times) -> None:
     got = evaluate(query, SplitBackend(sources), times)
     assert isinstance(want, StepMatrix) and isinstance(got, StepMatrix)
     assert_matrices_close(got, want)
+
+
+@SETTINGS
+@given(
+    rows=st.lists(
+        st.dictionaries(
+            st.sampled_from(["a", "b", "c", "__name__"]), st.sampled_from(["", "1", "2"])
+        ),
+        max_size=12,
+    ),
+    grouping=st.lists(st.sampled_from(["a", "b", "c", "__name__", "d"]), max_size=4),
+    without=st.booleans(),
+)
+def test_group_ids_are_the_distinct_group_label_sets_in_first_seen_order(
+    rows: list[dict[str, str]], grouping: list[str], without: bool
+) -> None:
+    """Rows grouped by their `by` values directly (one dict per group) group exactly as their
+    `group_labels` do: the same groups, in first-seen order, and the same row -> group."""
+    groups, ids = group_ids(rows, grouping, without)
+    expected = [group_labels(r, grouping, without) for r in rows]
+    assert [groups[i] for i in ids] == expected
+    first_seen: dict[tuple[tuple[str, str], ...], dict[str, str]] = {}
+    for g in expected:
+        first_seen.setdefault(tuple(sorted(g.items())), g)
+    assert groups == list(first_seen.values())

@@ -12,6 +12,7 @@ from filopy.dataset import (
     MAX_LABELS_PER_SERIES,
     MAX_SERIES_KEY_BYTES,
     Dataset,
+    DatasetRef,
     LabelLimits,
 )
 from filopy.store.cassandra import _max_part_key_bytes
@@ -120,3 +121,18 @@ def test_an_unset_bootstrap_is_the_clusters() -> None:
     )
     own = Dataset.model_validate(FULL)
     assert own.with_cluster_kafka("other:9092") == own
+
+
+def test_a_dataset_ref_is_one_object_per_name_and_equal_by_name() -> None:
+    import ray.cloudpickle
+
+    ref = DatasetRef.of("metrics")
+    assert Dataset(name="metrics", num_shards=2).ref is ref
+    assert pickle.loads(pickle.dumps(ref)) is ref  # what a query channel frame carries
+    assert ray.cloudpickle.loads(ray.cloudpickle.dumps(ref)) is ref  # and a Ray call
+    other = DatasetRef(name="metrics")  # made directly: another object, the same ref
+    assert other is not ref and other == ref and hash(other) == hash(ref)
+    assert {(ref, 3): "x"}[(other, 3)] == "x"
+    assert ref != DatasetRef.of("other") and ref != "metrics"
+    with pytest.raises(ValueError, match="invalid dataset name"):
+        DatasetRef.of("1-starts-with-a-digit")
