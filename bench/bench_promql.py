@@ -22,8 +22,10 @@ times in a row to FiloPy (`--only` again: each query in turn, on the same cluste
 its latency percentiles with what each query cost the servers: the nodes' CPU and wall time per
 node part (their query channels' counters) and the REST process' CPU per query (this process:
 the REST server; its CPU when idle, Ray's driver threads and such, measured first and taken
-off; how much of it was spent in the kernel). For finding where a small query's time goes;
-nothing is written to bench/results.
+off; how much of it was spent in the kernel). `--pause-ms N` leaves N ms of idle time between
+the queries, as Prometheus' queries do in the interleaved run (docs/query.md: after a pause each
+query costs several times the CPU). For finding where a small query's time goes; nothing is
+written to bench/results.
 """
 
 from __future__ import annotations
@@ -182,8 +184,8 @@ def profile_one(fp: str, query: str, end_s: int, times: int, pause_s: float) -> 
     idle_per_s = (time.process_time() - idle0) / (time.perf_counter() - t0)
     before, cpu0, t0 = node_channel_stats(), time.process_time(), time.perf_counter()
     sys0 = os.times().system
-    client = [sys.executable, __file__, "--client-repeat", fp, query, str(end_s), str(times)]
-    client.append(str(pause_s))
+    client = [sys.executable, __file__, "--client-repeat", fp, query]
+    client += [str(end_s), str(times), str(pause_s)]
     done = subprocess.run(client, capture_output=True, text=True, check=False)
     if done.returncode:
         raise RuntimeError(f"the timing client failed: {done.stderr}")

@@ -65,19 +65,11 @@ MIN_TIME_MS = -(2**62) // 1000
 MAX_TIME_MS = 2**62 // 1000
 
 # Queries run on threads of their own, so the event loop keeps serving while one waits on the
-# nodes: a plain executor, shared by the process's routers, bounded as anyio's worker threads
-# are (40), at ~15 us less per call (no capacity limiter, run vars or cancel scopes on the way).
+# nodes: a plain executor (its threads start as queries need them), shared by the process's
+# routers, bounded as anyio's worker threads are (40), at ~15 us less per call (no capacity
+# limiter, run vars or cancel scopes on the way).
 QUERY_THREADS = 40
-_executor: ThreadPoolExecutor | None = None
-_executor_lock = threading.Lock()
-
-
-def _query_executor() -> ThreadPoolExecutor:
-    global _executor
-    with _executor_lock:
-        if _executor is None:
-            _executor = ThreadPoolExecutor(QUERY_THREADS, thread_name_prefix="query")
-        return _executor
+_QUERY_EXECUTOR = ThreadPoolExecutor(QUERY_THREADS, thread_name_prefix="query")
 
 
 def format_value(v: float) -> str:
@@ -416,7 +408,7 @@ def promql_router(
 
     async def run(fn: Callable[..., R], *args: Any) -> R:
         try:
-            return await asyncio.get_running_loop().run_in_executor(_query_executor(), fn, *args)
+            return await asyncio.get_running_loop().run_in_executor(_QUERY_EXECUTOR, fn, *args)
         except ApiError:
             raise
         except Exception as e:
