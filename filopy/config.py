@@ -121,6 +121,7 @@ class GatewaySettings(_Section):
     ack_timeout_s: float = Field(gt=0)
     retry_after_s: int = Field(ge=1)
     definitions_ttl_s: float = Field(ge=0)
+    kafka_compression: Literal["none", "gzip", "snappy", "lz4", "zstd"]
 
 
 class Settings(BaseSettings):

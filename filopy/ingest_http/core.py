@@ -220,6 +220,19 @@ LINGER_MS = 2
 INLINE_BYTES = 1 << 20
 INLINE_BACKLOG = 10_000  # messages queued for Kafka past which a send could block
 
+# [gateway] kafka_compression -> the producer's settings. The gateway leaves the record format's
+# bodies uncompressed and librdkafka compresses each partition's batch in its own threads, without
+# the GIL: ~0.2 ms of each 2,000-sample request off the event loop (Gateway.send_batch on one
+# thread: 600-625 -> 385-420 us). Bulk loads keep `Gateway`'s own zstd: their messages are
+# large, and there is no event loop to free.
+PRODUCER_COMPRESSION: dict[str, dict[str, object]] = {
+    "none": {"compression.type": "none"},
+    "gzip": {"compression.type": "gzip", "compression.level": 1},
+    "snappy": {"compression.type": "snappy"},
+    "lz4": {"compression.type": "lz4"},
+    "zstd": {"compression.type": "zstd", "compression.level": 1},
+}
+
 
 class _Shared:
     """One dataset's producer: a Gateway, the lock that serialises sends on it (a Gateway is
@@ -256,8 +269,9 @@ class GatewayPool:
     gateway that cannot send any more (a fatal producer error, a changed definition) is
     replaced; the old one delivers what it holds in the background."""
 
-    def __init__(self, ack_timeout_s: float) -> None:
+    def __init__(self, ack_timeout_s: float, kafka_compression: str = "lz4") -> None:
         self._ack_timeout_s = ack_timeout_s
+        self._kafka_compression = kafka_compression
         self._shared: dict[str, _Shared] = {}
         self._lock = threading.Lock()
 
@@ -272,9 +286,12 @@ class GatewayPool:
             gateway = Gateway(
                 dataset,
                 timeout_s=min(10.0, self._ack_timeout_s),
+                # bodies left uncompressed: the producer compresses (PRODUCER_COMPRESSION)
+                compression_level=0,
                 producer_config={
                     "message.timeout.ms": int(self._ack_timeout_s * 1000),
                     "linger.ms": LINGER_MS,
+                    **PRODUCER_COMPRESSION[self._kafka_compression],
                 },
             )
             shared = self._shared[dataset.name] = _Shared(gateway)
@@ -431,7 +448,7 @@ class Ingestion:
         self.settings = settings
         self.metrics = metrics or IngestMetrics()
         self.definitions = Definitions(datasets, settings.definitions_ttl_s)
-        self.pool = GatewayPool(settings.ack_timeout_s)
+        self.pool = GatewayPool(settings.ack_timeout_s, settings.kafka_compression)
 
     def close(self) -> None:
         self.pool.close()

@@ -1,0 +1,90 @@
+"""`[gateway] kafka_compression`: the HTTP gateway leaves the record format's bodies uncompressed
+and lets the producer compress Kafka batches. Every codec the setting takes reaches the real
+broker and reads back, through a consumer, as exactly the samples sent."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import get_args
+
+import httpx
+import numpy as np
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from fastapi import FastAPI
+
+from filopy.config import GatewaySettings
+from filopy.dataset import Dataset, SourceSettings
+from filopy.ingest_http import Ingestion
+from filopy.ingest_http.app import serve_ingestion
+from filopy.ingest_http.core import DEFAULT_SETTINGS
+from ingest.binary_format import HEADER, decode_binary
+from ingest.topics import ensure_topic
+from tests.rest.conftest import ServerThread
+
+pytestmark = [pytest.mark.kafka]
+
+T0 = 1_700_000_000_000
+SHARDS = 2
+CODECS = get_args(GatewaySettings.model_fields["kafka_compression"].annotation)
+
+
+def _consume_all(dataset: Dataset) -> list[bytes]:
+    """Every message of the topic, from offset 0 to the end of each partition."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": dataset.source.bootstrap_servers,
+            "group.id": f"filopy-test-{uuid.uuid4().hex[:6]}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
+    consumer.assign([TopicPartition(dataset.topic, p, OFFSET_BEGINNING) for p in range(SHARDS)])
+    out: list[bytes] = []
+    eofs: set[int] = set()
+    deadline = time.monotonic() + 30
+    try:
+        while len(eofs) < SHARDS:
+            assert time.monotonic() < deadline, f"only partitions {eofs} reached their end"
+            for m in consumer.consume(num_messages=1000, timeout=0.2):
+                if m.error() is None:
+                    out.append(m.value())
+                elif m.error().code() == KafkaError._PARTITION_EOF:
+                    eofs.add(m.partition())
+                else:
+                    raise KafkaException(m.error())
+    finally:
+        consumer.close()
+    return out
+
+
+def test_the_codecs_are_every_one_the_producer_knows() -> None:
+    assert set(CODECS) == {"none", "gzip", "snappy", "lz4", "zstd"}
+    assert DEFAULT_SETTINGS.kafka_compression == "lz4"
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_each_codec_writes_what_reads_back(kafka_bootstrap: str, codec: str) -> None:
+    dataset = Dataset(
+        name=f"codec{uuid.uuid4().hex[:8]}",
+        num_shards=SHARDS,
+        source=SourceSettings(bootstrap_servers=kafka_bootstrap),
+    )
+    ensure_topic(dataset, kafka_bootstrap)
+    settings = DEFAULT_SETTINGS.model_copy(update={"kafka_compression": codec})
+    app = FastAPI()
+    serve_ingestion(app, Ingestion(lambda: [dataset], settings))
+    lines = "\n".join(f"cpu,host=h{i} value={i}.25 {T0 + i}" for i in range(300))
+    with ServerThread(app) as url:
+        r = httpx.post(f"{url}/ingest/{dataset.name}/write?precision=ms", content=lines)
+    assert r.status_code == 204, r.text
+
+    messages = _consume_all(dataset)
+    flags = {HEADER.unpack_from(m)[2] for m in messages}
+    assert flags == {0}, "the bodies are left to the producer to compress"
+    got = [decode_binary(m).batch for m in messages]
+    values = np.sort(np.concatenate([b.values for b in got]))
+    stamps = np.sort(np.concatenate([b.timestamps for b in got]))
+    assert values.tolist() == [i + 0.25 for i in range(300)]
+    assert stamps.tolist() == [T0 + i for i in range(300)]
