@@ -46,6 +46,7 @@ _IDX_DTYPES = {1: np.dtype("<u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4")}
 _TS_DTYPES = {4: np.dtype("<u4"), 8: np.dtype("<u8")}
 _F64 = np.dtype("<f8")
 _U16 = np.dtype("<u2")
+_U64 = np.dtype("<u8")
 
 _zstd = threading.local()  # zstd contexts are not thread-safe; reuse one per thread
 
@@ -154,32 +155,15 @@ def _string_table(series_blobs: Sequence[bytes]) -> bytes:
 
 
 @kernel
-def _put(out: npt.NDArray[np.uint8], at: int, x: np.uint64, width: int) -> int:
-    """`x`'s `width` low bytes, little-endian, at `out[at:]`; past them."""
-    for k in range(width):
-        out[at + k] = np.uint8((x >> np.uint64(8 * k)) & np.uint64(0xFF))
-    return at + width
-
-
-@kernel
-def _bodies(
+def _body_starts(
     bounds: npt.NDArray[np.int64],
     series_bounds: npt.NDArray[np.int64],
     wide: npt.NDArray[np.bool_],
-    value_bits: npt.NDArray[np.uint64],
-    offsets: npt.NDArray[np.uint64],
-    local_idx: npt.NDArray[np.int64],
-    label_counts: npt.NDArray[np.int64],
     series_slots: npt.NDArray[np.int64],
-    arena: npt.NDArray[np.uint8],
-    blob_start: npt.NDArray[np.int64],
     blob_len: npt.NDArray[np.int64],
-) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
-    """The uncompressed bodies of several messages, one after the other, and where each
-    starts (and the last ends): message g is the samples `bounds[g]:bounds[g + 1]` (values as
-    bits, timestamp offsets, each one's index among the message's series) and the series
-    `series_bounds[g]:series_bounds[g + 1]` (label counts, and their blobs: `arena` bytes of
-    each one's slot), laid out as `encode_checked` does."""
+) -> npt.NDArray[np.int64]:
+    """Where each message's body starts among the bodies laid out one after the other (and,
+    last, where the last one ends): see `_fill_bodies`."""
     groups = bounds.shape[0] - 1
     starts = np.empty(groups + 1, np.int64)
     size = 0
@@ -198,8 +182,37 @@ def _bodies(
         starts[g] = size
         size += n * (8 + (8 if wide[g] else 4) + idx_width) + 2 * m + table + max(blobs - 1, 0)
     starts[groups] = size
-    out = np.empty(size, np.uint8)
-    for g in range(groups):
+    return starts
+
+
+@kernel
+def _fill_bodies(
+    out: npt.NDArray[np.uint8],
+    out_words: npt.NDArray[np.uint64],
+    starts: npt.NDArray[np.int64],
+    bounds: npt.NDArray[np.int64],
+    series_bounds: npt.NDArray[np.int64],
+    wide: npt.NDArray[np.bool_],
+    value_bits: npt.NDArray[np.uint64],
+    offsets: npt.NDArray[np.uint64],
+    local_idx: npt.NDArray[np.int64],
+    label_counts: npt.NDArray[np.int64],
+    series_slots: npt.NDArray[np.int64],
+    arena: npt.NDArray[np.uint8],
+    arena_words: npt.NDArray[np.uint64],
+    blob_start: npt.NDArray[np.int64],
+    blob_len: npt.NDArray[np.int64],
+) -> None:
+    """The bodies of several messages, one after the other from `starts`: message g is the
+    samples `bounds[g]:bounds[g + 1]` (values as bits, timestamp offsets, each one's index
+    among the message's series) and the series `series_bounds[g]:series_bounds[g + 1]` (label
+    counts, and their blobs: `arena` bytes of each one's slot), laid out as `encode_checked`
+    does. `out_words` and `arena_words` are the 8-byte words at every byte offset of `out` and
+    `arena` (`_words_at`): each field is one unaligned store whose bytes past the field are
+    overwritten by the next one (bytes are written in increasing order; `out` has 8 bytes to
+    spare at its end), a blob of 8 bytes or more is copied a word at a time, its last word
+    ending at its last byte (never reading past it)."""
+    for g in range(bounds.shape[0] - 1):
         a, b = bounds[g], bounds[g + 1]
         sa, sb = series_bounds[g], series_bounds[g + 1]
         m = sb - sa
@@ -207,13 +220,17 @@ def _bodies(
         ts_width = 8 if wide[g] else 4
         at = starts[g]
         for i in range(a, b):
-            at = _put(out, at, value_bits[i], 8)
+            out_words[at] = value_bits[i]
+            at += 8
         for i in range(a, b):
-            at = _put(out, at, offsets[i], ts_width)
+            out_words[at] = offsets[i]  # < 2**32 unless wide: the upper bytes are zero
+            at += ts_width
         for i in range(a, b):
-            at = _put(out, at, np.uint64(local_idx[i]), idx_width)
+            out_words[at] = np.uint64(local_idx[i])
+            at += idx_width
         for j in range(sa, sb):
-            at = _put(out, at, np.uint64(label_counts[j]), 2)
+            out_words[at] = np.uint64(label_counts[j])
+            at += 2
         first = True
         for j in range(sa, sb):
             slot = series_slots[j]
@@ -225,9 +242,15 @@ def _bodies(
                 at += 1
             first = False
             src = blob_start[slot]
-            out[at : at + length] = arena[src : src + length]
+            if length >= 8:
+                last = length - 8
+                for k in range(0, last, 8):
+                    out_words[at + k] = arena_words[src + k]
+                out_words[at + last] = arena_words[src + last]
+            else:
+                for k in range(length):
+                    out[at + k] = arena[src + k]
             at += length
-    return out, starts
 
 
 def finish(
@@ -255,6 +278,12 @@ def finish(
     return header + body
 
 
+def _words_at(buf: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint64]:
+    """`buf`'s 8-byte little-endian words at every byte offset (a view: item i is bytes i to
+    i + 7, an unaligned access; none if `buf` is shorter than 8 bytes)."""
+    return np.ndarray((max(len(buf) - 7, 0),), _U64, buf, strides=(1,))
+
+
 def encode_bodies(
     bounds: npt.NDArray[np.int64],
     series_bounds: npt.NDArray[np.int64],
@@ -270,13 +299,19 @@ def encode_bodies(
 ) -> list[memoryview]:
     """The uncompressed bodies `encode_checked` makes of several messages (message g: samples
     `bounds[g]:bounds[g + 1]`, series `series_bounds[g]:series_bounds[g + 1]`, their blobs
-    in `arena`), laid out by one compiled kernel without the GIL; `finish` makes each a
+    in `arena`), laid out by compiled kernels without the GIL; `finish` makes each a
     message."""
-    i64, c = np.int64, np.ascontiguousarray  # (the types the kernel is compiled for)
-    out, starts = _bodies(
-        c(bounds, i64), c(series_bounds, i64), c(wide, np.bool_),
+    i64, c = np.int64, np.ascontiguousarray  # (the types the kernels are compiled for)
+    bounds, series_bounds = c(bounds, i64), c(series_bounds, i64)
+    wide, series_slots, blob_len = c(wide, np.bool_), c(series_slots, i64), c(blob_len, i64)
+    starts = _body_starts(bounds, series_bounds, wide, series_slots, blob_len)
+    out = np.empty(int(starts[-1]) + 8, np.uint8)  # (8 bytes for the last store's spill)
+    arena = np.ascontiguousarray(arena, np.uint8)
+    _fill_bodies(
+        out, _words_at(out), starts, bounds, series_bounds, wide,
         c(values, np.float64).view(np.uint64), c(offsets, np.uint64), c(local_idx, i64),
-        c(label_counts, i64), c(series_slots, i64), arena, c(blob_start, i64), c(blob_len, i64),
+        c(label_counts, i64), series_slots, arena, _words_at(arena), c(blob_start, i64),
+        blob_len,
     )  # fmt: skip
     view = memoryview(out)
     at = starts.tolist()

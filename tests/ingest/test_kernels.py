@@ -209,7 +209,7 @@ def _messages_both_ways(
     for k in order.tolist():
         blob_start[k], blob_len[k] = at, len(blobs[k])
         at += len(blobs[k])
-    arena = np.frombuffer(b"".join(blobs[k] for k in order.tolist()) + b"\x00", np.uint8).copy()
+    arena = np.frombuffer(b"".join(blobs[k] for k in order.tolist()), np.uint8).copy()
     bodies = encode_bodies(
         np.array(bounds, np.int64), np.array(series_bounds, np.int64), np.array(wide, bool),
         np.concatenate(values), np.concatenate(offsets), np.array(local, np.int64),
@@ -231,7 +231,8 @@ def _messages_both_ways(
 
 
 _blobs = st.lists(
-    st.sampled_from([b"", b"k\xffv", b"__name__\xffup\xffjob\xffnode", b"a\xff" + b"x" * 300]),
+    st.sampled_from([b"", b"k\xffv", b"__name__\xffup\xffjob\xffnode", b"a\xff" + b"x" * 300])
+    | st.builds(lambda n: b"k\xff" + b"v" * n, st.integers(0, 22)),  # around the 8-byte words
     min_size=1,
     max_size=300,
 )
@@ -251,8 +252,9 @@ def _groups(draw: st.DrawFn) -> tuple[list[bytes], list[int], list[int], list[fl
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(_groups(), min_size=1, max_size=5), st.sampled_from([0, 1]))
 def test_compiled_bodies_are_encode_checked(groups: list, level: int) -> None:
-    """The gateway's messages laid out by the kernel (any blobs, empty ones too, 1- and 2-byte
-    series indexes, 4- and 8-byte timestamp offsets) are `encode_checked`'s bytes."""
+    """The gateway's messages laid out by the kernels (any blobs, empty ones too, of every
+    length around the word size they are copied by, 1- and 2-byte series indexes, 4- and 8-byte
+    timestamp offsets) are `encode_checked`'s bytes."""
     expected, got = _messages_both_ways(groups, level)
     assert got == expected
 
