@@ -417,6 +417,23 @@ def _stamps_of(buf: np.ndarray, line_end: np.ndarray, field_end: np.ndarray) -> 
     return t
 
 
+@kernel
+def _fields_start_with(
+    buf: np.ndarray, key_end: np.ndarray, field_end: np.ndarray, prefix: np.ndarray
+) -> bool:
+    """Whether every line's field (after its first space, to its second) is `prefix` (a field
+    name and "=") followed by at least one byte: a value."""
+    p = prefix.shape[0]
+    for k in range(key_end.shape[0]):
+        a = key_end[k] + 1
+        if a + p >= field_end[k]:  # an empty value, or no room for the prefix
+            return False
+        for j in range(p):
+            if buf[a + j] != prefix[j]:
+                return False
+    return True
+
+
 def _stamps(buf: np.ndarray, line_end: np.ndarray, field_end: np.ndarray) -> np.ndarray | None:
     """Each line's timestamp (the bytes after its second space): 1 to 19 ASCII digits read
     right-aligned from the line's last bytes, within int64; None for anything else."""
@@ -507,11 +524,9 @@ def _decode_columns(b: _InfluxBuilder, raw: bytes, lo: int, hi: int) -> bool:
     if not name or not eq or b"," in name:
         return False
     prefix = np.frombuffer(name + b"=", np.uint8)
+    if not _fields_start_with(buf, key_end, field_end, prefix):
+        return False
     value_start = key_end + 1 + len(prefix)
-    if (value_start >= field_end).any():  # an empty value, or no room for the prefix
-        return False
-    if (buf.take(key_end[:, None] + 1 + np.arange(len(prefix))) != prefix).any():
-        return False
     vals = _values(raw, buf, value_start, field_end)
     if vals is None:
         return False
@@ -890,9 +905,11 @@ def _decoded(
 
 @warms
 def _warm() -> None:
-    """The column path's kernels (`_frame`, `_stamps_of`, `_plain_values`)."""
+    """The column path's kernels (`_frame`, `_stamps_of`, `_fields_start_with`,
+    `_plain_values`)."""
     raw = b"m,host=a value=1.5 1700000000000\nm,host=b value=-2 1700000000000"
     buf = np.frombuffer(raw, np.uint8)
-    line_end, _, field_end = _frame(buf)
+    line_end, key_end, field_end = _frame(buf)
     _stamps(buf, line_end, field_end)
+    _fields_start_with(buf, key_end, field_end, np.frombuffer(b"value=", np.uint8))
     _values(raw, buf, np.array([15, 48], np.int64), np.array([18, 50], np.int64))

@@ -338,7 +338,7 @@ _lp_bytes = st.lists(
 @settings(max_examples=500, deadline=None)
 @given(_lp_bytes)
 def test_line_protocol_kernels_decide_as_the_references(raw: bytes) -> None:
-    """Framing, timestamps and plain values: the kernels take exactly what the NumPy
+    """Framing, field names, timestamps and plain values: the kernels take exactly what the NumPy
     formulation took (bytes under "0" or over "9", 19-digit stamps over int64, long values,
     several points or minus signs), and read the same numbers (float() for the values)."""
     if not raw:
@@ -347,6 +347,17 @@ def test_line_protocol_kernels_decide_as_the_references(raw: bytes) -> None:
     line_end, key_end, field_end = line_protocol._frame(buf)
     framed = (line_end.tolist(), key_end.tolist(), field_end.tolist()) if len(line_end) else None
     assert framed == _reference_frame(raw)
+    if framed is not None:  # every field `name=` and a value, for each name the lines have
+        for name in {raw[k + 1 : f].partition(b"=")[0] for k, f in zip(*framed[1:], strict=True)}:
+            prefix = name + b"="
+            want_f = all(
+                raw[k + 1 : f].startswith(prefix) and f - (k + 1) > len(prefix)
+                for k, f in zip(*framed[1:], strict=True)
+            )
+            got_f = line_protocol._fields_start_with(
+                buf, key_end, field_end, np.frombuffer(prefix, np.uint8)
+            )
+            assert got_f == want_f
     # stamps and values of any ranges, framed or not
     ends = np.array([len(raw)], np.int64)
     for a in range(len(raw)):
