@@ -48,6 +48,7 @@ from ingest.binary_format import (
     finish,
 )
 from ingest.byte_table import new_slots
+from ingest.jit import kernel, warms
 from ingest.topics import DEFAULT_TIMEOUT_S, check_topic
 
 Sample = tuple[Mapping[str, str], int, float]  # (labels, timestamp ms, value)
@@ -445,6 +446,21 @@ class Gateway:
             cache = self._shared.current = _SeriesCache()
         slots = self._slots_of(batch, cache)
         cached = cache.slots
+        lo, hi = self._ts_range
+        if len(batch.series) == len(batch):  # one sample per series, as a scrape: one pass
+            plan = _scrape_plan(
+                slots.astype(np.int64, copy=False), batch.series_idx, batch.timestamps,
+                cached.shard, cached.code, cached.cost, lo, hi, self.dataset.num_shards,
+            )  # fmt: skip
+            order, bounds, group_shards, local, bases, offsets, wide, group_cost = plan
+            if len(order):
+                accepted = self._send_groups(
+                    batch, cached, slots, order, bounds, group_shards, order, bounds, local,
+                    bases, offsets, wide, group_cost,
+                )  # fmt: skip
+                self._producer.poll(0)
+                self._maybe_report()
+                return accepted
         codes = cached.code[slots]
         if codes.any():
             self._note_refusals(batch, slots, codes, cached)
@@ -453,7 +469,6 @@ class Gateway:
                 raise InvalidSeries(_refusal(batch.series[i], cached.whys[slots[i]]))
         series_shard = cached.shard[slots]
         shard = series_shard[batch.series_idx]
-        lo, hi = self._ts_range
         routable = shard >= 0
         in_range = (batch.timestamps >= lo) & (batch.timestamps <= hi)
         if not routable.all():
@@ -643,13 +658,13 @@ class Gateway:
         messages gets per-piece tables (`_send_split`, `_send_piece`)."""
         sorted_shards = shard[order]
         cuts = np.flatnonzero(sorted_shards[1:] != sorted_shards[:-1]) + 1
-        bounds = [0, *cuts.tolist(), len(order)]
-        group_shards = sorted_shards[np.array(bounds[:-1])]
+        bounds = np.array([0, *cuts.tolist(), len(order)], np.int64)
+        group_shards = sorted_shards[bounds[:-1]]
         if len(batch.series) == len(batch) and (batch.series_idx[order] == order).all():
             # each row its own series (a scrape of remote write or line protocol): the rows'
             # order is the series' order, and each row's index in its message is its place
             used_sorted = order
-            series_start, series_end = np.array(bounds[:-1]), np.array(bounds[1:])
+            series_start, series_end = bounds[:-1], bounds[1:]
             local_all = np.arange(len(order))
         else:
             # The series used, sorted by (shard, series index), and each row's index among its
@@ -662,33 +677,52 @@ class Gateway:
             series_start = np.searchsorted(series_shard[used_sorted], group_shards)
             series_end = np.searchsorted(series_shard[used_sorted], group_shards, side="right")
             local_all = rank[inverse.reshape(-1)]
-        used_slots = slots[used_sorted]
-        used_cost = cached.cost[used_slots]
-        cost_cum = np.concatenate(([0], np.cumsum(used_cost)))
+        cost_cum = np.concatenate(([0], np.cumsum(cached.cost[slots[used_sorted]])))
         # Every message's columns at once: each shard's rows are contiguous in `order`, so
         # its message's timestamp base and widest offset are one reduceat each.
-        starts = np.array(bounds[:-1])
+        starts = bounds[:-1]
         ts_sorted = batch.timestamps[order]
-        values_sorted = batch.values[order]
         bases = np.minimum.reduceat(ts_sorted, starts)
         offsets = ts_sorted.view(np.uint64) - np.repeat(bases.view(np.uint64), np.diff(bounds))
-        wide = (np.maximum.reduceat(offsets, starts) > 0xFFFFFFFF).tolist()
-        bases_list = bases.tolist()
-        label_counts = cached.n_labels[used_slots]
-        # every message's body at once, in compiled code (a shard split below discards its)
-        bodies = encode_bodies(
-            np.array(bounds, np.int64),
+        wide = np.maximum.reduceat(offsets, starts) > 0xFFFFFFFF
+        return self._send_groups(
+            batch, cached, slots, order, bounds, group_shards, used_sorted,
             np.append(series_start, series_end[-1:]).astype(np.int64),
-            np.array(wide, bool),
-            values_sorted,
-            offsets,
             (local_all - np.repeat(series_start, np.diff(bounds))).astype(np.int64),
-            label_counts,
-            used_slots.astype(np.int64),
-            cached.arena,
-            cached.blob_start,
-            cached.blob_len,
-        )
+            bases, offsets, wide, cost_cum[series_end] - cost_cum[series_start],
+        )  # fmt: skip
+
+    def _send_groups(
+        self,
+        batch: SampleBatch,
+        cached: _Slots,
+        slots: npt.NDArray[np.intp],
+        order: npt.NDArray[np.intp],
+        bounds: npt.NDArray[np.int64],
+        group_shards: npt.NDArray[np.int32],
+        used_sorted: npt.NDArray[np.intp],
+        series_bounds: npt.NDArray[np.int64],
+        local: npt.NDArray[np.int64],
+        bases: npt.NDArray[np.int64],
+        offsets: npt.NDArray[np.uint64],
+        wide: npt.NDArray[np.bool_],
+        group_cost: npt.NDArray[np.int64],
+    ) -> int:
+        """Send message g of the rows `order[bounds[g]:bounds[g + 1]]` to shard
+        `group_shards[g]`: its series are `used_sorted[series_bounds[g]:series_bounds[g + 1]]`
+        (`local`: each row's index among them), `bases[g]` its timestamps' base (`offsets`:
+        each row's), `wide[g]` if an offset needs 8 bytes, `group_cost[g]` its series table's
+        size. Every message's body is laid out at once in compiled code (a shard whose
+        samples need several messages, for the size or sample caps, is split instead)."""
+        used_slots = slots[used_sorted]
+        bodies = encode_bodies(
+            bounds, series_bounds, wide, batch.values[order], offsets, local,
+            cached.n_labels[used_slots], used_slots.astype(np.int64), cached.arena,
+            cached.blob_start, cached.blob_len,
+        )  # fmt: skip
+        bounds_list, series_list = bounds.tolist(), series_bounds.tolist()
+        wide_list, bases_list, cost_list = wide.tolist(), bases.tolist(), group_cost.tolist()
+        shards_list = group_shards.tolist()
         table: _Table | None = None  # the batch's series table, for per-piece tables
 
         def batch_table() -> _Table:
@@ -700,23 +734,21 @@ class Gateway:
 
         target = 0.85 * self.max_message_bytes  # headroom for a worse ratio than learnt
         accepted = 0
-        for g, (a, b) in enumerate(itertools.pairwise(bounds)):
-            sa, sb = int(series_start[g]), int(series_end[g])
+        for g, (a, b) in enumerate(itertools.pairwise(bounds_list)):
+            sa, sb = series_list[g], series_list[g + 1]
             n_rows = b - a
-            raw_bound = (
-                HEADER.size + int(cost_cum[sb] - cost_cum[sa]) + _SAMPLE_BYTES_BOUND * n_rows
-            )
+            raw_bound = HEADER.size + cost_list[g] + _SAMPLE_BYTES_BOUND * n_rows
             pieces = max(
                 math.ceil(n_rows / self.max_message_samples),
                 math.ceil(raw_bound * self._ratio / target),
             )
-            shard_id = int(group_shards[g])
+            shard_id = shards_list[g]
             rows = order[a:b]
             if pieces > 1:
                 accepted += self._send_split(shard_id, batch, rows, batch_table(), pieces)
                 continue
             message = finish(
-                bodies[g], sb - sa, n_rows, wide[g], bases_list[g], self.compression_level
+                bodies[g], sb - sa, n_rows, wide_list[g], bases_list[g], self.compression_level
             )
             self._ratio = 0.8 * self._ratio + 0.2 * min(len(message) / raw_bound, 1.0)
             if len(message) > self.max_message_bytes:  # as `_send_piece` does
@@ -814,6 +846,105 @@ class Gateway:
         self._last_report = time.monotonic()
         if self._progress is not None:
             self._progress(self.progress(final))
+
+
+@kernel
+def _scrape_plan(
+    slots: npt.NDArray[np.int64],
+    series_idx: npt.NDArray[np.int32],
+    ts: npt.NDArray[np.int64],
+    shard_of: npt.NDArray[np.int32],
+    code_of: npt.NDArray[np.int8],
+    cost_of: npt.NDArray[np.int64],
+    lo: int,
+    hi: int,
+    num_shards: int,
+) -> tuple[
+    npt.NDArray[np.int64],
+    npt.NDArray[np.int64],
+    npt.NDArray[np.int32],
+    npt.NDArray[np.int64],
+    npt.NDArray[np.int64],
+    npt.NDArray[np.uint64],
+    npt.NDArray[np.bool_],
+    npt.NDArray[np.int64],
+]:
+    """A scrape's messages in one pass, what `_send_grouped` computes in NumPy: for a batch of
+    one sample per series (row i of series i), every series sendable (`slots`' shard and code)
+    and every timestamp within [lo, hi], the rows grouped by shard in input order (a counting
+    sort), the groups' bounds and shards, each row's index in its group, each group's
+    timestamp base (its minimum), each row's offset from it (modulo 2**64), whether a group
+    needs 8-byte offsets and its series table's size. Empty arrays for any other batch."""
+    n = series_idx.shape[0]
+    starts = np.zeros(num_shards + 1, np.int64)
+    for i in range(n):
+        s = slots[i]
+        shard = shard_of[s]
+        if series_idx[i] != i or code_of[s] != 0 or shard < 0 or ts[i] < lo or ts[i] > hi:
+            e = np.empty(0, np.int64)
+            return (
+                e,
+                e,
+                np.empty(0, np.int32),
+                e,
+                e,
+                np.empty(0, np.uint64),
+                np.empty(0, np.bool_),
+                e,
+            )
+        starts[shard + 1] += 1
+    groups = 0
+    for k in range(num_shards):
+        groups += starts[k + 1] > 0
+        starts[k + 1] += starts[k]
+    place = starts[:-1].copy()
+    order = np.empty(n, np.int64)
+    for i in range(n):
+        shard = shard_of[slots[i]]
+        order[place[shard]] = i
+        place[shard] += 1
+    bounds = np.empty(groups + 1, np.int64)
+    group_shards = np.empty(groups, np.int32)
+    g = 0
+    for k in range(num_shards):
+        if starts[k + 1] > starts[k]:
+            bounds[g] = starts[k]
+            group_shards[g] = k
+            g += 1
+    bounds[groups] = n
+    local = np.empty(n, np.int64)
+    bases = np.empty(groups, np.int64)
+    offsets = np.empty(n, np.uint64)
+    wide = np.zeros(groups, np.bool_)
+    cost = np.zeros(groups, np.int64)
+    bits = ts.view(np.uint64)
+    for g in range(groups):
+        a, b = bounds[g], bounds[g + 1]
+        lowest = order[a]
+        for j in range(a + 1, b):
+            if ts[order[j]] < ts[lowest]:
+                lowest = order[j]
+        bases[g] = ts[lowest]
+        base_bits = bits[lowest]
+        widest = np.uint64(0)
+        for j in range(a, b):
+            i = order[j]
+            offsets[j] = bits[i] - base_bits
+            widest = max(widest, offsets[j])
+            local[j] = j - a
+            cost[g] += cost_of[slots[i]]
+        wide[g] = widest > np.uint64(0xFFFFFFFF)
+    return order, bounds, group_shards, local, bases, offsets, wide, cost
+
+
+@warms
+def _warm() -> None:
+    """`_scrape_plan` with the argument types `Gateway.send_batch` gives it."""
+    one = np.zeros(1, np.int64)
+    _scrape_plan(
+        one, np.zeros(1, np.int32), one, np.zeros(1, np.int32), np.zeros(1, np.int8), one,
+        -(2**63), 2**63 - 1, 1,
+    )  # fmt: skip
 
 
 def _by_shard(shard: npt.NDArray[np.int32], num_shards: int) -> npt.NDArray[np.intp]:

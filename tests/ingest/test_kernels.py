@@ -17,7 +17,7 @@ from numba.core.caching import CacheImpl
 
 from filopy.ingest_http import remote_write_v1
 from filopy.ingest_http.prompb.remote_pb2 import WriteRequest
-from ingest import line_protocol
+from ingest import gateway, line_protocol
 from ingest.binary_format import encode_bodies, encode_checked, finish
 from ingest.byte_table import PAD, padded
 from ingest.jit import kernel, warm
@@ -372,3 +372,71 @@ def test_line_protocol_kernels_decide_as_the_references(raw: bytes) -> None:
             assert not plain[0]
         else:
             assert plain[0] and vals.view(np.int64)[0] == np.float64(want_v).view(np.int64)
+
+
+# ----- the gateway's grouping of a scrape --------------------------------------------------------
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(1, 60),
+    st.integers(1, 9),
+    st.data(),
+)
+def test_scrape_plan_groups_as_numpy_does(n: int, num_shards: int, data: st.DataObject) -> None:
+    """`gateway._scrape_plan` (one pass) against the NumPy formulation `_send_grouped` uses:
+    a stable sort of the rows by shard, each group's minimum timestamp, offsets modulo 2**64,
+    8-byte offsets past 2**32 - 1, the series tables' sizes; nothing for a batch that is not
+    one sendable, in-range sample per series."""
+    n_slots = n + 3
+    shard_of = np.array(
+        data.draw(st.lists(st.integers(-1, num_shards - 1), min_size=n_slots, max_size=n_slots)),
+        np.int32,
+    )
+    code_of = np.array(
+        data.draw(st.lists(st.sampled_from([0, 0, 0, 2]), min_size=n_slots, max_size=n_slots)),
+        np.int8,
+    )
+    cost_of = np.arange(10, 10 + n_slots, dtype=np.int64)
+    slots = np.array(data.draw(st.permutations(range(n_slots)))[:n], np.int64)
+    series_idx = np.arange(n, dtype=np.int32)
+    if data.draw(st.booleans()):
+        series_idx[data.draw(st.integers(0, n - 1))] = data.draw(st.integers(0, n - 1))
+    stamp = st.integers(-(2**63), 2**63 - 1) | st.integers(T0, T0 + 2**33)
+    ts = np.array(data.draw(st.lists(stamp, min_size=n, max_size=n)), np.int64)
+    lo, hi = sorted(data.draw(st.lists(stamp, min_size=2, max_size=2)))
+    if data.draw(st.booleans()):
+        lo, hi = -(2**63), 2**63 - 1
+    if data.draw(st.booleans()):  # half the batches sendable
+        code_of[:], shard_of[shard_of < 0] = 0, 0
+        series_idx, lo, hi = np.arange(n, dtype=np.int32), -(2**63), 2**63 - 1
+    order, bounds, group_shards, local, bases, offsets, wide, cost = gateway._scrape_plan(
+        slots, series_idx, ts, shard_of, code_of, cost_of, lo, hi, num_shards
+    )
+    shard = shard_of[slots]
+    sendable = (
+        (series_idx == np.arange(n)).all()
+        and (code_of[slots] == 0).all()
+        and (shard >= 0).all()
+        and ((ts >= lo) & (ts <= hi)).all()
+    )
+    if not sendable:
+        assert len(order) == 0
+        return
+    want_order = np.argsort(shard, kind="stable")
+    assert order.tolist() == want_order.tolist()
+    sorted_shards = shard[want_order]
+    cuts = np.flatnonzero(sorted_shards[1:] != sorted_shards[:-1]) + 1
+    want_bounds = [0, *cuts.tolist(), n]
+    assert bounds.tolist() == want_bounds
+    assert group_shards.tolist() == sorted_shards[want_bounds[:-1]].tolist()
+    want_bases = np.minimum.reduceat(ts[want_order], want_bounds[:-1])
+    assert bases.tolist() == want_bases.tolist()
+    sizes = np.diff(want_bounds)
+    want_offsets = ts[want_order].view(np.uint64) - np.repeat(want_bases.view(np.uint64), sizes)
+    assert offsets.tolist() == want_offsets.tolist()
+    assert (
+        wide.tolist() == (np.maximum.reduceat(want_offsets, want_bounds[:-1]) > 2**32 - 1).tolist()
+    )
+    assert local.tolist() == (np.arange(n) - np.repeat(want_bounds[:-1], sizes)).tolist()
+    assert cost.tolist() == np.add.reduceat(cost_of[slots][want_order], want_bounds[:-1]).tolist()
