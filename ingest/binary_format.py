@@ -31,6 +31,7 @@ from ingest.bad_records import (
     undecodable,
 )
 from ingest.batch import KeyedBatch, SampleBatch
+from ingest.byte_table import words_at
 from ingest.jit import kernel, warms
 
 MAGIC = b"FPB"
@@ -46,7 +47,6 @@ _IDX_DTYPES = {1: np.dtype("<u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4")}
 _TS_DTYPES = {4: np.dtype("<u4"), 8: np.dtype("<u8")}
 _F64 = np.dtype("<f8")
 _U16 = np.dtype("<u2")
-_U64 = np.dtype("<u8")
 
 _zstd = threading.local()  # zstd contexts are not thread-safe; reuse one per thread
 
@@ -208,7 +208,7 @@ def _fill_bodies(
     among the message's series) and the series `series_bounds[g]:series_bounds[g + 1]` (label
     counts, and their blobs: `arena` bytes of each one's slot), laid out as `encode_checked`
     does. `out_words` and `arena_words` are the 8-byte words at every byte offset of `out` and
-    `arena` (`_words_at`): each field is one unaligned store whose bytes past the field are
+    `arena` (`words_at`): each field is one unaligned store whose bytes past the field are
     overwritten by the next one (bytes are written in increasing order; `out` has 8 bytes to
     spare at its end), a blob of 8 bytes or more is copied a word at a time, its last word
     ending at its last byte (never reading past it)."""
@@ -278,12 +278,6 @@ def finish(
     return header + body
 
 
-def _words_at(buf: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint64]:
-    """`buf`'s 8-byte little-endian words at every byte offset (a view: item i is bytes i to
-    i + 7, an unaligned access; none if `buf` is shorter than 8 bytes)."""
-    return np.ndarray((max(len(buf) - 7, 0),), _U64, buf, strides=(1,))
-
-
 def encode_bodies(
     bounds: npt.NDArray[np.int64],
     series_bounds: npt.NDArray[np.int64],
@@ -308,9 +302,9 @@ def encode_bodies(
     out = np.empty(int(starts[-1]) + 8, np.uint8)  # (8 bytes for the last store's spill)
     arena = np.ascontiguousarray(arena, np.uint8)
     _fill_bodies(
-        out, _words_at(out), starts, bounds, series_bounds, wide,
+        out, words_at(out), starts, bounds, series_bounds, wide,
         c(values, np.float64).view(np.uint64), c(offsets, np.uint64), c(local_idx, i64),
-        c(label_counts, i64), series_slots, arena, _words_at(arena), c(blob_start, i64),
+        c(label_counts, i64), series_slots, arena, words_at(arena), c(blob_start, i64),
         blob_len,
     )  # fmt: skip
     view = memoryview(out)

@@ -55,8 +55,9 @@ _U64 = np.dtype("<u8")
 
 def words_at(buf: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint64]:
     """`buf`'s 8-byte little-endian words at every byte offset (a view: item i is bytes i to
-    i + 7, an unaligned load): how the kernels read a buffer."""
-    return np.ndarray((len(buf) - 7,), _U64, buf, strides=(1,))
+    i + 7, an unaligned load or store; none if `buf` is shorter than 8 bytes): how the kernels
+    read and write a buffer a word at a time."""
+    return np.ndarray((max(len(buf) - 7, 0),), _U64, buf, strides=(1,))
 
 
 @kernel

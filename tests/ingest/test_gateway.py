@@ -51,12 +51,14 @@ def _consume_all(dataset: Dataset) -> list[tuple[int, bytes]]:
             "enable.partition.eof": True,
         }
     )
-    consumer.assign([TopicPartition(dataset.topic, p, OFFSET_BEGINNING) for p in range(SHARDS)])
+    consumer.assign(
+        [TopicPartition(dataset.topic, p, OFFSET_BEGINNING) for p in range(dataset.num_shards)]
+    )
     out: list[tuple[int, bytes]] = []
     eofs: set[int] = set()
     deadline = time.monotonic() + 30
     try:
-        while len(eofs) < SHARDS:
+        while len(eofs) < dataset.num_shards:
             assert time.monotonic() < deadline, f"only partitions {eofs} reached their end in 30 s"
             # consume() waits for all num_messages or the timeout: keep the timeout short
             for m in consumer.consume(num_messages=1000, timeout=0.2):

@@ -4,14 +4,12 @@ broker and reads back, through a consumer, as exactly the samples sent."""
 
 from __future__ import annotations
 
-import time
 import uuid
 from typing import get_args
 
 import httpx
 import numpy as np
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 from fastapi import FastAPI
 
 from filopy.config import GatewaySettings
@@ -21,6 +19,7 @@ from filopy.ingest_http.app import serve_ingestion
 from filopy.ingest_http.core import DEFAULT_SETTINGS
 from ingest.binary_format import HEADER, decode_binary
 from ingest.topics import ensure_topic
+from tests.ingest.test_gateway import _consume_all
 from tests.rest.conftest import ServerThread
 
 pytestmark = [pytest.mark.kafka]
@@ -28,35 +27,6 @@ pytestmark = [pytest.mark.kafka]
 T0 = 1_700_000_000_000
 SHARDS = 2
 CODECS = get_args(GatewaySettings.model_fields["kafka_compression"].annotation)
-
-
-def _consume_all(dataset: Dataset) -> list[bytes]:
-    """Every message of the topic, from offset 0 to the end of each partition."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": dataset.source.bootstrap_servers,
-            "group.id": f"filopy-test-{uuid.uuid4().hex[:6]}",
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-        }
-    )
-    consumer.assign([TopicPartition(dataset.topic, p, OFFSET_BEGINNING) for p in range(SHARDS)])
-    out: list[bytes] = []
-    eofs: set[int] = set()
-    deadline = time.monotonic() + 30
-    try:
-        while len(eofs) < SHARDS:
-            assert time.monotonic() < deadline, f"only partitions {eofs} reached their end"
-            for m in consumer.consume(num_messages=1000, timeout=0.2):
-                if m.error() is None:
-                    out.append(m.value())
-                elif m.error().code() == KafkaError._PARTITION_EOF:
-                    eofs.add(m.partition())
-                else:
-                    raise KafkaException(m.error())
-    finally:
-        consumer.close()
-    return out
 
 
 def test_the_codecs_are_every_one_the_producer_knows() -> None:
@@ -80,7 +50,7 @@ def test_each_codec_writes_what_reads_back(kafka_bootstrap: str, codec: str) -> 
         r = httpx.post(f"{url}/ingest/{dataset.name}/write?precision=ms", content=lines)
     assert r.status_code == 204, r.text
 
-    messages = _consume_all(dataset)
+    messages = [value for _, value in _consume_all(dataset)]
     flags = {HEADER.unpack_from(m)[2] for m in messages}
     assert flags == {0}, "the bodies are left to the producer to compress"
     got = [decode_binary(m).batch for m in messages]
