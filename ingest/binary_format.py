@@ -300,7 +300,7 @@ def encode_bodies(
     wide, series_slots, blob_len = c(wide, np.bool_), c(series_slots, i64), c(blob_len, i64)
     starts = _body_starts(bounds, series_bounds, wide, series_slots, blob_len)
     out = np.empty(int(starts[-1]) + 8, np.uint8)  # (8 bytes for the last store's spill)
-    arena = np.ascontiguousarray(arena, np.uint8)
+    arena = c(arena, np.uint8)
     _fill_bodies(
         out, words_at(out), starts, bounds, series_bounds, wide,
         c(values, np.float64).view(np.uint64), c(offsets, np.uint64), c(local_idx, i64),

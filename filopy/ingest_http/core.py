@@ -269,7 +269,7 @@ class GatewayPool:
     gateway that cannot send any more (a fatal producer error, a changed definition) is
     replaced; the old one delivers what it holds in the background."""
 
-    def __init__(self, ack_timeout_s: float, kafka_compression: str = "lz4") -> None:
+    def __init__(self, ack_timeout_s: float, kafka_compression: str) -> None:
         self._ack_timeout_s = ack_timeout_s
         self._kafka_compression = kafka_compression
         self._shared: dict[str, _Shared] = {}
