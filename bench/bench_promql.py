@@ -12,7 +12,9 @@ Once FiloPy's nodes have flushed what the load left them (the reference's blocks
 offline), each query runs `--runs` times against both through their HTTP query APIs, from a client
 process of its own, alternating which goes first, after `--warmup` untimed runs each; the
 table gives p50 and p99 wall time of the HTTP call (request to parsed JSON) and the ratio
-FiloPy / Prometheus. Both answers are checked to hold the same number of series. Results:
+FiloPy / Prometheus. Both answers are checked to hold the same number of series. The last
+two rows are the floor under the others: `vector(1)` calls no node, and a selector matching
+nothing costs FiloPy the round trip to its nodes and nothing else. Results:
 bench/results/promql.txt (`--out -` prints). `--transport ray` sends the node parts as Ray
 actor calls instead of over the nodes' query channels (coordinator/query_channel.py), to
 compare the two; the header gives the load average before and after (the machine is shared).
@@ -78,6 +80,11 @@ QUERIES = [
         60,
     ),
     ("1 h range at 15 s: avg_over_time", "avg_over_time(demo_memory_usage_bytes[5m])", 3600, 15),
+    # The floor under the rows above: an answer that calls no node (HTTP, parsing, JSON), and
+    # a selector that matches nothing, so FiloPy's nodes are called but find no series (the
+    # round trip to the nodes alone, which Prometheus, holding its data in process, never pays).
+    ("vector(1): no node called", "vector(1)", 0, 0),
+    ("no series: the nodes' round trip", "sum(rate(demo_no_such_metric[5m]))", 0, 0),
 ]
 
 
