@@ -1,23 +1,30 @@
 #!/usr/bin/env bash
 # Local Apache Kafka (KRaft) and Apache Cassandra for FiloPy development and tests.
 #
-#   scripts/services.sh up [kafka|cassandra]     fetch jars if needed, start, wait until serving
-#   scripts/services.sh down [kafka|cassandra]   stop exactly the processes this script started
+#   scripts/services.sh up [kafka|cassandra|redis]    fetch jars if needed, start, wait until serving
+#   scripts/services.sh down [kafka|cassandra|redis]  stop exactly the processes this script started
 #   scripts/services.sh status                   say what runs
 #   scripts/services.sh fetch                    only download the jars
 #
 # Jars come from Maven Central through the poms in scripts/maven/ and are cached under
 # .services/cache/<service>-<pom hash>/ (git-ignored): a second `up` does not download again.
-# Data, logs and pid files live under .services/ too. Everything listens on 127.0.0.1.
+# Data, logs and pid files live under .services/ too. Everything listens on 127.0.0.1, or on
+# FILOPY_SERVICES_HOST (one address of this host: what a cluster on several hosts dials; Kafka
+# advertises it). `up` with no name starts Kafka and Cassandra; Redis (Debian's redis-server, the
+# external store of Ray's control plane for head fault tolerance, docs/deployment.md) only by name.
 #
-# Environment: FILOPY_SERVICES_DIR (default <repo>/.services), FILOPY_PYTHON (default
+# Environment: FILOPY_SERVICES_DIR (default <repo>/.services), FILOPY_SERVICES_CACHE (the jars,
+# default $FILOPY_SERVICES_DIR/cache), FILOPY_SERVICES_HOST (127.0.0.1), FILOPY_PYTHON (default
 # <repo>/.venv/bin/python, used for the readiness checks), FILOPY_KAFKA_PORT (9092),
-# FILOPY_CASSANDRA_PORT (9042), FILOPY_KAFKA_HEAP (512m), FILOPY_CASSANDRA_HEAP (1G),
+# FILOPY_CASSANDRA_PORT (9042), FILOPY_REDIS_PORT (6380), FILOPY_KAFKA_HEAP (512m), FILOPY_CASSANDRA_HEAP (1G),
 # FILOPY_SERVICE_TIMEOUT (seconds to wait for each service, 240).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 SVC=${FILOPY_SERVICES_DIR:-$ROOT/.services}
+CACHE=${FILOPY_SERVICES_CACHE:-$SVC/cache}
+HOST=${FILOPY_SERVICES_HOST:-127.0.0.1}
+REDIS_PORT=${FILOPY_REDIS_PORT:-6380}
 PY=${FILOPY_PYTHON:-$ROOT/.venv/bin/python}
 KAFKA_PORT=${FILOPY_KAFKA_PORT:-9092}
 KAFKA_CONTROLLER_PORT=$((KAFKA_PORT + 1))
@@ -38,7 +45,7 @@ running_pid() {
   f=$(pidfile "$1")
   [ -f "$f" ] || return 1
   pid=$(cat "$f")
-  if kill -0 "$pid" 2>/dev/null && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q -- "-Dfilopy.service=$1"; then
+  if kill -0 "$pid" 2>/dev/null && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qE -- "(-D)?filopy.service=$1"; then
     echo "$pid"
   else
     return 1
@@ -50,7 +57,7 @@ fetch() {
   local svc=$1 pom hash dir
   pom=$ROOT/scripts/maven/$svc/pom.xml
   hash=$(sha256sum "$pom" | cut -c1-12)
-  dir=$SVC/cache/$svc-$hash
+  dir=$CACHE/$svc-$hash
   if [ ! -f "$dir/.complete" ]; then
     command -v mvn >/dev/null || die "mvn (Apache Maven) is needed to fetch $svc: apt-get install maven"
     log "fetching $svc jars from Maven Central into $dir"
@@ -72,7 +79,7 @@ check_java() {
   [ "${v%%.*}" -ge 17 ] 2>/dev/null || die "Java 17 or newer is needed, found $v"
 }
 
-port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+port_free() { ! (exec 3<>"/dev/tcp/$HOST/$1") 2>/dev/null; }
 
 wait_ready() {
   local svc=$1 addr=$2 pid=$3
@@ -93,7 +100,7 @@ start_kafka() {
   mkdir -p "$data" "$SVC/run" "$SVC/logs"
   props=$data/server.properties
   sed -e "s|@PORT@|$KAFKA_PORT|g" -e "s|@CONTROLLER_PORT@|$KAFKA_CONTROLLER_PORT|g" \
-      -e "s|@DATA@|$data|g" "$CONF/kafka-server.properties" >"$props"
+      -e "s|@DATA@|$data|g" -e "s|@HOST@|$HOST|g" "$CONF/kafka-server.properties" >"$props"
   if [ ! -f "$data/log/meta.properties" ]; then
     cluster_id=$(java -cp "$dir/lib/*" kafka.tools.StorageTool random-uuid 2>>"$(logfile kafka)") \
       || die "Kafka's StorageTool failed; see $(logfile kafka)"
@@ -101,13 +108,13 @@ start_kafka() {
       kafka.tools.StorageTool format -t "$cluster_id" -c "$props" >>"$(logfile kafka)" 2>&1 \
       || die "formatting Kafka storage failed; see $(logfile kafka)"
   fi
-  log "starting kafka on 127.0.0.1:$KAFKA_PORT (log: $(logfile kafka))"
+  log "starting kafka on $HOST:$KAFKA_PORT (log: $(logfile kafka))"
   nohup java -Dfilopy.service=kafka -Xms"${FILOPY_KAFKA_HEAP:-512m}" -Xmx"${FILOPY_KAFKA_HEAP:-512m}" \
     -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -Djava.awt.headless=true \
     -Dlog4j2.configurationFile="$CONF/kafka-log4j2.xml" \
     -cp "$dir/lib/*" kafka.Kafka "$props" >>"$(logfile kafka)" 2>&1 </dev/null &
   echo $! >"$(pidfile kafka)"
-  wait_ready kafka "127.0.0.1:$KAFKA_PORT" "$!"
+  wait_ready kafka "$HOST:$KAFKA_PORT" "$!"
 }
 
 start_cassandra() {
@@ -118,9 +125,9 @@ start_cassandra() {
   data=$SVC/data/cassandra
   mkdir -p "$data" "$SVC/run" "$SVC/logs"
   sed -e "s|@PORT@|$CASSANDRA_PORT|g" -e "s|@STORAGE_PORT@|$CASSANDRA_STORAGE_PORT|g" \
-      -e "s|@DATA@|$data|g" "$CONF/cassandra.yaml" >"$data/cassandra.yaml"
+      -e "s|@DATA@|$data|g" -e "s|@HOST@|$HOST|g" "$CONF/cassandra.yaml" >"$data/cassandra.yaml"
   mapfile -t opts < <(grep -vE '^\s*(#|$)' "$CONF/cassandra-jvm17.options")
-  log "starting cassandra on 127.0.0.1:$CASSANDRA_PORT (log: $(logfile cassandra))"
+  log "starting cassandra on $HOST:$CASSANDRA_PORT (log: $(logfile cassandra))"
   nohup java -Dfilopy.service=cassandra "${opts[@]}" \
     -Xms"${FILOPY_CASSANDRA_HEAP:-1G}" -Xmx"${FILOPY_CASSANDRA_HEAP:-1G}" \
     -Dcassandra.config="file://$data/cassandra.yaml" -Dcassandra.storagedir="$data" \
@@ -128,7 +135,24 @@ start_cassandra() {
     -Dcassandra-foreground=yes \
     -cp "$dir/lib/*" org.apache.cassandra.service.CassandraDaemon >>"$(logfile cassandra)" 2>&1 </dev/null &
   echo $! >"$(pidfile cassandra)"
-  wait_ready cassandra "127.0.0.1:$CASSANDRA_PORT" "$!"
+  wait_ready cassandra "$HOST:$CASSANDRA_PORT" "$!"
+}
+
+# Redis for Ray's GCS fault tolerance: append-only, so what Ray wrote survives a Redis restart.
+start_redis() {
+  local pid data
+  if pid=$(running_pid redis); then log "redis already running (pid $pid)"; return; fi
+  command -v redis-server >/dev/null || die "redis-server is needed: scripts/system-deps.sh (apt-get install redis-server)"
+  port_free "$REDIS_PORT" || die "port $REDIS_PORT is taken by a process this script did not start"
+  data=$SVC/data/redis
+  mkdir -p "$data" "$SVC/run" "$SVC/logs"
+  log "starting redis on $HOST:$REDIS_PORT (log: $(logfile redis))"
+  # The marker argument lets running_pid recognise the process, as -Dfilopy.service does for Java.
+  nohup redis-server --bind "$HOST" --port "$REDIS_PORT" --dir "$data" --appendonly yes \
+    --save '' --protected-mode no --daemonize no --proc-title-template "{title} filopy.service=redis" \
+    >>"$(logfile redis)" 2>&1 </dev/null &
+  echo $! >"$(pidfile redis)"
+  wait_ready redis "$HOST:$REDIS_PORT" "$!"
 }
 
 stop() {
@@ -143,7 +167,7 @@ stop() {
 
 status() {
   local svc pid
-  for svc in kafka cassandra; do
+  for svc in kafka cassandra redis; do
     if pid=$(running_pid "$svc"); then log "$svc: running (pid $pid), log $(logfile "$svc")"
     else log "$svc: stopped"; fi
   done
@@ -153,15 +177,15 @@ services() { if [ $# -eq 0 ]; then echo kafka cassandra; else echo "$@"; fi; }
 
 cmd=${1:-}
 [ $# -gt 0 ] && shift
-for s in "$@"; do case $s in kafka|cassandra) ;; *) die "unknown service '$s' (kafka or cassandra)";; esac; done
+for s in "$@"; do case $s in kafka|cassandra|redis) ;; *) die "unknown service '$s' (kafka, cassandra or redis)";; esac; done
 case $cmd in
   up)
-    check_java
+    [ $# -eq 1 ] && [ "$1" = redis ] || check_java
     for s in $(services "$@"); do "start_$s"; done ;;
-  down)
-    for s in $(services "$@"); do stop "$s"; done ;;
+  down)  # with no name: every service this script started, Redis too
+    for s in $(if [ $# -eq 0 ]; then echo kafka cassandra redis; else echo "$@"; fi); do stop "$s"; done ;;
   status) status ;;
   fetch)
-    for s in $(services "$@"); do fetch "$s" >/dev/null; done; log "jars cached under $SVC/cache" ;;
+    for s in $(services "$@"); do [ "$s" = redis ] || fetch "$s" >/dev/null; done; log "jars cached under $SVC/cache" ;;
   *) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

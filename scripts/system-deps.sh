@@ -7,6 +7,10 @@
 #     peer of bench/bench_ingest_http.py.
 #   kcat: a real Kafka client that is not FiloPy's, for direct-to-Kafka producer tests.
 #   chromium: the real browser the web console's test drives (through Playwright).
+#   iptables, iproute2: the many-hosts test bed (tests/netbed): network namespaces, a bridge,
+#     links cut inside a namespace.
+#   redis-server: the external store of Ray's control plane (GCS fault tolerance), so the head
+#     can die and come back without stopping the workers.
 set -euo pipefail
 need=()
 command -v docker-compose >/dev/null || need+=(docker-compose)
@@ -14,6 +18,9 @@ command -v docker-compose >/dev/null || need+=(docker-compose)
 { command -v victoria-metrics && command -v vmagent; } >/dev/null || need+=(victoria-metrics)
 command -v kcat >/dev/null || need+=(kcat)
 command -v chromium >/dev/null || need+=(chromium)
+command -v iptables >/dev/null || need+=(iptables)
+command -v ip >/dev/null || need+=(iproute2)
+command -v redis-server >/dev/null || need+=(redis-server)
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ]; then
   echo "[system-deps] missing Debian packages: ${need[*]} (run as root or: sudo apt-get install ${need[*]})" >&2

@@ -1,8 +1,8 @@
-"""Wait until a local Kafka broker or Cassandra node really serves requests.
+"""Wait until a local Kafka broker, Cassandra node or Redis server really serves requests.
 
 Used by scripts/services.sh: "the port is open" is not enough (Cassandra opens 9042 before it can
 answer a query), so this asks each service a real question: Kafka a metadata request, Cassandra a
-CQL SELECT on system.local.
+CQL SELECT on system.local, Redis a PING.
 """
 
 from __future__ import annotations
@@ -37,7 +37,19 @@ def cassandra_ready(address: str) -> str:
         cluster.shutdown()
 
 
-CHECKS = {"kafka": kafka_ready, "cassandra": cassandra_ready}
+def redis_ready(address: str) -> str:
+    import socket
+
+    host, _, port = address.rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=3) as s:
+        s.sendall(b"PING\r\n")
+        answer = s.recv(64)
+    if not answer.startswith(b"+PONG"):
+        raise RuntimeError(f"answered {answer!r}")
+    return "Redis"
+
+
+CHECKS = {"kafka": kafka_ready, "cassandra": cassandra_ready, "redis": redis_ready}
 
 
 def main() -> int:

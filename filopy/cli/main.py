@@ -20,6 +20,8 @@ dataset_app = typer.Typer(help="Datasets: create, list, show, delete.", no_args_
 app.add_typer(dataset_app, name="dataset")
 shards_app = typer.Typer(help="Stop shards, or start them on a chosen node.", no_args_is_help=True)
 app.add_typer(shards_app, name="shards")
+node_app = typer.Typer(help="This machine as a FiloPy node: join a cluster.", no_args_is_help=True)
+app.add_typer(node_app, name="node")
 
 console = Console()
 err = Console(stderr=True)
@@ -119,20 +121,30 @@ def serve(
 ) -> None:
     """Run the cluster singleton on a Ray cluster (if not running yet) and serve the REST API."""
     import ray
-    import uvicorn
 
-    from coordinator.client import FiloPyClient, resolve_address
-    from coordinator.cluster_actor import start_cluster_actor
+    from coordinator.client import resolve_address
     from filopy import ray_env
     from filopy.config import load_settings
-    from filopy.heap import keep_long_lived_frozen
-    from filopy.rest import create_app
 
     settings = load_settings()
     ray_env.bind_loopback()  # Ray is imported by now: binding at connect time is what counts
     ray.init(
         address=resolve_address(address), namespace=settings.ray.namespace, logging_level="WARNING"
     )
+    _serve_rest(settings, host, port)
+
+
+def _serve_rest(settings: Any, host: str, port: int) -> None:
+    """Start (or find) the singleton on the connected Ray cluster and serve the REST API on
+    `host:port` until SIGTERM/SIGINT."""
+    import ray
+    import uvicorn
+
+    from coordinator.client import FiloPyClient
+    from coordinator.cluster_actor import start_cluster_actor
+    from filopy.heap import keep_long_lived_frozen
+    from filopy.rest import create_app
+
     actor = start_cluster_actor(settings)
     ray.get(actor.ready.remote(), timeout=120)
     client = FiloPyClient(actor, settings)
@@ -140,6 +152,110 @@ def serve(
     app_ = create_app(client, settings)
     keep_long_lived_frozen()
     uvicorn.run(app_, host=host, port=port, log_level="warning")
+
+
+@app.command()
+@_clean_errors
+def head(
+    bind: Annotated[
+        str, typer.Option(help="This host's address that nodes and clients dial (not 0.0.0.0).")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="The Ray head's port (what nodes join).")] = 6379,
+    rest_port: Annotated[
+        int, typer.Option(envvar="FILOPY_REST_PORT", help="REST API port (on --bind).")
+    ] = 8080,
+    redis: Annotated[
+        str | None,
+        typer.Option(
+            envvar="FILOPY_RAY_REDIS",
+            help="HOST:PORT of a Redis keeping Ray's control state, so a restarted head resumes "
+            "its cluster (docs/deployment.md).",
+        ),
+    ] = None,
+) -> None:
+    """Run the head of a cluster on several machines, in the foreground: the Ray head, the
+    cluster singleton and the REST API, all bound to --bind. Nodes join with `filopy node join
+    --address HOST:PORT`. Stop it with SIGTERM or Ctrl-C."""
+    import os
+
+    from filopy.cli import raynode
+    from filopy.config import load_settings
+
+    settings = load_settings()
+    host, _ = raynode.split_address(f"{bind}:{port}")
+    if redis is not None:
+        raynode.split_address(redis)  # fail on a typo before Ray starts
+        os.environ["RAY_REDIS_ADDRESS"] = redis  # Ray's GCS keeps its tables there
+        os.environ.setdefault("RAY_external_storage_namespace", settings.ray.namespace)
+    node = raynode.start(raynode.NodeSpec(bind=host, port=port))
+    import ray
+
+    ray.init(
+        address=node.gcs_address,
+        _node_ip_address=host,
+        namespace=settings.ray.namespace,
+        logging_level="WARNING",
+    )
+    console.print(f"Ray head at {node.gcs_address}; nodes join with `filopy node join "
+                  f"--address {node.gcs_address}`")  # fmt: skip
+    try:
+        _serve_rest(settings, host, rest_port)
+    finally:
+        ray.shutdown()
+        node.kill_all_processes(check_alive=False, allow_graceful=True)
+
+
+@node_app.command("join")
+@_clean_errors
+def node_join(
+    address: Annotated[
+        str,
+        typer.Option(
+            "--address", "-a", help="The head's HOST:PORT; default: the cluster `filopy up` runs."
+        ),
+    ] = "auto",
+    name: Annotated[
+        str | None, typer.Option(help="The node's name in status and the console (unique).")
+    ] = None,
+    bind: Annotated[
+        str | None,
+        typer.Option(help="This host's address the cluster dials; default: the one to the head."),
+    ] = None,
+    cpus: Annotated[int, typer.Option(min=1, help="CPUs Ray may schedule on this node.")] = 1,
+) -> None:
+    """Start a FiloPy node on this machine and join it to a cluster, in the foreground (stop it
+    with SIGTERM or Ctrl-C; its shards move to the other nodes). The singleton gives it shards
+    as rebalancing allows."""
+    from filopy.cli import raynode
+    from filopy.config import load_settings
+
+    settings = load_settings()
+    if address == "auto":
+        from filopy.local_state import running
+
+        local = running()
+        if local is None:
+            raise typer.BadParameter("no `filopy up` cluster here; give the head's --address")
+        address = local.ray_address
+    host, port = raynode.split_address(address)
+    raynode.check_reachable(host, port)
+    here = bind or raynode.address_towards(host, port)
+    if raynode.is_loopback(host) != raynode.is_loopback(here):
+        raise typer.BadParameter(
+            f"--bind {here} and the head {host} must both be loopback or both not"
+        )
+    spec = raynode.NodeSpec(
+        bind=here,
+        head_address=f"{host}:{port}",
+        num_cpus=cpus,
+        resources={settings.cluster.node_resource: 1},
+        labels={raynode.NAME_LABEL: name} if name else {},
+    )
+    node = raynode.start(spec)
+    shown = name or node.node_id[:12]
+    console.print(f"FiloPy node {shown} at {here} joined the cluster at {host}:{port}; "
+                  "Ctrl-C or SIGTERM stops it")  # fmt: skip
+    raise typer.Exit(raynode.run_until_stopped(node))
 
 
 @app.command()

@@ -1,0 +1,293 @@
+"""A test bed of hosts on one machine: one Linux network namespace per host, on one bridge.
+
+Every host of the bed is a network namespace `fpb-NAME` with one interface (`eth0`, a veth whose
+other end sits on the bridge `fpb-br0`) and one address in 10.231.0.0/24, a range nothing else on
+these machines uses. The root namespace has no address on the bridge, so traffic stays between the
+bed's own hosts. Names resolve through `/etc/netns/fpb-NAME/hosts` (what `ip netns exec` mounts
+over `/etc/hosts`), so a process in the bed dials `kafka:9092` as it would on real machines.
+
+Faults are iptables rules in a chain of each host's own (`FPB`, jumped to from INPUT and OUTPUT)
+and a token bucket (`tc ... tbf`) on a host's links; `heal()` removes them all. `kill(host)` and
+`pause(host)` reach every process of the host: whatever runs in its namespace.
+
+The bed is made and removed by itself, idempotently: `create()` first removes whatever an earlier
+bed left (namespaces, their processes, veths, the bridge, hosts files), also one whose test was
+killed, so one run never inherits another's state. The file system is shared: hosts keep their
+data in directories of their own under the bed's work directory.
+
+Needs root and iproute2 + iptables (scripts/system-deps.sh). Run `python -m tests.netbed` for a
+command line over the same functions (`up`, `down`, `status`, `exec HOST -- CMD`, the faults).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PREFIX = "fpb-"
+BRIDGE = "fpb-br0"
+SUBNET = "10.231.0"
+CHAIN = "FPB"
+
+# The hosts of the bed and their addresses; `redis` holds Ray's control store (head failover).
+HOSTS: dict[str, str] = {
+    "kafka": f"{SUBNET}.2",
+    "cassandra": f"{SUBNET}.3",
+    "redis": f"{SUBNET}.4",
+    "head": f"{SUBNET}.10",
+    "node-1": f"{SUBNET}.11",
+    "node-2": f"{SUBNET}.12",
+    "node-3": f"{SUBNET}.13",
+    "gateway": f"{SUBNET}.20",
+    "client": f"{SUBNET}.30",
+}
+
+
+class BedError(RuntimeError):
+    """A bed command failed; the message holds the command and what it printed."""
+
+
+def run(argv: Sequence[str], *, check: bool = True, timeout: float = 30.0) -> str:
+    """Run a command of the bed's plumbing; its output, or BedError with it."""
+    proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False)
+    if check and proc.returncode != 0:
+        raise BedError(f"{shlex.join(argv)} failed ({proc.returncode}): {proc.stderr.strip()}")
+    return proc.stdout
+
+
+def namespace(host: str) -> str:
+    return PREFIX + host
+
+
+def _veth(host: str) -> str:
+    return PREFIX + host  # the bridge's end of the host's link (interface names <= 15 bytes)
+
+
+def stale_namespaces() -> list[str]:
+    """Namespaces of a bed (this one or one left by an earlier run)."""
+    out = run(["ip", "netns", "list"], check=False)
+    names = [line.split()[0] for line in out.splitlines() if line.strip()]
+    return [n for n in names if n.startswith(PREFIX)]
+
+
+def pids_of(ns: str) -> list[int]:
+    """Every process whose network namespace is `ns`."""
+    out = run(["ip", "netns", "pids", ns], check=False)
+    return [int(p) for p in out.split() if p.isdigit() and int(p) != os.getpid()]
+
+
+def _signal_all(ns: str, sig: int) -> int:
+    sent = 0
+    for pid in pids_of(ns):
+        try:
+            os.kill(pid, sig)
+            sent += 1
+        except ProcessLookupError:
+            pass
+    return sent
+
+
+def remove_all(deadline_s: float = 20.0) -> None:
+    """Remove every trace of any bed: kill its processes, delete its namespaces, veths, bridge and
+    hosts files. Safe to call at any time, as often as wanted."""
+    for ns in stale_namespaces():
+        _signal_all(ns, signal.SIGCONT)  # a paused process cannot die of SIGKILL until resumed
+        _signal_all(ns, signal.SIGKILL)
+    end = time.monotonic() + deadline_s
+    for ns in stale_namespaces():
+        while pids_of(ns) and time.monotonic() < end:
+            time.sleep(0.1)
+        run(["ip", "netns", "delete", ns], check=False)
+    for line in run(["ip", "-o", "link", "show"], check=False).splitlines():
+        name = line.split(":")[1].strip().split("@")[0] if ":" in line else ""
+        if name.startswith(PREFIX):
+            run(["ip", "link", "delete", name], check=False)
+    netns_etc = Path("/etc/netns")
+    if netns_etc.is_dir():
+        for d in netns_etc.glob(PREFIX + "*"):
+            for f in d.iterdir():
+                f.unlink()
+            d.rmdir()
+
+
+@dataclass
+class Bed:
+    """The bed's hosts, its work directory and the processes started in it."""
+
+    workdir: Path
+    hosts: Mapping[str, str] = field(default_factory=lambda: dict(HOSTS))
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    # ----- making and removing ------------------------------------------------------------------
+
+    def create(self) -> Bed:
+        """Remove any earlier bed, then make this one: namespaces, links, addresses, names."""
+        remove_all()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        run(["ip", "link", "add", BRIDGE, "type", "bridge"])
+        run(["ip", "link", "set", BRIDGE, "up"])
+        hosts_file = "127.0.0.1 localhost\n" + "".join(
+            f"{ip} {name}\n" for name, ip in self.hosts.items()
+        )
+        for name, ip in self.hosts.items():
+            ns = namespace(name)
+            run(["ip", "netns", "add", ns])
+            etc = Path("/etc/netns") / ns
+            etc.mkdir(parents=True, exist_ok=True)
+            (etc / "hosts").write_text(hosts_file)
+            (etc / "hostname").write_text(name + "\n")
+            run(["ip", "link", "add", _veth(name), "type", "veth", "peer", "name", "eth0",
+                 "netns", ns])  # fmt: skip
+            run(["ip", "link", "set", _veth(name), "master", BRIDGE, "up"])
+            run(["ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", "eth0"])
+            run(["ip", "-n", ns, "link", "set", "eth0", "up"])
+            run(["ip", "-n", ns, "link", "set", "lo", "up"])
+            self._iptables(name, "-N", CHAIN)
+            self._iptables(name, "-A", "INPUT", "-j", CHAIN)
+            self._iptables(name, "-A", "OUTPUT", "-j", CHAIN)
+        return self
+
+    def remove(self) -> None:
+        """Stop everything the bed runs and remove the bed (idempotent)."""
+        for p in self.procs:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+        remove_all()
+        for p in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=5)
+        self.procs.clear()
+
+    def __enter__(self) -> Bed:
+        return self.create()
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+    # ----- running things on hosts -------------------------------------------------------------
+
+    def ip(self, host: str) -> str:
+        return self.hosts[host]
+
+    def argv(self, host: str, argv: Sequence[str]) -> list[str]:
+        """`argv` as run on `host` (inside its namespace, its hosts file mounted)."""
+        return ["ip", "netns", "exec", namespace(host), *argv]
+
+    def spawn(
+        self,
+        host: str,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        log: str | None = None,
+        cwd: Path | None = None,
+    ) -> subprocess.Popen[bytes]:
+        """Start a long-running process on `host`; its output goes to `log` in the work
+        directory (default: HOST.log). The bed kills it on removal, with all of the host."""
+        out = open(self.workdir / (log or f"{host}.log"), "ab")  # noqa: SIM115 (the child owns it)
+        proc = subprocess.Popen(
+            self.argv(host, argv),
+            env={**os.environ, **(env or {})},
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            start_new_session=True,
+        )
+        out.close()
+        self.procs.append(proc)
+        return proc
+
+    def sh(
+        self,
+        host: str,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        timeout: float = 120.0,
+        cwd: Path | None = None,
+        check: bool = True,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a command on `host` to its end; BedError (with its output) if it fails."""
+        proc = subprocess.run(
+            self.argv(host, argv),
+            env={**os.environ, **(env or {})},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
+        if check and proc.returncode != 0:
+            raise BedError(
+                f"on {host}: {shlex.join(argv)} exited {proc.returncode}\n"
+                f"--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}"
+            )
+        return proc
+
+    def pids(self, host: str) -> list[int]:
+        return pids_of(namespace(host))
+
+    # ----- faults ------------------------------------------------------------------------------
+
+    def _iptables(self, host: str, *args: str) -> None:
+        run(["ip", "netns", "exec", namespace(host), "iptables", "-w", *args])
+
+    def partition(self, a: str, b: str, *, one_way: bool = False) -> None:
+        """Cut the link between hosts `a` and `b`; with `one_way`, only packets from `a` to `b`
+        are dropped (`b` still reaches `a`, though no TCP connection completes either way)."""
+        self._iptables(a, "-A", CHAIN, "-d", self.ip(b), "-j", "DROP")
+        if not one_way:
+            self._iptables(a, "-A", CHAIN, "-s", self.ip(b), "-j", "DROP")
+
+    def isolate(self, host: str) -> None:
+        """Cut `host` off from every other host (its own loopback keeps working)."""
+        self._iptables(host, "-A", CHAIN, "-o", "eth0", "-j", "DROP")
+        self._iptables(host, "-A", CHAIN, "-i", "eth0", "-j", "DROP")
+
+    def slow(self, host: str, rate: str = "1mbit") -> None:
+        """Limit `host`'s link to `rate` both ways (a token bucket on each end of its veth)."""
+        for dev, ns in (("eth0", namespace(host)), (_veth(host), None)):
+            prefix = ["ip", "netns", "exec", ns] if ns else []
+            run([*prefix, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate,
+                 "burst", "32kbit", "latency", "400ms"])  # fmt: skip
+
+    def heal(self) -> None:
+        """Undo every partition, isolation and slow link."""
+        for host in self.hosts:
+            self._iptables(host, "-F", CHAIN)
+            run(["ip", "netns", "exec", namespace(host), "tc", "qdisc", "del", "dev", "eth0",
+                 "root"], check=False)  # fmt: skip
+            run(["tc", "qdisc", "del", "dev", _veth(host), "root"], check=False)
+
+    def kill(self, host: str) -> int:
+        """SIGKILL every process of `host` (as when its machine dies); how many there were."""
+        _signal_all(namespace(host), signal.SIGCONT)
+        return _signal_all(namespace(host), signal.SIGKILL)
+
+    def pause(self, host: str) -> int:
+        """SIGSTOP every process of `host` (a machine that hangs); `resume` undoes it."""
+        return _signal_all(namespace(host), signal.SIGSTOP)
+
+    def resume(self, host: str) -> int:
+        return _signal_all(namespace(host), signal.SIGCONT)
+
+    def reaches(self, a: str, b: str, port: int, timeout: float = 1.0) -> bool:
+        """Whether a TCP connection from `a` to `b:port` completes."""
+        code = (
+            "import socket,sys\n"
+            "try: socket.create_connection((sys.argv[1], int(sys.argv[2])), "
+            f"timeout={timeout}).close()\n"
+            "except OSError: sys.exit(1)\n"
+        )
+        proc = self.sh(a, ["python3", "-c", code, self.ip(b), str(port)], check=False)
+        return proc.returncode == 0
