@@ -172,6 +172,14 @@ def head(
             "its cluster (docs/deployment.md).",
         ),
     ] = None,
+    temp_dir: Annotated[
+        str | None,
+        typer.Option(
+            envvar="FILOPY_RAY_TEMP_DIR",
+            help="Ray's directory for sessions, logs and sockets (default /tmp/ray); one per "
+            "node where nodes share a machine.",
+        ),
+    ] = None,
 ) -> None:
     """Run the head of a cluster on several machines, in the foreground: the Ray head, the
     cluster singleton and the REST API, all bound to --bind. Nodes join with `filopy node join
@@ -187,7 +195,7 @@ def head(
         raynode.split_address(redis)  # fail on a typo before Ray starts
         os.environ["RAY_REDIS_ADDRESS"] = redis  # Ray's GCS keeps its tables there
         os.environ.setdefault("RAY_external_storage_namespace", settings.ray.namespace)
-    node = raynode.start(raynode.NodeSpec(bind=host, port=port))
+    node = raynode.start(raynode.NodeSpec(bind=host, port=port, temp_dir=temp_dir))
     import ray
 
     ray.init(
@@ -222,6 +230,17 @@ def node_join(
         typer.Option(help="This host's address the cluster dials; default: the one to the head."),
     ] = None,
     cpus: Annotated[int, typer.Option(min=1, help="CPUs Ray may schedule on this node.")] = 1,
+    wait: Annotated[
+        float, typer.Option(min=0, help="Seconds to wait for the head to answer.")
+    ] = 120.0,
+    temp_dir: Annotated[
+        str | None,
+        typer.Option(
+            envvar="FILOPY_RAY_TEMP_DIR",
+            help="Ray's directory for sessions, logs and sockets (default /tmp/ray); one per "
+            "node where nodes share a machine.",
+        ),
+    ] = None,
 ) -> None:
     """Start a FiloPy node on this machine and join it to a cluster, in the foreground (stop it
     with SIGTERM or Ctrl-C; its shards move to the other nodes). The singleton gives it shards
@@ -238,7 +257,7 @@ def node_join(
             raise typer.BadParameter("no `filopy up` cluster here; give the head's --address")
         address = local.ray_address
     host, port = raynode.split_address(address)
-    raynode.check_reachable(host, port)
+    raynode.wait_reachable(host, port, wait)
     here = bind or raynode.address_towards(host, port)
     if raynode.is_loopback(host) != raynode.is_loopback(here):
         raise typer.BadParameter(
@@ -250,6 +269,7 @@ def node_join(
         num_cpus=cpus,
         resources={settings.cluster.node_resource: 1},
         labels={raynode.NAME_LABEL: name} if name else {},
+        temp_dir=temp_dir,
     )
     node = raynode.start(spec)
     shown = name or node.node_id[:12]

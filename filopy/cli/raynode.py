@@ -70,11 +70,24 @@ def address_towards(host: str, port: int) -> str:
         return str(s.getsockname()[0])
 
 
-def check_reachable(host: str, port: int, timeout_s: float = 5.0) -> None:
-    try:
-        socket.create_connection((host, port), timeout=timeout_s).close()
-    except OSError as e:
-        raise NodeStartError(f"the Ray head does not answer at {host}:{port} ({e})") from None
+def wait_reachable(host: str, port: int, wait_s: float) -> None:
+    """Wait until the head accepts connections: a node started beside its head (by a service
+    manager, or compose) waits for it instead of failing; NodeStartError after `wait_s`."""
+    deadline = time.monotonic() + wait_s
+    said = False
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=min(5.0, max(wait_s, 0.1))).close()
+            return
+        except OSError as e:
+            if time.monotonic() >= deadline:
+                raise NodeStartError(
+                    f"the Ray head does not answer at {host}:{port} ({e}) after {wait_s:.0f} s"
+                ) from None
+            if not said:
+                log.warning("waiting for the Ray head at %s:%d (%s)", host, port, e)
+                said = True
+            time.sleep(1.0)
 
 
 @dataclass
@@ -88,6 +101,9 @@ class NodeSpec:
     resources: dict[str, float] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
     system_config: dict[str, Any] = field(default_factory=dict)
+    # Ray's sessions, logs and sockets (default /tmp/ray). Nodes sharing a machine and file
+    # system each need their own: Ray names a node's sockets by the first free number there.
+    temp_dir: str | None = None
 
 
 def start(spec: NodeSpec) -> Any:
@@ -104,6 +120,7 @@ def start(spec: NodeSpec) -> Any:
         "resources": spec.resources,
         "labels": spec.labels,
         "include_dashboard": False,
+        "temp_dir": spec.temp_dir,
     }
     if spec.head_address is None:
         params |= {"gcs_server_port": spec.port, "_system_config": spec.system_config}

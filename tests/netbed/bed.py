@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import time
@@ -32,9 +33,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 PREFIX = "fpb-"
-BRIDGE = "fpb-br0"
+BRIDGE = PREFIX + "br0"
 SUBNET = "10.231.0"
 CHAIN = "FPB"
+# Ray's per-host directories (sessions, logs, sockets): short, as a socket's path is at most 107
+# bytes, and apart, as hosts on one machine would otherwise share Ray's /tmp/ray.
+RAY_TEMP = Path("/tmp/fpb")
 
 # The hosts of the bed and their addresses; `redis` holds Ray's control store (head failover).
 HOSTS: dict[str, str] = {
@@ -62,19 +66,19 @@ def run(argv: Sequence[str], *, check: bool = True, timeout: float = 30.0) -> st
     return proc.stdout
 
 
-def namespace(host: str) -> str:
-    return PREFIX + host
+def namespace(host: str, prefix: str = PREFIX) -> str:
+    return prefix + host
 
 
-def _veth(host: str) -> str:
-    return PREFIX + host  # the bridge's end of the host's link (interface names <= 15 bytes)
+def _veth(host: str, prefix: str = PREFIX) -> str:
+    return prefix + host  # the bridge's end of the host's link (interface names <= 15 bytes)
 
 
-def stale_namespaces() -> list[str]:
+def stale_namespaces(prefix: str = PREFIX) -> list[str]:
     """Namespaces of a bed (this one or one left by an earlier run)."""
     out = run(["ip", "netns", "list"], check=False)
     names = [line.split()[0] for line in out.splitlines() if line.strip()]
-    return [n for n in names if n.startswith(PREFIX)]
+    return [n for n in names if n.startswith(prefix)]
 
 
 def pids_of(ns: str) -> list[int]:
@@ -94,24 +98,26 @@ def _signal_all(ns: str, sig: int) -> int:
     return sent
 
 
-def remove_all(deadline_s: float = 20.0) -> None:
+def remove_all(deadline_s: float = 20.0, prefix: str = PREFIX) -> None:
     """Remove every trace of any bed: kill its processes, delete its namespaces, veths, bridge and
     hosts files. Safe to call at any time, as often as wanted."""
-    for ns in stale_namespaces():
+    for ns in stale_namespaces(prefix):
         _signal_all(ns, signal.SIGCONT)  # a paused process cannot die of SIGKILL until resumed
         _signal_all(ns, signal.SIGKILL)
     end = time.monotonic() + deadline_s
-    for ns in stale_namespaces():
+    for ns in stale_namespaces(prefix):
         while pids_of(ns) and time.monotonic() < end:
             time.sleep(0.1)
         run(["ip", "netns", "delete", ns], check=False)
     for line in run(["ip", "-o", "link", "show"], check=False).splitlines():
         name = line.split(":")[1].strip().split("@")[0] if ":" in line else ""
-        if name.startswith(PREFIX):
+        if name.startswith(prefix):
             run(["ip", "link", "delete", name], check=False)
+    if prefix == PREFIX:
+        shutil.rmtree(RAY_TEMP, ignore_errors=True)
     netns_etc = Path("/etc/netns")
     if netns_etc.is_dir():
-        for d in netns_etc.glob(PREFIX + "*"):
+        for d in netns_etc.glob(prefix + "*"):
             for f in d.iterdir():
                 f.unlink()
             d.rmdir()
@@ -123,29 +129,33 @@ class Bed:
 
     workdir: Path
     hosts: Mapping[str, str] = field(default_factory=lambda: dict(HOSTS))
+    # Names of namespaces, links and the bridge start with this; another prefix makes a second,
+    # independent bed (the bed's own tests use one to check removal without touching this one).
+    prefix: str = PREFIX
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     # ----- making and removing ------------------------------------------------------------------
 
     def create(self) -> Bed:
         """Remove any earlier bed, then make this one: namespaces, links, addresses, names."""
-        remove_all()
+        remove_all(prefix=self.prefix)
         self.workdir.mkdir(parents=True, exist_ok=True)
-        run(["ip", "link", "add", BRIDGE, "type", "bridge"])
-        run(["ip", "link", "set", BRIDGE, "up"])
+        bridge = self.prefix + "br0"
+        run(["ip", "link", "add", bridge, "type", "bridge"])
+        run(["ip", "link", "set", bridge, "up"])
         hosts_file = "127.0.0.1 localhost\n" + "".join(
             f"{ip} {name}\n" for name, ip in self.hosts.items()
         )
         for name, ip in self.hosts.items():
-            ns = namespace(name)
+            ns = self.ns(name)
             run(["ip", "netns", "add", ns])
             etc = Path("/etc/netns") / ns
             etc.mkdir(parents=True, exist_ok=True)
             (etc / "hosts").write_text(hosts_file)
             (etc / "hostname").write_text(name + "\n")
-            run(["ip", "link", "add", _veth(name), "type", "veth", "peer", "name", "eth0",
-                 "netns", ns])  # fmt: skip
-            run(["ip", "link", "set", _veth(name), "master", BRIDGE, "up"])
+            veth = _veth(name, self.prefix)
+            run(["ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns])
+            run(["ip", "link", "set", veth, "master", bridge, "up"])
             run(["ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", "eth0"])
             run(["ip", "-n", ns, "link", "set", "eth0", "up"])
             run(["ip", "-n", ns, "link", "set", "lo", "up"])
@@ -160,7 +170,7 @@ class Bed:
             if p.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(p.pid, signal.SIGKILL)
-        remove_all()
+        remove_all(prefix=self.prefix)
         for p in self.procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=5)
@@ -177,9 +187,12 @@ class Bed:
     def ip(self, host: str) -> str:
         return self.hosts[host]
 
+    def ns(self, host: str) -> str:
+        return namespace(host, self.prefix)
+
     def argv(self, host: str, argv: Sequence[str]) -> list[str]:
         """`argv` as run on `host` (inside its namespace, its hosts file mounted)."""
-        return ["ip", "netns", "exec", namespace(host), *argv]
+        return ["ip", "netns", "exec", self.ns(host), *argv]
 
     def spawn(
         self,
@@ -235,12 +248,12 @@ class Bed:
         return proc
 
     def pids(self, host: str) -> list[int]:
-        return pids_of(namespace(host))
+        return pids_of(self.ns(host))
 
     # ----- faults ------------------------------------------------------------------------------
 
     def _iptables(self, host: str, *args: str) -> None:
-        run(["ip", "netns", "exec", namespace(host), "iptables", "-w", *args])
+        run(["ip", "netns", "exec", self.ns(host), "iptables", "-w", *args])
 
     def partition(self, a: str, b: str, *, one_way: bool = False) -> None:
         """Cut the link between hosts `a` and `b`; with `one_way`, only packets from `a` to `b`
@@ -256,7 +269,7 @@ class Bed:
 
     def slow(self, host: str, rate: str = "1mbit") -> None:
         """Limit `host`'s link to `rate` both ways (a token bucket on each end of its veth)."""
-        for dev, ns in (("eth0", namespace(host)), (_veth(host), None)):
+        for dev, ns in (("eth0", self.ns(host)), (_veth(host, self.prefix), None)):
             prefix = ["ip", "netns", "exec", ns] if ns else []
             run([*prefix, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate,
                  "burst", "32kbit", "latency", "400ms"])  # fmt: skip
@@ -265,21 +278,21 @@ class Bed:
         """Undo every partition, isolation and slow link."""
         for host in self.hosts:
             self._iptables(host, "-F", CHAIN)
-            run(["ip", "netns", "exec", namespace(host), "tc", "qdisc", "del", "dev", "eth0",
+            run(["ip", "netns", "exec", self.ns(host), "tc", "qdisc", "del", "dev", "eth0",
                  "root"], check=False)  # fmt: skip
-            run(["tc", "qdisc", "del", "dev", _veth(host), "root"], check=False)
+            run(["tc", "qdisc", "del", "dev", _veth(host, self.prefix), "root"], check=False)
 
     def kill(self, host: str) -> int:
         """SIGKILL every process of `host` (as when its machine dies); how many there were."""
-        _signal_all(namespace(host), signal.SIGCONT)
-        return _signal_all(namespace(host), signal.SIGKILL)
+        _signal_all(self.ns(host), signal.SIGCONT)
+        return _signal_all(self.ns(host), signal.SIGKILL)
 
     def pause(self, host: str) -> int:
         """SIGSTOP every process of `host` (a machine that hangs); `resume` undoes it."""
-        return _signal_all(namespace(host), signal.SIGSTOP)
+        return _signal_all(self.ns(host), signal.SIGSTOP)
 
     def resume(self, host: str) -> int:
-        return _signal_all(namespace(host), signal.SIGCONT)
+        return _signal_all(self.ns(host), signal.SIGCONT)
 
     def reaches(self, a: str, b: str, port: int, timeout: float = 1.0) -> bool:
         """Whether a TCP connection from `a` to `b:port` completes."""

@@ -1,0 +1,136 @@
+"""A FiloPy cluster spread over the bed's hosts, started as an operator starts one.
+
+Kafka runs on `kafka` (scripts/services.sh, bound to the host's address), the head on `head`
+(`filopy head --bind head`), each node on its own host (`filopy node join --address head:6379`),
+and every look at the cluster is taken from `client`: the REST API over the network, or the
+`filopy` command line there. The store is SQLite on the shared file system (the bed's stand-in for
+a store every host reaches) unless a test starts Cassandra.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from tests.netbed.bed import RAY_TEMP, Bed, BedError
+
+NODES = ("node-1", "node-2", "node-3")
+HEAD_ADDRESS = "head:6379"
+REST = "http://head:8080"
+T = TypeVar("T")
+
+
+def wait_for(what: str, check: Callable[[], T | None], timeout_s: float = 120.0) -> T:
+    """Poll `check` until it returns something truthy; AssertionError naming `what` if not in
+    time. Generous deadlines: a loaded two-core machine is slow, never wrong."""
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+        except (BedError, ValueError, KeyError) as e:
+            last = e
+        if last and not isinstance(last, Exception):
+            return last
+        time.sleep(0.5)
+    raise AssertionError(f"{what}: not within {timeout_s:.0f} s (last: {last!r})")
+
+
+class NetCluster:
+    def __init__(self, bed: Bed, root: Path) -> None:
+        self.bed = bed
+        self.root = root
+        self.filopy_bin = str(root / ".venv" / "bin" / "filopy")
+        self.env = {
+            "FILOPY_KAFKA__BOOTSTRAP_SERVERS": "kafka:9092",
+            "FILOPY_STORE__SQLITE_PATH": str(bed.workdir / "filopy.db"),
+            "FILOPY_STATE_DIR": str(bed.workdir / "state"),  # no `filopy up` cluster to find
+        }
+        self.nodes: dict[str, subprocess.Popen[bytes]] = {}
+
+    # ----- starting and stopping ----------------------------------------------------------------
+
+    def start(self) -> None:
+        self.start_kafka()
+        self.start_head()
+        for node in NODES:
+            self.join(node)
+        self.wait_members(set(NODES))
+
+    def start_kafka(self) -> None:
+        self.bed.sh(
+            "kafka",
+            ["bash", str(self.root / "scripts" / "services.sh"), "up", "kafka"],
+            env={
+                "FILOPY_SERVICES_HOST": self.bed.ip("kafka"),
+                "FILOPY_SERVICES_DIR": str(self.bed.workdir / "kafka"),
+                "FILOPY_SERVICES_CACHE": str(self.root / ".services" / "cache"),
+            },
+            timeout=900,
+        )
+
+    def start_head(self) -> None:
+        argv = [self.filopy_bin, "head", "--bind", "head", "--temp-dir", str(RAY_TEMP / "head")]
+        self.bed.spawn("head", argv, env=self.env)
+        wait_for("the REST API answering on head", lambda: self.rest("/__liveness"), 180)
+
+    def join(self, node: str) -> subprocess.Popen[bytes]:
+        argv = [self.filopy_bin, "node", "join", "--address", HEAD_ADDRESS, "--name", node,
+                "--temp-dir", str(RAY_TEMP / node)]  # fmt: skip
+        self.nodes[node] = self.bed.spawn(node, argv, env=self.env)
+        return self.nodes[node]
+
+    def stop(self) -> None:
+        for host in ("head", *NODES, "kafka"):
+            self.bed.kill(host)
+
+    # ----- looking at it from the client host ---------------------------------------------------
+
+    def rest(self, path: str, *, method: str = "GET", body: Any = None) -> Any:
+        """`data` of a REST call made from the client host; BedError if it fails."""
+        argv = ["curl", "-sS", "--fail-with-body", "--max-time", "30", "-X", method]
+        if body is not None:
+            argv += ["-H", "content-type: application/json", "--data", json.dumps(body)]
+        out = self.bed.sh("client", [*argv, REST + path], timeout=60).stdout
+        return json.loads(out)["data"]
+
+    def cli(self, *args: str, host: str = "client", timeout: float = 120.0) -> str:
+        """`filopy ARGS` on `host` as an operator types it there; its output."""
+        argv = [self.filopy_bin, *args]
+        proc = self.bed.sh(host, argv, env=self.env, timeout=timeout, check=False)
+        if proc.returncode != 0:
+            raise BedError(f"{shlex.join(args)} on {host}: {proc.stderr.strip()}")
+        return proc.stdout
+
+    def members(self) -> set[str]:
+        return {m["name"] for m in self.rest("/api/v1/nodes")["members"]}
+
+    def wait_members(self, names: set[str], timeout_s: float = 180.0) -> None:
+        wait_for(f"members {sorted(names)}", lambda: self.members() == names or None, timeout_s)
+
+    def shards(self, dataset: str) -> list[dict[str, Any]]:
+        return list(self.rest(f"/api/v1/cluster/{dataset}/status"))
+
+    def wait_active(
+        self, dataset: str, *, avoid: Sequence[str] = (), timeout_s: float = 120.0
+    ) -> list[dict[str, Any]]:
+        """Every shard Active, on a node not in `avoid`; the shard list."""
+
+        seen: list[Any] = []
+
+        def done() -> list[dict[str, Any]] | None:
+            shards = self.shards(dataset)
+            seen[:] = [(s["shard"], s["status"], s["node"]) for s in shards]
+            ok = all(s["status"] == "Active" and s["node"] not in avoid for s in shards)
+            return shards if ok else None
+
+        what = f"{dataset}: every shard Active (not on {list(avoid)})"
+        try:
+            return wait_for(what, done, timeout_s)
+        except AssertionError as e:
+            raise AssertionError(f"{e}; shards (shard, status, node): {seen}") from None

@@ -1,0 +1,56 @@
+"""Fixtures of the many-hosts bed: the bed itself, and a FiloPy cluster spread over its hosts.
+
+The bed needs root and iproute2 + iptables (scripts/system-deps.sh installs them); without them
+the tests fail, never skip. One bed serves a whole test session: it is made before the first
+test that asks for it and removed after the last, and `Bed.create` first removes whatever an
+earlier, killed run left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.netbed.bed import Bed
+from tests.netbed.cluster import NetCluster
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if Path(str(item.fspath)).is_relative_to(here):
+            item.add_marker("netbed")
+
+
+@pytest.fixture(scope="session")
+def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
+    missing = [t for t in ("ip", "iptables", "tc") if shutil.which(t) is None]
+    if os.geteuid() != 0 or missing:
+        pytest.fail(
+            f"the many-hosts bed needs root and {', '.join(missing) or 'iproute2, iptables'} "
+            "(scripts/system-deps.sh installs them)",
+            pytrace=False,
+        )
+    the_bed = Bed(tmp_path_factory.mktemp("netbed")).create()
+    try:
+        yield the_bed
+    finally:
+        the_bed.remove()
+
+
+@pytest.fixture(scope="session")
+def net_cluster(bed: Bed) -> Iterator[NetCluster]:
+    """Kafka, the head and three nodes, each on its own host (the SQLite store on the shared
+    file system). Tests that change membership restore it before they end."""
+    cluster = NetCluster(bed, ROOT)
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
