@@ -54,6 +54,17 @@ HOSTS: dict[str, str] = {
 }
 
 
+# What the test process set for itself and a fresh shell on a host would not have: Ray's loopback
+# switch (tests bind one-host clusters to 127.0.0.1) and a Ray address to join.
+NOT_INHERITED = ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "FILOPY_RAY_LOOPBACK", "RAY_ADDRESS")
+
+
+def host_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a command on a host: this process's, less `NOT_INHERITED`."""
+    env = {k: v for k, v in os.environ.items() if k not in NOT_INHERITED}
+    return {**env, **(extra or {})}
+
+
 class BedError(RuntimeError):
     """A bed command failed; the message holds the command and what it printed."""
 
@@ -208,7 +219,7 @@ class Bed:
         out = open(self.workdir / (log or f"{host}.log"), "ab")  # noqa: SIM115 (the child owns it)
         proc = subprocess.Popen(
             self.argv(host, argv),
-            env={**os.environ, **(env or {})},
+            env=host_env(env),
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -232,7 +243,7 @@ class Bed:
         """Run a command on `host` to its end; BedError (with its output) if it fails."""
         proc = subprocess.run(
             self.argv(host, argv),
-            env={**os.environ, **(env or {})},
+            env=host_env(env),
             capture_output=True,
             text=True,
             timeout=timeout,

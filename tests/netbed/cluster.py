@@ -56,11 +56,22 @@ class NetCluster:
     # ----- starting and stopping ----------------------------------------------------------------
 
     def start(self) -> None:
-        self.start_kafka()
-        self.start_head()
-        for node in NODES:
-            self.join(node)
-        self.wait_members(set(NODES))
+        try:
+            self.start_kafka()
+            self.start_head()
+            for node in NODES:
+                self.join(node)
+            self.wait_members(set(NODES))
+        except (AssertionError, BedError) as e:
+            raise AssertionError(f"the cluster did not start: {e}\n{self.logs()}") from None
+
+    def logs(self, lines: int = 15) -> str:
+        """The last lines of every host's log in the bed's work directory, for a failure."""
+        out = []
+        for log in sorted(self.bed.workdir.glob("*.log")):
+            tail = log.read_text(errors="replace").splitlines()[-lines:]
+            out.append(f"--- {log.name}\n" + "\n".join(tail))
+        return "\n".join(out)
 
     def start_kafka(self) -> None:
         self.bed.sh(

@@ -1,0 +1,127 @@
+"""docs/deployment.md, every command block as written, each on the machine its first line names.
+
+A block's first line says where it runs: `# on HOST`, or `# on HOST, keeps running` for a server
+that stays in the foreground (the test starts it in the background on that host and waits until
+it serves). Blocks run in the page's order with `bash -e -c`, from the repository root, with the
+project's virtual environment on PATH (the page's "FiloPy installed") and nothing else of this
+test process: no Ray loopback switch, no Ray address. Kafka's and Cassandra's data live in the
+bed's work directory (FILOPY_SERVICES_DIR), the jars come from the suite's cache.
+
+A new block is run too; one whose first line names no host of the bed fails the test.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.netbed.bed import Bed, BedError
+from tests.netbed.cluster import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+DOC = ROOT / "docs" / "deployment.md"
+WHERE = re.compile(r"^# on ([\w-]+)(, keeps running)?$")
+
+# What a block must print (regular expressions, in order), by its last command's first word(s).
+EXPECTED = {
+    "kafka": [r"kafka: ready"],
+    "cassandra": [r"cassandra: ready"],
+    "client": [
+        r"created: prom",
+        r"----- prom: 8 shards -----",
+        r'cpu_usage.*host="a".*│\s+0\.5',  # `filopy query` from the client's machine
+        r'"metric":\{[^}]*"__name__":"cpu_usage"[^}]*\},"value":\[[\d.]+,"0\.5"\]',
+    ],
+}
+
+
+def blocks() -> list[tuple[str, bool, str]]:
+    """(host, keeps running, script) of every bash block, in order."""
+    found = []
+    for m in re.finditer(r"^```bash\n(.*?)^```\s*$", DOC.read_text(), re.S | re.M):
+        first, _, _ = m.group(1).partition("\n")
+        where = WHERE.match(first.strip())
+        assert where, f"docs/deployment.md: a block's first line must say where it runs: {first}"
+        found.append((where.group(1), bool(where.group(2)), m.group(1)))
+    return found
+
+
+@pytest.fixture
+def clean_bed(bed: Bed) -> Iterator[Bed]:
+    """The session's bed with nothing running, and nothing left running after the test."""
+    for host in bed.hosts:
+        bed.kill(host)
+    bed.heal()
+    yield bed
+    for host in bed.hosts:
+        bed.kill(host)
+
+
+def test_every_block_of_the_deployment_page_runs_as_written(clean_bed: Bed) -> None:
+    bed = clean_bed
+    env = {
+        "PATH": f"{ROOT / '.venv' / 'bin'}:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "VIRTUAL_ENV": str(ROOT / ".venv"),
+        "FILOPY_SERVICES_DIR": str(bed.workdir / "deployment-services"),
+        "FILOPY_SERVICES_CACHE": str(ROOT / ".services" / "cache"),
+        "FILOPY_STATE_DIR": str(bed.workdir / "deployment-state"),
+        "FILOPY_RAY_TEMP_DIR": "",  # set per host below: machines do not share Ray's /tmp/ray
+    }
+    ran = []
+    for host, keeps_running, script in blocks():
+        assert host in bed.hosts, f"docs/deployment.md names a machine the bed lacks: {host}"
+        host_env = {**env, "FILOPY_RAY_TEMP_DIR": f"/tmp/fpb/{host}"}
+        if keeps_running:
+            log = f"deployment-{host}.log"
+            bed.spawn(host, ["bash", "-e", "-c", script], env=host_env, log=log, cwd=ROOT)
+            wait_for(f"{host} serving", _ready(bed, host, bed.workdir / log), 240)
+        else:
+            proc = bed.sh(host, ["bash", "-e", "-c", script], env=host_env, cwd=ROOT, timeout=600)
+            _expect(host, proc.stdout + proc.stderr, EXPECTED.get(host, []))
+        ran.append(host)
+    assert ran[-1] == "client" and {"head", "node-1", "node-2", "gateway"} <= set(ran)
+
+
+def _ready(bed: Bed, host: str, log: Path) -> Callable[[], bool]:
+    """When a server block serves: the head and nodes say so in their output, the gateway's port
+    answers from the client's machine."""
+
+    def check() -> bool:
+        text = log.read_text(errors="replace") if log.exists() else ""
+        if "error:" in text:
+            raise AssertionError(f"{host}'s block failed:\n{text[-2000:]}")
+        if host == "head":
+            return "FiloPy singleton ready" in text
+        if host.startswith("node-"):
+            return "joined the cluster" in text and _member(bed, host)
+        if host == "gateway":
+            return bed.reaches("client", "gateway", 8081)
+        raise AssertionError(f"no readiness check for a server on {host}")
+
+    return check
+
+
+def _member(bed: Bed, node: str) -> bool:
+    try:
+        out = bed.sh("client", ["curl", "-sS", "--max-time", "10", "http://head:8080/api/v1/nodes"])
+    except BedError:
+        return False
+    return node in {m["name"] for m in json.loads(out.stdout)["data"]["members"]}
+
+
+def _expect(host: str, output: str, patterns: list[str]) -> None:
+    at = 0
+    for pattern in patterns:
+        m = re.compile(pattern).search(output, at)
+        assert m, f"the block on {host} did not print /{pattern}/ (after offset {at}):\n{output}"
+        at = m.end()
+
+
+def test_the_page_names_each_block_by_its_machine() -> None:
+    """Runs without the bed: the parse the test above relies on, and the machines it names."""
+    hosts = [h for h, _, _ in blocks()]
+    assert hosts[:2] == ["kafka", "cassandra"] and hosts[-1] == "client"
