@@ -58,9 +58,9 @@ go-tools:
 	scripts/rw-compliance.sh suite >/dev/null
 	scripts/rw-compliance.sh prometheus >/dev/null
 
-# Every test that needs no service (no Kafka, Cassandra or Ray), by marker; about a minute.
+# Every test that needs no service (no Kafka, Cassandra, Ray or the many-hosts bed), by marker.
 unit: venv
-	@start=$$(date +%s); $(BIN)/pytest -q -m "not kafka and not cassandra and not ray"; rc=$$?; \
+	@start=$$(date +%s); $(BIN)/pytest -q -m "not kafka and not cassandra and not ray and not netbed"; rc=$$?; \
 	echo "make unit: $$(( $$(date +%s) - start )) s"; exit $$rc
 
 # FiloPy's PromQL answers against Prometheus 3's on the same data; prints the score and every

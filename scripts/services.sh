@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Local Apache Kafka (KRaft) and Apache Cassandra for FiloPy development and tests.
+# Local Apache Kafka (KRaft), Apache Cassandra and Redis for FiloPy development and tests.
 #
 #   scripts/services.sh up [kafka|cassandra|redis]    fetch jars if needed, start, wait until serving
 #   scripts/services.sh down [kafka|cassandra|redis]  stop exactly the processes this script started

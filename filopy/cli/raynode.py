@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from filopy import ray_env
+from filopy.errors import Invalid, Unavailable
 
 log = logging.getLogger("filopy.node")
 
@@ -31,8 +32,8 @@ NAME_LABEL = "filopy.io/name"  # as coordinator.node_coordinator reads it
 DEFAULT_HEAD_PORT = 6379
 
 
-class NodeStartError(RuntimeError):
-    """The Ray node could not be started (bad address, head unreachable, port taken)."""
+class NodeStartError(Unavailable):
+    """The Ray node could not be started (head unreachable, no route, Ray refused)."""
 
 
 def is_loopback(host: str) -> bool:
@@ -50,11 +51,11 @@ def split_address(address: str, default_port: int = DEFAULT_HEAD_PORT) -> tuple[
     if not sep:
         host, port = address, str(default_port)
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise NodeStartError(f"not an address: {address!r} (expected HOST:PORT)")
+        raise Invalid(f"not an address: {address!r} (expected HOST:PORT)")
     try:
         resolved = socket.gethostbyname(host)
     except OSError as e:
-        raise NodeStartError(f"cannot resolve {host!r}: {e}") from None
+        raise Invalid(f"cannot resolve {host!r}: {e}") from None
     return resolved, int(port)
 
 

@@ -22,6 +22,7 @@ from tests.netbed.cluster import NetCluster
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects, so `make unit` never makes a bed
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     here = Path(__file__).parent
     for item in items:

@@ -38,4 +38,4 @@ def test_unknown_service_and_command_are_rejected() -> None:
     assert "unknown service 'zookeeper'" in bad.stderr
     usage = _run("frobnicate")
     assert usage.returncode == 2
-    assert "up [kafka|cassandra]" in usage.stdout
+    assert "up [kafka|cassandra|redis]" in usage.stdout
