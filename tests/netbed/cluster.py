@@ -57,7 +57,8 @@ class NetCluster:
 
     def start(self) -> None:
         try:
-            self.start_kafka()
+            self.start_service("kafka")
+            self.start_service("redis")
             self.start_head()
             for node in NODES:
                 self.join(node)
@@ -73,22 +74,39 @@ class NetCluster:
             out.append(f"--- {log.name}\n" + "\n".join(tail))
         return "\n".join(out)
 
-    def start_kafka(self) -> None:
+    def start_service(self, name: str) -> None:
+        """Kafka, Cassandra or Redis on the host of that name, through scripts/services.sh."""
         self.bed.sh(
-            "kafka",
-            ["bash", str(self.root / "scripts" / "services.sh"), "up", "kafka"],
+            name,
+            ["bash", str(self.root / "scripts" / "services.sh"), "up", name],
             env={
-                "FILOPY_SERVICES_HOST": self.bed.ip("kafka"),
-                "FILOPY_SERVICES_DIR": str(self.bed.workdir / "kafka"),
+                "FILOPY_SERVICES_HOST": self.bed.ip(name),
+                "FILOPY_SERVICES_DIR": str(self.bed.workdir / name),
                 "FILOPY_SERVICES_CACHE": str(self.root / ".services" / "cache"),
             },
             timeout=900,
         )
 
-    def start_head(self) -> None:
-        argv = [self.filopy_bin, "head", "--bind", "head", "--temp-dir", str(RAY_TEMP / "head")]
+    def start_head(self) -> float:
+        """Start the head (Ray's control state in Redis); seconds until its REST API answered."""
+        started = time.monotonic()
+        argv = [self.filopy_bin, "head", "--bind", "head", "--redis", "redis:6380",
+                "--temp-dir", str(RAY_TEMP / "head")]  # fmt: skip
         self.bed.spawn("head", argv, env=self.env)
         wait_for("the REST API answering on head", lambda: self.rest("/__liveness"), 180)
+        return time.monotonic() - started
+
+    def start_gateway(self) -> None:
+        argv = [self.filopy_bin, "gateway", "--host", "gateway", "--port", "8081"]
+        self.bed.spawn("gateway", argv, env=self.env)
+        wait_for("the gateway answering", lambda: self.bed.reaches("client", "gateway", 8081))
+
+    def start_producer(self, dataset: str, out: Path, series: int = 20) -> subprocess.Popen[bytes]:
+        """tests/netbed/producer.py on the client host, writing through the gateway."""
+        url = f"http://gateway:8081/ingest/{dataset}/api/v2/write"
+        argv = [str(self.root / ".venv" / "bin" / "python"), "-m", "tests.netbed.producer", url,
+                "--series", str(series), "--out", str(out)]  # fmt: skip
+        return self.bed.spawn("client", argv, log="producer.log", cwd=self.root)
 
     def join(self, node: str) -> subprocess.Popen[bytes]:
         argv = [self.filopy_bin, "node", "join", "--address", HEAD_ADDRESS, "--name", node,
@@ -97,7 +115,7 @@ class NetCluster:
         return self.nodes[node]
 
     def stop(self) -> None:
-        for host in ("head", *NODES, "kafka"):
+        for host in ("client", "gateway", "head", *NODES, "kafka", "redis"):
             self.bed.kill(host)
 
     # ----- looking at it from the client host ---------------------------------------------------
