@@ -42,6 +42,7 @@ from coordinator.messages import (
 )
 from coordinator.names import (
     CLUSTER_ACTOR_NAME,
+    HEAD_RESOURCE,
     guardian_id,
     is_guardian,
     node_actor_name,
@@ -730,29 +731,34 @@ class NodeClusterActor:
         )
 
 
-def _head_node_id() -> str | None:
-    """The Ray head node's id (the node holding Ray's `node:__internal_head__` marker)."""
+def _head_node() -> dict[str, Any] | None:
+    """The Ray head node's entry (the node holding Ray's `node:__internal_head__` marker)."""
     for n in ray.nodes():
         if n.get("Alive") and "node:__internal_head__" in n.get("Resources", {}):
-            return str(n["NodeID"])
+            return n
     return None
 
 
 def start_cluster_actor(settings: Settings) -> ActorHandle:
     """Get or create the singleton (detached; Ray restarts it if its process or node dies).
 
-    It runs on the Ray head node: the cluster cannot outlive the head anyway, while any other
-    node may come and go, and every move of the singleton is a recovery (losing a worker that
-    hosted it costs a recovery on top of the node's own failover). The affinity is strict: Ray
-    2.60 placed a `soft=True` affinity on a worker even with the head free. A restart of the
-    process keeps the strategy, so it comes back on the head too.
+    It runs on the Ray head node: the cluster cannot outlive the head without Ray's control
+    state kept elsewhere, while any other node may come and go, and every move of the singleton
+    is a recovery (losing a worker that hosted it costs a recovery on top of the node's own
+    failover). A head started by `filopy head` offers the `HEAD_RESOURCE`; the singleton asks for
+    a sliver of it, so when the head's machine dies and a head is started again (its control
+    state in Redis), Ray restarts the singleton there. Other heads (`filopy up`, a plain
+    `ray start --head`) are pinned by a strict node affinity (Ray 2.60 placed a `soft=True`
+    affinity on a worker even with the head free).
     """
-    head = _head_node_id()
-    placement = (
-        {}
-        if head is None
-        else {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=head, soft=False)}
-    )
+    head = _head_node()
+    if head is None:
+        placement: dict[str, Any] = {}
+    elif head.get("Resources", {}).get(HEAD_RESOURCE):
+        placement = {"resources": {HEAD_RESOURCE: 0.01}}
+    else:
+        strategy = NodeAffinitySchedulingStrategy(node_id=head["NodeID"], soft=False)
+        placement = {"scheduling_strategy": strategy}
     return (
         ray.remote(NodeClusterActor)
         .options(

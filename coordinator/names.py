@@ -10,6 +10,9 @@ from __future__ import annotations
 import uuid
 
 CLUSTER_ACTOR_NAME = "NodeClusterActor"
+# The Ray resource a head started by `filopy head` offers: the singleton asks for a sliver of it,
+# so Ray restarts it on whichever node offers it (a head started again after its machine died).
+HEAD_RESOURCE = "filopy_head"
 GUARDIAN_PREFIX = "guardian:"
 
 

@@ -195,7 +195,10 @@ def head(
         raynode.split_address(redis)  # fail on a typo before Ray starts
         os.environ["RAY_REDIS_ADDRESS"] = redis  # Ray's GCS keeps its tables there
         os.environ.setdefault("RAY_external_storage_namespace", settings.ray.namespace)
-    node = raynode.start(raynode.NodeSpec(bind=host, port=port, temp_dir=temp_dir))
+    from coordinator.names import HEAD_RESOURCE
+
+    spec = raynode.NodeSpec(bind=host, port=port, resources={HEAD_RESOURCE: 1}, temp_dir=temp_dir)
+    node = raynode.start(spec)
     import ray
 
     ray.init(
