@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import json
 import shlex
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlencode
 
 from tests.netbed.bed import RAY_TEMP, Bed, BedError
 
@@ -97,6 +99,8 @@ class NetCluster:
         return time.monotonic() - started
 
     def start_gateway(self) -> None:
+        if self.bed.reaches("client", "gateway", 8081):
+            return  # started by an earlier test of the module
         argv = [self.filopy_bin, "gateway", "--host", "gateway", "--port", "8081"]
         self.bed.spawn("gateway", argv, env=self.env)
         wait_for("the gateway answering", lambda: self.bed.reaches("client", "gateway", 8081))
@@ -163,3 +167,44 @@ class NetCluster:
             return wait_for(what, done, timeout_s)
         except AssertionError as e:
             raise AssertionError(f"{e}; shards (shard, status, node): {seen}") from None
+
+    # ----- what the writer was told, against what is stored ------------------------------------
+
+    @staticmethod
+    def acked(out: Path) -> dict[str, Any]:
+        """The producer's record so far (tests/netbed/producer.py)."""
+        if not out.exists():
+            return {"acked_ts": [], "final": False, "series": 0}
+        return dict(json.loads(out.read_text()))
+
+    def stop_producer(self, producer: subprocess.Popen[bytes], out: Path) -> dict[str, Any]:
+        producer.send_signal(signal.SIGTERM)
+        producer.wait(timeout=60)
+        record = self.acked(out)
+        assert record["final"], "the producer wrote its final record"
+        return record
+
+    def assert_stored_once(self, dataset: str, record: dict[str, Any]) -> None:
+        """Every acknowledged round is stored, once, in every series: per series the count of
+        samples equals the rounds acknowledged (a lost sample makes it lower, a duplicate at
+        another timestamp higher; one at the same timestamp is dropped by the memstore)."""
+        acked = sorted(record["acked_ts"])
+        series = int(record["series"])
+        assert acked, "the producer was acknowledged"
+        at = (acked[-1] + 1000) / 1000
+        query = urlencode({"query": "count_over_time(netbed_load[1h])", "time": f"{at:.3f}"})
+        seen: list[Any] = []
+
+        def counts() -> bool:
+            result = self.rest(f"/promql/{dataset}/api/v1/query?{query}")["result"]
+            got = {r["metric"]["series"]: float(r["value"][1]) for r in result}
+            seen[:] = [len(got), sorted(set(got.values()))]
+            return len(got) == series and set(got.values()) == {float(len(acked))}
+
+        try:
+            wait_for("every acknowledged sample stored once", counts, 120)
+        except AssertionError:
+            raise AssertionError(
+                f"{len(acked)} rounds acknowledged in {series} series; seen {seen[0]} series "
+                f"with counts {seen[1]}\n{self.logs()}"
+            ) from None

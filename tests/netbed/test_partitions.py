@@ -1,0 +1,64 @@
+"""A node cut off from the head while it still reaches Kafka and the store, under a writer.
+
+The singleton stops hearing the node, declares it failed after `cluster.failure_timeout_s` and
+gives its shards to the other nodes with new ownership epochs. The cut-off node does not know:
+its ingesters go on reading Kafka, but should one flush meanwhile, the store refuses its
+checkpoint and chunk mark (the new owner's epoch fences it; `filopy_stale_epoch_rejections`), so
+nothing it does after the move lands. Once the link heals, Ray tells the
+node it was declared dead and its processes stop (`filopy node join` exits non-zero, for its
+service manager to start it again): it rejoins empty. Afterwards every acknowledged sample is
+stored once.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.netbed.cluster import HEAD_ADDRESS, NODES, NetCluster, wait_for
+
+CUT_S = 20.0  # well past the failure timeout (4 s), short of Ray's 60 s wait for its GCS
+
+
+@pytest.mark.parametrize("way", ["both", "node-to-head", "head-to-node"])
+def test_a_node_cut_off_from_the_head_loses_its_shards_and_nothing_else(
+    net_cluster: NetCluster, way: str
+) -> None:
+    c = net_cluster
+    dataset = f"cut-{way}"
+    c.cli("dataset", "create", dataset, "--shards", "8", "--min-nodes", "2",
+          "--address", HEAD_ADDRESS)  # fmt: skip
+    c.wait_active(dataset)
+    c.start_gateway()
+    out = c.bed.workdir / f"acked-{dataset}.json"
+    producer = c.start_producer(dataset, out)
+    wait_for("the writer acknowledged", lambda: len(c.acked(out)["acked_ts"]) >= 25, 120)
+
+    victim = c.shards(dataset)[0]["node"]
+    others = set(NODES) - {victim}
+    if way == "both":
+        c.bed.partition(victim, "head")
+    elif way == "node-to-head":
+        c.bed.partition(victim, "head", one_way=True)
+    else:
+        c.bed.partition("head", victim, one_way=True)
+    try:
+        c.wait_members(others, timeout_s=60)
+        shards = c.wait_active(dataset, avoid=[victim], timeout_s=60)
+        assert {s["node"] for s in shards} <= others
+        time.sleep(max(0.0, CUT_S - 10))
+    finally:
+        c.bed.heal()
+
+    # Healed: Ray ends the node it declared dead; started again, it joins empty.
+    wait_for(f"{victim}'s processes ended or it is a member again",
+             lambda: not c.bed.pids(victim) or victim in c.members(), 120)  # fmt: skip
+    if not c.bed.pids(victim):
+        c.join(victim)
+    c.wait_members(set(NODES))
+    assert all(s["node"] != victim or s["status"] != "Down" for s in c.shards(dataset))
+
+    time.sleep(2)
+    record = c.stop_producer(producer, out)
+    c.assert_stored_once(dataset, record)
