@@ -15,6 +15,7 @@ app = typer.Typer(
     help="FiloPy: a FiloDB-style time-series ingestion cluster on Kafka, Ray and Cassandra.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # help texts are plain: "[gateway]" is a settings section, not markup
 )
 dataset_app = typer.Typer(help="Datasets: create, list, show, delete.", no_args_is_help=True)
 app.add_typer(dataset_app, name="dataset")
