@@ -62,3 +62,36 @@ def test_a_node_cut_off_from_the_head_loses_its_shards_and_nothing_else(
     time.sleep(2)
     record = c.stop_producer(producer, out)
     c.assert_stored_once(dataset, record)
+
+
+def test_a_query_needing_an_unreachable_node_fails_or_is_partial_never_hangs(
+    net_cluster: NetCluster,
+) -> None:
+    """The client cannot reach one node (the head still can: nothing moves). `filopy query`
+    fails naming the shards it could not reach; with --partial it answers without them and says
+    so. Both within the query's deadline, never a hang."""
+    c = net_cluster
+    dataset = "unreachable"
+    c.cli("dataset", "create", dataset, "--shards", "8", "--min-nodes", "2",
+          "--address", HEAD_ADDRESS)  # fmt: skip
+    c.wait_active(dataset)
+    c.cli("ingest", dataset, "--series", "100", "--scrapes", "5", "--address", HEAD_ADDRESS)
+    shards = c.wait_active(dataset)
+    victim = shards[0]["node"]
+    lost = sorted(s["shard"] for s in shards if s["node"] == victim)
+    query = ["query", dataset, "count(count_over_time(demo_cpu_seconds_total[1h]))",
+             "--address", HEAD_ADDRESS]  # fmt: skip
+    c.bed.partition("client", victim)
+    try:
+        full = c.bed.sh("client", [c.filopy_bin, *query], env=c.env, check=False, timeout=180)
+        partial = c.bed.sh("client", [c.filopy_bin, *query, "--partial"], env=c.env,
+                           check=False, timeout=180)  # fmt: skip
+    finally:
+        c.bed.heal()
+    assert full.returncode == 1
+    assert "needed by the query are not available" in full.stderr
+    shown = " ".join(full.stderr.split())
+    assert all(f"{s} (node" in shown for s in lost), shown
+    assert partial.returncode == 0, partial.stderr
+    assert "partial result" in partial.stderr
+    assert c.shards(dataset) == shards, "nothing moved: the head reaches every node"
