@@ -678,13 +678,17 @@ class ShardManager:
                 for o, st in zip(mapper.owners, mapper.statuses, strict=True)
             ]
             now = self._clock()
-            movable = [
-                isinstance(st, Active)
-                and o in nodes
-                and now - self._moved_at.get((ref, s), -self._cooldown) >= self._cooldown
-                for s, (o, st) in enumerate(zip(owners, mapper.statuses, strict=True))
+            active = [
+                isinstance(st, Active) and o in nodes
+                for o, st in zip(owners, mapper.statuses, strict=True)
             ]
-            moves = list(evacuation_moves(owners, movable, self._draining_nodes, nodes, budget))
+            # The cooldown keeps balancing from chasing a moved shard's noisy load; an
+            # operator's drain waits for none (it empties the node as fast as the throttle lets).
+            movable = [
+                a and now - self._moved_at.get((ref, s), -self._cooldown) >= self._cooldown
+                for s, a in enumerate(active)
+            ]
+            moves = list(evacuation_moves(owners, active, self._draining_nodes, nodes, budget))
             for m in moves:
                 owners[m.shard], movable[m.shard] = m.target, False
             if balance:

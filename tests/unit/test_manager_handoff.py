@@ -498,3 +498,24 @@ def test_moves_in_flight_count_at_their_target_so_nothing_moves_twice(
                 )
     assert counts(mgr) == {"a": 16, "b": 16, "c": 16, "d": 16}
     assert started == 32
+
+
+def test_an_operators_drain_waits_for_no_cooldown_while_balancing_does() -> None:
+    """Shards a move just brought to a node are held back from balancing for `move_cooldown`,
+    but draining that node moves them at once: the cooldown is for automatic moves."""
+    clock = FakeClock()
+    mgr = active_cluster(["a", "b"], shards=8, clock=clock, move_cooldown=300.0,
+                         max_concurrent_moves=8)  # fmt: skip
+    mgr.add_member("c", "1.0")
+    started = mgr.rebalance().reply
+    assert isinstance(started, MovesStarted) and started.moves  # onto the new node c
+    finish_moves(mgr)
+    on_c = mapper(mgr).shards_for_node("c")
+    assert on_c
+    clock.now += 1.0  # well within the cooldown
+    drained = mgr.drain_node("c").reply
+    assert isinstance(drained, MovesStarted)
+    assert sorted(s for _, s, _, _ in drained.moves) == sorted(on_c)
+    while mgr.handoffs():
+        finish_moves(mgr)
+    assert mapper(mgr).num_shards_for_node("c") == 0
