@@ -129,18 +129,21 @@ class Demo:
     def _run_on(self, cluster: LocalRayCluster) -> bool:
         c, plan, s = self.console, self.plan, self.settings
         resource = {s.cluster.node_resource: 1}
+        # One node more than the dataset needs (its min_num_nodes), so the shards of the node the
+        # demo kills have somewhere to go. It is no spare: rebalancing gives it shards too.
         nodes = [
             cluster.add_node(resources=resource, labels={NAME_LABEL: f"node-{i + 1}"})
-            for i in range(plan.nodes)
+            for i in range(plan.nodes + 1)
         ]
-        # A spare, to take over a lost node's shards.
-        cluster.add_node(resources=resource, labels={NAME_LABEL: "spare"})
         actor = start_cluster_actor(s)
         ray.get(actor.ready.remote(), timeout=60)
         client = FiloPyClient(actor, s)
         _wait(lambda: len(client.members()) == plan.nodes + 1, 60)
         names = client.node_names()  # kept: the killed node's name outlives it here
-        c.print(f"{plan.nodes} FiloPy nodes + 1 spare joined; SQLite store {s.store.sqlite_path}")
+        c.print(
+            f"{plan.nodes + 1} FiloPy nodes joined (one more than the dataset needs, to take over "
+            f"a lost node's shards); SQLite store {s.store.sqlite_path}"
+        )
 
         c.rule("[bold]3. SetupDataset")
         ds = Dataset(
