@@ -47,6 +47,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, stop)
     url = args.url + ("&" if "?" in args.url else "?") + "precision=ms"
     acked: list[int] = []
+    ack_times: list[float] = []  # wall clock of each acknowledgement (gaps show stalls)
     failures = 0
     n = 0
     while not stopping:
@@ -58,12 +59,13 @@ def main() -> None:
                 with urllib.request.urlopen(req, timeout=10) as r:
                     if r.status == 204:
                         acked.append(ts)
+                        ack_times.append(time.time())
                         break
             except urllib.error.HTTPError as e:
                 if e.code < 500:  # refused for good: retrying cannot help
                     print(f"round {n}: {e} {e.read().decode(errors='replace')[:300]}",
                           file=sys.stderr, flush=True)  # fmt: skip
-                    _write(args.out, args.series, acked, failures, final=True)
+                    _write(args.out, args.series, acked, ack_times, failures, final=True)
                     sys.exit(2)
                 failures += 1
             except (urllib.error.URLError, OSError) as e:
@@ -74,15 +76,18 @@ def main() -> None:
             time.sleep(0.5)
         n += 1
         if n % 25 == 0:
-            _write(args.out, args.series, acked, failures, final=False)
+            _write(args.out, args.series, acked, ack_times, failures, final=False)
         time.sleep(args.interval)
-    _write(args.out, args.series, acked, failures, final=True)
+    _write(args.out, args.series, acked, ack_times, failures, final=True)
 
 
-def _write(out: Path, series: int, acked: list[int], failures: int, final: bool) -> None:
+def _write(
+    out: Path, series: int, acked: list[int], ack_times: list[float], failures: int, final: bool
+) -> None:
+    record = {"series": series, "acked_ts": acked, "ack_times": ack_times,
+              "failures": failures, "final": final}  # fmt: skip
     tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"series": series, "acked_ts": acked, "failures": failures,
-                               "final": final}))  # fmt: skip
+    tmp.write_text(json.dumps(record))
     tmp.replace(out)
 
 
