@@ -22,6 +22,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 START_MS = 1_750_000_000_000
 
@@ -46,9 +47,14 @@ def main() -> None:
 
     signal.signal(signal.SIGTERM, stop)
     url = args.url + ("&" if "?" in args.url else "?") + "precision=ms"
-    acked: list[int] = []
-    ack_times: list[float] = []  # wall clock of each acknowledgement (gaps show stalls)
-    failures = 0
+    record: dict[str, Any] = {
+        "series": args.series,
+        "acked_ts": [],  # the acknowledged rounds' timestamps
+        "ack_times": [],  # wall clock of each acknowledgement (gaps show stalls)
+        "failures": 0,  # requests that failed and were retried
+        "unavailable_503": 0,  # of those, 503s with Retry-After (the gateway said so)
+        "final": False,
+    }
     n = 0
     while not stopping:
         ts = START_MS + n
@@ -58,36 +64,33 @@ def main() -> None:
                 req = urllib.request.Request(url, data=data, method="POST")
                 with urllib.request.urlopen(req, timeout=10) as r:
                     if r.status == 204:
-                        acked.append(ts)
-                        ack_times.append(time.time())
+                        record["acked_ts"].append(ts)
+                        record["ack_times"].append(time.time())
                         break
             except urllib.error.HTTPError as e:
+                if e.code == 503 and e.headers.get("Retry-After"):
+                    record["unavailable_503"] += 1
                 if e.code < 500:  # refused for good: retrying cannot help
-                    print(f"round {n}: {e} {e.read().decode(errors='replace')[:300]}",
-                          file=sys.stderr, flush=True)  # fmt: skip
-                    _write(args.out, args.series, acked, ack_times, failures, final=True)
-                    sys.exit(2)
-                failures += 1
-            except (urllib.error.URLError, OSError) as e:
-                failures += 1
-                if failures <= 3 or failures % 20 == 0:
-                    detail = e.read().decode(errors="replace")[:300] if hasattr(e, "read") else ""
+                    detail = e.read().decode(errors="replace")[:300]
                     print(f"round {n}: {e} {detail}", file=sys.stderr, flush=True)
+                    _write(args.out, record, final=True)
+                    sys.exit(2)
+                record["failures"] += 1
+            except (urllib.error.URLError, OSError) as e:
+                record["failures"] += 1
+                if record["failures"] <= 3 or record["failures"] % 20 == 0:
+                    print(f"round {n}: {e}", file=sys.stderr, flush=True)
             time.sleep(0.5)
         n += 1
         if n % 25 == 0:
-            _write(args.out, args.series, acked, ack_times, failures, final=False)
+            _write(args.out, record, final=False)
         time.sleep(args.interval)
-    _write(args.out, args.series, acked, ack_times, failures, final=True)
+    _write(args.out, record, final=True)
 
 
-def _write(
-    out: Path, series: int, acked: list[int], ack_times: list[float], failures: int, final: bool
-) -> None:
-    record = {"series": series, "acked_ts": acked, "ack_times": ack_times,
-              "failures": failures, "final": final}  # fmt: skip
+def _write(out: Path, record: dict[str, Any], *, final: bool) -> None:
     tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record))
+    tmp.write_text(json.dumps({**record, "final": final}))
     tmp.replace(out)
 
 

@@ -95,3 +95,30 @@ def test_a_query_needing_an_unreachable_node_fails_or_is_partial_never_hangs(
     assert partial.returncode == 0, partial.stderr
     assert "partial result" in partial.stderr
     assert c.shards(dataset) == shards, "nothing moved: the head reaches every node"
+
+
+def test_the_gateway_cut_off_from_kafka_answers_503_and_loses_nothing_acknowledged(
+    net_cluster: NetCluster,
+) -> None:
+    """While the gateway cannot reach Kafka its writers get 503 with Retry-After (the gateway's
+    ack timeout); they retry the same samples, and after the heal every acknowledged one is
+    stored once."""
+    c = net_cluster
+    dataset = "gwcut"
+    c.cli("dataset", "create", dataset, "--shards", "4", "--min-nodes", "2",
+          "--address", HEAD_ADDRESS)  # fmt: skip
+    c.wait_active(dataset)
+    c.start_gateway()
+    out = c.bed.workdir / f"acked-{dataset}.json"
+    producer = c.start_producer(dataset, out)
+    wait_for("the writer acknowledged", lambda: len(c.acked(out)["acked_ts"]) >= 25, 120)
+    c.bed.partition("gateway", "kafka")
+    try:
+        wait_for("503 with Retry-After while Kafka is away",
+                 lambda: c.acked(out).get("unavailable_503", 0) > 0, 120)  # fmt: skip
+    finally:
+        c.bed.heal()
+    during = len(c.acked(out)["acked_ts"])
+    wait_for("writes acknowledged again", lambda: len(c.acked(out)["acked_ts"]) > during + 10, 120)
+    record = c.stop_producer(producer, out)
+    c.assert_stored_once(dataset, record)
