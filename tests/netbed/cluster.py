@@ -101,7 +101,9 @@ class NetCluster:
     def start_gateway(self) -> None:
         if self.bed.reaches("client", "gateway", 8081):
             return  # started by an earlier test of the module
-        argv = [self.filopy_bin, "gateway", "--host", "gateway", "--port", "8081"]
+        # Kafka's acks not in within 5 s: the writer gets 503 + Retry-After (default 30 s).
+        argv = [self.filopy_bin, "gateway", "--host", "gateway", "--port", "8081",
+                "--ack-timeout-s", "5"]  # fmt: skip
         self.bed.spawn("gateway", argv, env=self.env)
         wait_for("the gateway answering", lambda: self.bed.reaches("client", "gateway", 8081))
 

@@ -62,7 +62,7 @@ def main() -> None:
         while not stopping:  # the same round until acknowledged
             try:
                 req = urllib.request.Request(url, data=data, method="POST")
-                with urllib.request.urlopen(req, timeout=10) as r:
+                with urllib.request.urlopen(req, timeout=60) as r:  # > the ack timeout
                     if r.status == 204:
                         record["acked_ts"].append(ts)
                         record["ack_times"].append(time.time())
