@@ -65,15 +65,18 @@ def test_compose_runs_only_existing_filopy_and_ray_commands() -> None:
         seen.add(argv[0])
         if argv[0] == "filopy":
             sub = cli.commands[argv[1]]  # KeyError: the CLI has no such command
+            rest = argv[2:]
+            if hasattr(sub, "commands"):  # a group: `filopy node join`
+                sub, rest = sub.commands[rest[0]], rest[1:]
             known = {opt for p in sub.params for opt in p.opts}
-            flags = {a.split("=")[0] for a in argv[2:] if a.startswith("--")}
+            flags = {a.split("=")[0] for a in rest if a.startswith("--")}
             assert flags <= known, (argv, flags - known)
         elif argv[:2] == ["ray", "start"]:
             for flag in (a.split("=")[0] for a in argv[2:] if a.startswith("--")):
                 assert flag in ray_help, flag
         else:
             raise AssertionError(f"unexpected command in docker-compose.yml: {argv}")
-    assert seen == {"filopy", "ray"}
+    assert "filopy" in seen and seen <= {"filopy", "ray"}
 
 
 def test_dockerfile_copies_what_exists() -> None:

@@ -36,9 +36,9 @@ PREFIX = "fpb-"
 BRIDGE = PREFIX + "br0"
 SUBNET = "10.231.0"
 CHAIN = "FPB"
-# Ray's per-host directories (sessions, logs, sockets): short, as a socket's path is at most 107
-# bytes, and apart, as hosts on one machine would otherwise share Ray's /tmp/ray.
-RAY_TEMP = Path("/tmp/fpb")
+# Each host's own /tmp/ray (sessions, logs, sockets) lives under here, by bed prefix and host:
+# short, as a socket's path is at most 107 bytes.
+RAY_TEMP = Path("/tmp/netbed")
 
 # The hosts of the bed and their addresses; `redis` holds Ray's control store (head failover).
 HOSTS: dict[str, str] = {
@@ -124,8 +124,7 @@ def remove_all(deadline_s: float = 20.0, prefix: str = PREFIX) -> None:
         name = line.split(":")[1].strip().split("@")[0] if ":" in line else ""
         if name.startswith(prefix):
             run(["ip", "link", "delete", name], check=False)
-    if prefix == PREFIX:
-        shutil.rmtree(RAY_TEMP, ignore_errors=True)
+    shutil.rmtree(RAY_TEMP / prefix.rstrip("-"), ignore_errors=True)
     netns_etc = Path("/etc/netns")
     if netns_etc.is_dir():
         for d in netns_etc.glob(prefix + "*"):
@@ -170,6 +169,9 @@ class Bed:
             run(["ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", "eth0"])
             run(["ip", "-n", ns, "link", "set", "eth0", "up"])
             run(["ip", "-n", ns, "link", "set", "lo", "up"])
+            # A default route, as machines have: programs that find their address by routing
+            # towards the internet (Ray does) see eth0's. Nothing answers beyond the bridge.
+            run(["ip", "-n", ns, "route", "add", "default", "dev", "eth0"])
             self._iptables(name, "-N", CHAIN)
             self._iptables(name, "-A", "INPUT", "-j", CHAIN)
             self._iptables(name, "-A", "OUTPUT", "-j", CHAIN)
@@ -202,8 +204,13 @@ class Bed:
         return namespace(host, self.prefix)
 
     def argv(self, host: str, argv: Sequence[str]) -> list[str]:
-        """`argv` as run on `host` (inside its namespace, its hosts file mounted)."""
-        return ["ip", "netns", "exec", self.ns(host), *argv]
+        """`argv` as run on `host`: inside its namespace (its hosts file mounted), with a /tmp/ray
+        of its own. Machines do not share Ray's directory; hosts of one machine would (a node
+        takes its head's temp directory by path, so two nodes would race for the same sockets).
+        `ip netns exec` runs in a mount namespace of its own, so the bind mount stays there."""
+        own = RAY_TEMP / self.prefix.rstrip("-") / host
+        mount = 'mkdir -p /tmp/ray "$0" && mount --bind "$0" /tmp/ray && exec "$@"'
+        return ["ip", "netns", "exec", self.ns(host), "sh", "-c", mount, str(own), *argv]
 
     def spawn(
         self,

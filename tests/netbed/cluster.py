@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlencode
 
-from tests.netbed.bed import RAY_TEMP, Bed, BedError
+from tests.netbed.bed import Bed, BedError
 
 NODES = ("node-1", "node-2", "node-3")
 HEAD_ADDRESS = "head:6379"
@@ -92,8 +92,7 @@ class NetCluster:
     def start_head(self) -> float:
         """Start the head (Ray's control state in Redis); seconds until its REST API answered."""
         started = time.monotonic()
-        argv = [self.filopy_bin, "head", "--bind", "head", "--redis", "redis:6380",
-                "--temp-dir", str(RAY_TEMP / "head")]  # fmt: skip
+        argv = [self.filopy_bin, "head", "--bind", "head", "--redis", "redis:6380"]
         self.bed.spawn("head", argv, env=self.env)
         wait_for("the REST API answering on head", lambda: self.rest("/__liveness"), 180)
         return time.monotonic() - started
@@ -115,8 +114,7 @@ class NetCluster:
         return self.bed.spawn("client", argv, log="producer.log", cwd=self.root)
 
     def join(self, node: str) -> subprocess.Popen[bytes]:
-        argv = [self.filopy_bin, "node", "join", "--address", HEAD_ADDRESS, "--name", node,
-                "--temp-dir", str(RAY_TEMP / node)]  # fmt: skip
+        argv = [self.filopy_bin, "node", "join", "--address", HEAD_ADDRESS, "--name", node]
         self.nodes[node] = self.bed.spawn(node, argv, env=self.env)
         return self.nodes[node]
 

@@ -69,12 +69,11 @@ def test_every_block_of_the_deployment_page_runs_as_written(clean_bed: Bed) -> N
         "FILOPY_SERVICES_DIR": str(bed.workdir / "deployment-services"),
         "FILOPY_SERVICES_CACHE": str(ROOT / ".services" / "cache"),
         "FILOPY_STATE_DIR": str(bed.workdir / "deployment-state"),
-        "FILOPY_RAY_TEMP_DIR": "",  # set per host below: machines do not share Ray's /tmp/ray
     }
     ran = []
     for host, keeps_running, script in blocks():
         assert host in bed.hosts, f"docs/deployment.md names a machine the bed lacks: {host}"
-        host_env = {**env, "FILOPY_RAY_TEMP_DIR": f"/tmp/fpb/{host}"}
+        host_env = env
         if keeps_running:
             log = f"deployment-{host}.log"
             bed.spawn(host, ["bash", "-e", "-c", script], env=host_env, log=log, cwd=ROOT)
