@@ -213,6 +213,12 @@ class FiloPyClient:
         """Each member's advertised version (see docs/operations.md, rolling updates)."""
         return dict(self._call("node_versions"))
 
+    def suspect_self(self) -> str | None:
+        """Why the singleton holds failover back (it hears fewer members than are silent:
+        likely cut off itself), or None."""
+        result = self._call("suspect_self")
+        return None if result is None else str(result)
+
     def refused_nodes(self) -> dict[str, str]:
         """Nodes the cluster keeps out, with why (their name is a member's)."""
         return dict(self._call("refused_nodes"))

@@ -185,6 +185,10 @@ class NodeClusterActor:
         await self._ready()
         return self._mgr.versions()
 
+    async def suspect_self(self) -> str | None:
+        """Why failover is held back (more members silent than answering), or None."""
+        return self._membership.suspect_self
+
     async def refused_nodes(self) -> dict[str, str]:
         """Nodes kept out of the cluster, with why (a name a member already has)."""
         await self._ready()
@@ -527,8 +531,14 @@ class NodeClusterActor:
         for node, handle in self._handles.items():
             if node not in self._inflight:
                 self._inflight[node] = loop.create_task(self._ping(node, handle))
+        suspected = self._membership.suspect_self
         for change in self._membership.tick():
             self._changed(change)
+        if self._membership.suspect_self != suspected:
+            if self._membership.suspect_self:
+                log.warning("holding back failover: %s", self._membership.suspect_self)
+            else:
+                log.warning("enough members answer again: failover as usual")
 
     def _resync(self) -> None:
         """Republish every full map to its members, so a lost message heals by itself."""

@@ -6,6 +6,12 @@ A node Ray reports alive is *joining* until its coordinator answers a ping, then
 the map that took its shards away) before it rejoins as the newest member. A node whose process
 died or that Ray reports gone leaves for good (*gone*); if Ray shows it again it joins afresh.
 
+Silence is evidence against the singleton too: when more members fall silent at once than still
+answer, the singleton is more likely the one cut off (its host partitioned from the nodes) than
+they all failed, and moving their shards would only replay them elsewhere, or nowhere. Then no
+one is quarantined (`suspect_self` says why) until more answer than are silent; nodes whose
+process dies are still reported by Ray and leave as before.
+
 The allowed moves are data (`TRANSITIONS`), as in dskit's ring lifecycler: any other move is a
 bug and raises `IllegalTransition` naming both states. Pure: no Ray; time comes from the clock
 passed in, so every path is unit-tested without a cluster. The singleton does the I/O (pings,
@@ -77,6 +83,7 @@ class Membership:
     ) -> None:
         self._states: dict[str, NodeState] = {}
         self._detector = PingFailureDetector(failure_timeout_s, ping_interval_s, clock)
+        self.suspect_self: str | None = None  # why silent members are not quarantined now
 
     # ----- reading ---------------------------------------------------------------------------
 
@@ -134,13 +141,24 @@ class Membership:
         ]
 
     def tick(self) -> list[Change]:
-        """Once per ping round: members silent past the timeout are quarantined."""
+        """Once per ping round: members silent past the timeout are quarantined, unless more
+        are silent than answer (then the singleton suspects itself: `suspect_self`)."""
         self._detector.tick()
+        members = self.members
+        silent = list(self._detector.failed(among=members))
+        if silent and len(silent) > len(members) - len(silent):
+            self.suspect_self = (
+                f"{len(silent)} of {len(members)} members silent past the failure timeout: "
+                "the singleton is more likely cut off than they; no shard moves until more "
+                "answer than are silent"
+            )
+            return []
+        self.suspect_self = None
         return [
             self._move(
                 n, NodeState.QUARANTINED, f"no answer to pings for {self.silent_for(n):.1f} s"
             )
-            for n in self._detector.failed(among=self.members)
+            for n in silent
         ]
 
     def _move(self, node: str, to: NodeState, why: str) -> Change:

@@ -427,7 +427,8 @@ def create_app(client: FiloPyClient, settings: Settings) -> FastAPI:
     async def health() -> Any:
         """200 when every shard of every dataset is Active or in Recovery, else 503 naming the
         shards that are not, with the reason for Degraded and Error ones (a Degraded shard
-        still ingests, but its store or Kafka is out: the cluster is not healthy)."""
+        still ingests, but its store or Kafka is out: the cluster is not healthy); also 503
+        while the singleton holds failover back because more members are silent than answer."""
         datasets = await call(client.datasets)
         report: dict[str, DatasetHealth] = {}
         problems: list[str] = []
@@ -445,8 +446,12 @@ def create_app(client: FiloPyClient, settings: Settings) -> FastAPI:
             )
             if len(live) < mapper.num_shards:
                 problems.append(f"dataset {d.name!r}: {_unhealthy(mapper)}")
-        if problems:
-            return error_response(503, UNAVAILABLE, "unhealthy shards: " + "; ".join(problems))
+        said = ["unhealthy shards: " + "; ".join(problems)] if problems else []
+        suspect = await call(client.suspect_self)
+        if suspect:
+            said.insert(0, f"failover held back: {suspect}")
+        if said:
+            return error_response(503, UNAVAILABLE, "; ".join(said))
         return Success(data=HealthData(healthy=True, datasets=report))
 
     @app.get("/__liveness", tags=["operations"], response_model=Success[str])

@@ -64,6 +64,46 @@ def test_the_singleton_s_own_stall_does_not_quarantine_anyone() -> None:
     assert m.members == ["a"]
 
 
+@pytest.mark.parametrize(
+    ("members", "silent", "quarantined"),
+    [
+        (2, ["a"], ["a"]),  # one of two silent: as many answer as are silent; it moves
+        (3, ["a"], ["a"]),
+        (3, ["a", "b"], []),  # two of three silent: the singleton suspects itself
+        (3, ["a", "b", "c"], []),  # every member silent: the singleton is cut off
+        (1, ["a"], []),  # a lone member: no one could take its shards anyway
+        (4, ["a", "b"], ["a", "b"]),
+    ],
+)
+def test_more_silent_members_than_answering_ones_quarantine_no_one(
+    members: int, silent: list[str], quarantined: list[str]
+) -> None:
+    """The singleton's host cut off from the nodes looks, from the singleton, like every node
+    failing at once: it must not move their shards (to nowhere, or to the one it still hears)."""
+    clock = Clock()
+    m = Membership(4.0, 0.5, clock)
+    names = "abcd"[:members]
+    for n in names:
+        member(m, n)
+    changes = []
+    for _ in range(12):  # 6 s of regular ticks
+        clock.now += 0.5
+        for n in names:
+            if n not in silent:
+                m.answered(n)
+        changes += m.tick()
+    assert [c.node for c in changes] == quarantined
+    if quarantined:
+        assert m.suspect_self is None
+    else:
+        assert m.suspect_self is not None and f"{len(silent)} of {members}" in m.suspect_self
+        assert m.members == list(names)
+        for n in silent:  # the link heals: they answer, and all is as it was
+            m.answered(n)
+        clock.now += 0.5
+        assert m.tick() == [] and m.suspect_self is None
+
+
 def test_a_dead_node_is_gone_from_any_state_and_may_join_again_afresh() -> None:
     clock = Clock()
     m = Membership(4.0, 0.5, clock)
