@@ -198,7 +198,17 @@ def head(
         os.environ.setdefault("RAY_external_storage_namespace", settings.ray.namespace)
     from coordinator.names import HEAD_RESOURCE
 
-    spec = raynode.NodeSpec(bind=host, port=port, resources={HEAD_RESOURCE: 1}, temp_dir=temp_dir)
+    # Ray declares a node dead after this many missed health checks (3 s apart): 20 matches the
+    # 60 s a node's raylet waits for the head, so a head cut off from its nodes for less than
+    # that does not have Ray end them all on heal. FiloPy's own pings still fail a silent node
+    # over in `cluster.failure_timeout_s` while the head hears most nodes.
+    spec = raynode.NodeSpec(
+        bind=host,
+        port=port,
+        resources={HEAD_RESOURCE: 1},
+        temp_dir=temp_dir,
+        system_config={"health_check_failure_threshold": 20},
+    )
     node = raynode.start(spec)
     import ray
 

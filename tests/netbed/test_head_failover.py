@@ -58,3 +58,44 @@ def test_the_head_dies_and_returns_without_a_shard_moving_or_a_sample_lost(
     record = c.stop_producer(producer, out)
     assert len(record["acked_ts"]) > acked_before_kill + 10
     c.assert_stored_once(DATASET, record)
+
+
+def test_the_head_cut_off_from_every_node_moves_nothing_and_loses_nothing(
+    net_cluster: NetCluster,
+) -> None:
+    """The head's host isolated for longer than the failure timeout: the singleton hears no
+    member, suspects itself rather than all of them (`/__health` says so on the head's own
+    host), moves nothing; the nodes keep ingesting what the gateway is acknowledged for. After
+    the heal the map is the one the nodes ran all along, and every sample is stored once."""
+    c = net_cluster
+    dataset = "headcut"
+    c.cli("dataset", "create", dataset, "--shards", "4", "--min-nodes", "2",
+          "--address", HEAD_ADDRESS)  # fmt: skip
+    before = {s["shard"]: s["node"] for s in c.wait_active(dataset)}
+    c.start_gateway()
+    out = c.bed.workdir / f"acked-{dataset}.json"
+    producer = c.start_producer(dataset, out)
+    wait_for("the writer acknowledged", lambda: len(c.acked(out)["acked_ts"]) >= 25, 120)
+    node_pids = {n: sorted(c.bed.pids(n)) for n in NODES}
+
+    for node in NODES:
+        c.bed.partition("head", node)
+    try:
+
+        def held_back() -> bool:
+            health = c.bed.sh("head", ["curl", "-sS", "--max-time", "20",
+                                       "http://head:8080/__health"], check=False)  # fmt: skip
+            return "failover held back" in health.stdout
+
+        wait_for("the singleton holding failover back", held_back, 60)
+        acked = len(c.acked(out)["acked_ts"])
+        wait_for("writes acknowledged meanwhile",
+                 lambda: len(c.acked(out)["acked_ts"]) > acked + 10, 60)  # fmt: skip
+    finally:
+        c.bed.heal()
+    after = {s["shard"]: s["node"] for s in c.wait_active(dataset)}
+    assert after == before, "no shard moved"
+    assert {n: sorted(c.bed.pids(n)) for n in NODES} == node_pids, "no node process died"
+    wait_for("healthy again", lambda: c.rest("/__health")["healthy"], 60)
+    record = c.stop_producer(producer, out)
+    c.assert_stored_once(dataset, record)
