@@ -163,6 +163,10 @@ class Bed:
             etc.mkdir(parents=True, exist_ok=True)
             (etc / "hosts").write_text(hosts_file)
             (etc / "hostname").write_text(name + "\n")
+            # No name server: the machine's own is beyond the bed, and with a default route a
+            # query to it would wait out its timeout (gRPC's resolver, Ray's, waits 5 s) before
+            # the hosts file answers. Refused at once on loopback instead.
+            (etc / "resolv.conf").write_text("nameserver 127.0.0.1\n")
             veth = _veth(name, self.prefix)
             run(["ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns])
             run(["ip", "link", "set", veth, "master", bridge, "up"])

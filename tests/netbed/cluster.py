@@ -2,9 +2,9 @@
 
 Kafka runs on `kafka` (scripts/services.sh, bound to the host's address), the head on `head`
 (`filopy head --bind head`), each node on its own host (`filopy node join --address head:6379`),
-and every look at the cluster is taken from `client`: the REST API over the network, or the
-`filopy` command line there. The store is SQLite on the shared file system (the bed's stand-in for
-a store every host reaches) unless a test starts Cassandra.
+and every look at the cluster is taken from `client` through the REST API over the network, or
+with the `filopy` command line on the head (a Ray driver needs a Ray node on its machine). The
+store is SQLite on the shared file system (the bed's stand-in for a store every host reaches).
 """
 
 from __future__ import annotations
@@ -132,8 +132,10 @@ class NetCluster:
         out = self.bed.sh("client", [*argv, REST + path], timeout=60).stdout
         return json.loads(out)["data"]
 
-    def cli(self, *args: str, host: str = "client", timeout: float = 120.0) -> str:
-        """`filopy ARGS` on `host` as an operator types it there; its output."""
+    def cli(self, *args: str, host: str = "head", timeout: float = 120.0) -> str:
+        """`filopy ARGS` on `host` as an operator types it there; its output. The commands that
+        take --address join the Ray cluster as a driver, which needs a Ray node on its machine:
+        they run on the head (or a node), not on `client`, which uses the REST API."""
         argv = [self.filopy_bin, *args]
         proc = self.bed.sh(host, argv, env=self.env, timeout=timeout, check=False)
         if proc.returncode != 0:

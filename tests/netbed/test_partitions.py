@@ -67,9 +67,10 @@ def test_a_node_cut_off_from_the_head_loses_its_shards_and_nothing_else(
 def test_a_query_needing_an_unreachable_node_fails_or_is_partial_never_hangs(
     net_cluster: NetCluster,
 ) -> None:
-    """The client cannot reach one node (the head still can: nothing moves). `filopy query`
-    fails naming the shards it could not reach; with --partial it answers without them and says
-    so. Both within the query's deadline, never a hang."""
+    """The machine asking (a node's, where `filopy query` runs as a Ray driver) cannot reach the
+    node holding some shards; the head still can, so nothing moves. `filopy query` fails naming
+    the shards it could not reach; with --partial it answers without them and says so. Both
+    within the query's deadline, never a hang."""
     c = net_cluster
     dataset = "unreachable"
     c.cli("dataset", "create", dataset, "--shards", "8", "--min-nodes", "2",
@@ -78,17 +79,18 @@ def test_a_query_needing_an_unreachable_node_fails_or_is_partial_never_hangs(
     c.cli("ingest", dataset, "--series", "100", "--scrapes", "5", "--address", HEAD_ADDRESS)
     shards = c.wait_active(dataset)
     victim = shards[0]["node"]
+    asker = next(n for n in NODES if n != victim)
     lost = sorted(s["shard"] for s in shards if s["node"] == victim)
     query = ["query", dataset, "count(count_over_time(demo_cpu_seconds_total[1h]))",
              "--address", HEAD_ADDRESS]  # fmt: skip
-    c.bed.partition("client", victim)
+    c.bed.partition(asker, victim)
     try:
-        full = c.bed.sh("client", [c.filopy_bin, *query], env=c.env, check=False, timeout=180)
-        partial = c.bed.sh("client", [c.filopy_bin, *query, "--partial"], env=c.env,
+        full = c.bed.sh(asker, [c.filopy_bin, *query], env=c.env, check=False, timeout=180)
+        partial = c.bed.sh(asker, [c.filopy_bin, *query, "--partial"], env=c.env,
                            check=False, timeout=180)  # fmt: skip
     finally:
         c.bed.heal()
-    assert full.returncode == 1
+    assert full.returncode == 1, full.stdout + full.stderr
     assert "needed by the query are not available" in full.stderr
     shown = " ".join(full.stderr.split())
     assert all(f"{s} (node" in shown for s in lost), shown
