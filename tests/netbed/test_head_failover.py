@@ -17,8 +17,9 @@ DATASET = "headfail"
 DOWN_S = 10.0  # how long the head stays dead (well under the nodes' 60 s wait for Ray's GCS)
 
 
-def _settled(c: NetCluster) -> bool:
-    shards = c.shards(DATASET)
+def _settled(c: NetCluster, dataset: str = DATASET) -> bool:
+    """8 shards spread 3/3/2 and all Active: rebalancing has nothing left to move."""
+    shards = c.shards(dataset)
     per_node = sorted(sum(1 for s in shards if s["node"] == n) for n in NODES)
     return per_node == [2, 3, 3] and all(s["status"] == "Active" for s in shards)
 
@@ -69,8 +70,9 @@ def test_the_head_cut_off_from_every_node_moves_nothing_and_loses_nothing(
     the heal the map is the one the nodes ran all along, and every sample is stored once."""
     c = net_cluster
     dataset = "headcut"
-    c.cli("dataset", "create", dataset, "--shards", "4", "--min-nodes", "2",
+    c.cli("dataset", "create", dataset, "--shards", "8", "--min-nodes", "2",
           "--address", HEAD_ADDRESS)  # fmt: skip
+    wait_for("rebalancing settled", lambda: _settled(c, dataset), 120)
     before = {s["shard"]: s["node"] for s in c.wait_active(dataset)}
     c.start_gateway()
     out = c.bed.workdir / f"acked-{dataset}.json"

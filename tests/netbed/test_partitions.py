@@ -21,6 +21,43 @@ from tests.netbed.cluster import HEAD_ADDRESS, NODES, NetCluster, wait_for
 CUT_S = 20.0  # well past the failure timeout (4 s), short of Ray's 60 s wait for its GCS
 
 
+def test_a_query_needing_an_unreachable_node_fails_or_is_partial_never_hangs(
+    net_cluster: NetCluster,
+) -> None:
+    """The machine asking (a node's, where `filopy query` runs as a Ray driver) cannot reach the
+    node holding some shards; the head still can, so nothing moves. `filopy query` fails naming
+    the shards it could not reach; with --partial it answers without them and says so. Both
+    within the query's deadline, never a hang. First in the module: the asker's Ray node must be
+    the one it started with (a node ended and joined again leaves a stale raylet socket entry
+    that a driver on its machine may pick; see the notes of issue 29)."""
+    c = net_cluster
+    dataset = "unreachable"
+    c.cli("dataset", "create", dataset, "--shards", "8", "--min-nodes", "2",
+          "--address", HEAD_ADDRESS)  # fmt: skip
+    c.wait_active(dataset)
+    c.cli("ingest", dataset, "--series", "100", "--scrapes", "5", "--address", HEAD_ADDRESS)
+    shards = c.wait_active(dataset)
+    victim = shards[0]["node"]
+    asker = next(n for n in NODES if n != victim)
+    lost = sorted(s["shard"] for s in shards if s["node"] == victim)
+    query = ["query", dataset, "count(count_over_time(demo_cpu_seconds_total[1h]))",
+             "--address", HEAD_ADDRESS]  # fmt: skip
+    c.bed.partition(asker, victim)
+    try:
+        full = c.bed.sh(asker, [c.filopy_bin, *query], env=c.env, check=False, timeout=180)
+        partial = c.bed.sh(asker, [c.filopy_bin, *query, "--partial"], env=c.env,
+                           check=False, timeout=180)  # fmt: skip
+    finally:
+        c.bed.heal()
+    assert full.returncode == 1, full.stdout + full.stderr
+    assert "needed by the query are not available" in full.stderr
+    shown = " ".join(full.stderr.split())
+    assert all(f"{s} (node" in shown for s in lost), shown
+    assert partial.returncode == 0, partial.stderr
+    assert "partial result" in partial.stderr
+    assert c.shards(dataset) == shards, "nothing moved: the head reaches every node"
+
+
 @pytest.mark.parametrize("way", ["both", "node-to-head", "head-to-node"])
 def test_a_node_cut_off_from_the_head_loses_its_shards_and_nothing_else(
     net_cluster: NetCluster, way: str
@@ -60,67 +97,5 @@ def test_a_node_cut_off_from_the_head_loses_its_shards_and_nothing_else(
     assert all(s["node"] != victim or s["status"] != "Down" for s in c.shards(dataset))
 
     time.sleep(2)
-    record = c.stop_producer(producer, out)
-    c.assert_stored_once(dataset, record)
-
-
-def test_a_query_needing_an_unreachable_node_fails_or_is_partial_never_hangs(
-    net_cluster: NetCluster,
-) -> None:
-    """The machine asking (a node's, where `filopy query` runs as a Ray driver) cannot reach the
-    node holding some shards; the head still can, so nothing moves. `filopy query` fails naming
-    the shards it could not reach; with --partial it answers without them and says so. Both
-    within the query's deadline, never a hang."""
-    c = net_cluster
-    dataset = "unreachable"
-    c.cli("dataset", "create", dataset, "--shards", "8", "--min-nodes", "2",
-          "--address", HEAD_ADDRESS)  # fmt: skip
-    c.wait_active(dataset)
-    c.cli("ingest", dataset, "--series", "100", "--scrapes", "5", "--address", HEAD_ADDRESS)
-    shards = c.wait_active(dataset)
-    victim = shards[0]["node"]
-    asker = next(n for n in NODES if n != victim)
-    lost = sorted(s["shard"] for s in shards if s["node"] == victim)
-    query = ["query", dataset, "count(count_over_time(demo_cpu_seconds_total[1h]))",
-             "--address", HEAD_ADDRESS]  # fmt: skip
-    c.bed.partition(asker, victim)
-    try:
-        full = c.bed.sh(asker, [c.filopy_bin, *query], env=c.env, check=False, timeout=180)
-        partial = c.bed.sh(asker, [c.filopy_bin, *query, "--partial"], env=c.env,
-                           check=False, timeout=180)  # fmt: skip
-    finally:
-        c.bed.heal()
-    assert full.returncode == 1, full.stdout + full.stderr
-    assert "needed by the query are not available" in full.stderr
-    shown = " ".join(full.stderr.split())
-    assert all(f"{s} (node" in shown for s in lost), shown
-    assert partial.returncode == 0, partial.stderr
-    assert "partial result" in partial.stderr
-    assert c.shards(dataset) == shards, "nothing moved: the head reaches every node"
-
-
-def test_the_gateway_cut_off_from_kafka_answers_503_and_loses_nothing_acknowledged(
-    net_cluster: NetCluster,
-) -> None:
-    """While the gateway cannot reach Kafka its writers get 503 with Retry-After (the gateway's
-    ack timeout); they retry the same samples, and after the heal every acknowledged one is
-    stored once."""
-    c = net_cluster
-    dataset = "gwcut"
-    c.cli("dataset", "create", dataset, "--shards", "4", "--min-nodes", "2",
-          "--address", HEAD_ADDRESS)  # fmt: skip
-    c.wait_active(dataset)
-    c.start_gateway()
-    out = c.bed.workdir / f"acked-{dataset}.json"
-    producer = c.start_producer(dataset, out)
-    wait_for("the writer acknowledged", lambda: len(c.acked(out)["acked_ts"]) >= 25, 120)
-    c.bed.partition("gateway", "kafka")
-    try:
-        wait_for("503 with Retry-After while Kafka is away",
-                 lambda: c.acked(out).get("unavailable_503", 0) > 0, 120)  # fmt: skip
-    finally:
-        c.bed.heal()
-    during = len(c.acked(out)["acked_ts"])
-    wait_for("writes acknowledged again", lambda: len(c.acked(out)["acked_ts"]) > during + 10, 120)
     record = c.stop_producer(producer, out)
     c.assert_stored_once(dataset, record)
