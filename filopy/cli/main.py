@@ -31,6 +31,14 @@ F = TypeVar("F", bound=Callable[..., Any])
 RayAddress = Annotated[
     str, typer.Option("--address", "-a", help="Ray cluster address of a running FiloPy cluster.")
 ]
+RayTempDir = Annotated[
+    str | None,
+    typer.Option(
+        envvar="FILOPY_RAY_TEMP_DIR",
+        help="Ray's directory for sessions, logs and sockets (default /tmp/ray); one per node "
+        "where nodes share a machine.",
+    ),
+]
 
 
 def _clean_errors(fn: F) -> F:
@@ -173,14 +181,7 @@ def head(
             "its cluster (docs/deployment.md).",
         ),
     ] = None,
-    temp_dir: Annotated[
-        str | None,
-        typer.Option(
-            envvar="FILOPY_RAY_TEMP_DIR",
-            help="Ray's directory for sessions, logs and sockets (default /tmp/ray); one per "
-            "node where nodes share a machine.",
-        ),
-    ] = None,
+    temp_dir: RayTempDir = None,
 ) -> None:
     """Run the head of a cluster on several machines, in the foreground: the Ray head, the
     cluster singleton and the REST API, all bound to --bind. Nodes join with `filopy node join
@@ -247,14 +248,7 @@ def node_join(
     wait: Annotated[
         float, typer.Option(min=0, help="Seconds to wait for the head to answer.")
     ] = 120.0,
-    temp_dir: Annotated[
-        str | None,
-        typer.Option(
-            envvar="FILOPY_RAY_TEMP_DIR",
-            help="Ray's directory for sessions, logs and sockets (default /tmp/ray); one per "
-            "node where nodes share a machine.",
-        ),
-    ] = None,
+    temp_dir: RayTempDir = None,
 ) -> None:
     """Start a FiloPy node on this machine and join it to a cluster, in the foreground (stop it
     with SIGTERM or Ctrl-C; its shards move to the other nodes). The singleton gives it shards
