@@ -48,10 +48,16 @@ class NetCluster:
         self.bed = bed
         self.root = root
         self.filopy_bin = str(root / ".venv" / "bin" / "filopy")
+        # Every cluster on the bed starts from nothing: its own Kafka, Redis and store files, and
+        # empty /tmp/ray on every host. (Redis kept Ray's control state of an earlier cluster:
+        # a new head took it up, with that cluster's dead nodes at the same addresses.)
+        self.dir = bed.workdir / f"cluster-{len(list(bed.workdir.glob('cluster-*')))}"
+        self.dir.mkdir(parents=True)
+        bed.clear_ray_dirs()
         self.env = {
             "FILOPY_KAFKA__BOOTSTRAP_SERVERS": "kafka:9092",
-            "FILOPY_STORE__SQLITE_PATH": str(bed.workdir / "filopy.db"),
-            "FILOPY_STATE_DIR": str(bed.workdir / "state"),  # no `filopy up` cluster to find
+            "FILOPY_STORE__SQLITE_PATH": str(self.dir / "filopy.db"),
+            "FILOPY_STATE_DIR": str(self.dir / "state"),  # no `filopy up` cluster to find
         }
         self.nodes: dict[str, subprocess.Popen[bytes]] = {}
 
@@ -83,7 +89,7 @@ class NetCluster:
             ["bash", str(self.root / "scripts" / "services.sh"), "up", name],
             env={
                 "FILOPY_SERVICES_HOST": self.bed.ip(name),
-                "FILOPY_SERVICES_DIR": str(self.bed.workdir / name),
+                "FILOPY_SERVICES_DIR": str(self.dir / name),
                 "FILOPY_SERVICES_CACHE": str(self.root / ".services" / "cache"),
             },
             timeout=900,
@@ -121,6 +127,7 @@ class NetCluster:
     def stop(self) -> None:
         for host in ("client", "gateway", "head", *NODES, "kafka", "redis"):
             self.bed.kill(host)
+        self.bed.clear_ray_dirs()
 
     # ----- looking at it from the client host ---------------------------------------------------
 

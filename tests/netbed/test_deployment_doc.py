@@ -55,9 +55,11 @@ def clean_bed(bed: Bed) -> Iterator[Bed]:
     for host in bed.hosts:
         bed.kill(host)
     bed.heal()
+    bed.clear_ray_dirs()
     yield bed
     for host in bed.hosts:
         bed.kill(host)
+    bed.clear_ray_dirs()
 
 
 def test_every_block_of_the_deployment_page_runs_as_written(clean_bed: Bed) -> None:
