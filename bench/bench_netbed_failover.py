@@ -64,10 +64,7 @@ def node_failovers(c: NetCluster, runs: int) -> list[float]:
 def head_failover(c: NetCluster, down_s: float) -> dict[str, float]:
     wait_for("rebalancing settled", lambda: _spread(c), 600)
     before = {s["shard"]: s["node"] for s in c.shards(DATASET)}
-    c.start_gateway()
-    out = c.bed.workdir / "acked-bench.json"
-    producer = c.start_producer(DATASET, out)
-    wait_for("the writer acknowledged", lambda: len(c.acked(out)["acked_ts"]) >= 25, 120)
+    producer, out = c.start_writer(DATASET)
     t0 = time.monotonic()
     c.bed.kill("head")
     time.sleep(down_s)

@@ -253,6 +253,7 @@ def node_join(
     """Start a FiloPy node on this machine and join it to a cluster, in the foreground (stop it
     with SIGTERM or Ctrl-C; its shards move to the other nodes). The singleton gives it shards
     as rebalancing allows."""
+    from coordinator.node_coordinator import NAME_LABEL
     from filopy.cli import raynode
     from filopy.config import load_settings
 
@@ -276,7 +277,7 @@ def node_join(
         head_address=f"{host}:{port}",
         num_cpus=cpus,
         resources={settings.cluster.node_resource: 1},
-        labels={raynode.NAME_LABEL: name} if name else {},
+        labels={NAME_LABEL: name} if name else {},
         temp_dir=temp_dir,
     )
     node = raynode.start(spec)

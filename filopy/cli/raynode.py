@@ -19,7 +19,6 @@ import logging
 import signal
 import socket
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +27,6 @@ from filopy.errors import Invalid, Unavailable
 
 log = logging.getLogger("filopy.node")
 
-NAME_LABEL = "filopy.io/name"  # as coordinator.node_coordinator reads it
 DEFAULT_HEAD_PORT = 6379
 
 
@@ -139,7 +137,7 @@ def start(spec: NodeSpec) -> Any:
         raise NodeStartError(f"Ray could not start the node: {first}") from e
 
 
-def run_until_stopped(node: Any, on_stop: Callable[[], None] | None = None) -> int:
+def run_until_stopped(node: Any) -> int:
     """Block while the node's processes live. SIGTERM/SIGINT stop it cleanly (exit 0); a Ray
     process that died stops the rest (exit 1), as `ray start --block` does."""
     stopping = False
@@ -158,10 +156,5 @@ def run_until_stopped(node: Any, on_stop: Callable[[], None] | None = None) -> i
             log.error("Ray processes exited: %s; stopping the node", ", ".join(sorted(set(dead))))
             code = 1
             break
-    if on_stop is not None:
-        try:
-            on_stop()
-        except Exception as e:  # stopping regardless
-            log.warning("stopping: %s", e)
     node.kill_all_processes(check_alive=False, allow_graceful=True)
     return code

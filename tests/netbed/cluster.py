@@ -177,6 +177,15 @@ class NetCluster:
         except AssertionError as e:
             raise AssertionError(f"{e}; shards (shard, status, node): {seen}") from None
 
+    def start_writer(self, dataset: str) -> tuple[subprocess.Popen[bytes], Path]:
+        """The gateway (if not up) and a producer writing to `dataset` through it, once it has
+        been acknowledged a few rounds; the producer and where it records what was acked."""
+        self.start_gateway()
+        out = self.dir / f"acked-{dataset}.json"
+        producer = self.start_producer(dataset, out)
+        wait_for("the writer acknowledged", lambda: len(self.acked(out)["acked_ts"]) >= 25, 120)
+        return producer, out
+
     # ----- what the writer was told, against what is stored ------------------------------------
 
     @staticmethod

@@ -33,10 +33,7 @@ def test_the_head_dies_and_returns_without_a_shard_moving_or_a_sample_lost(
           "--address", HEAD_ADDRESS)  # fmt: skip
     wait_for("rebalancing settled", lambda: _settled(c), 120)
     before = {s["shard"]: s["node"] for s in c.wait_active(DATASET)}
-    c.start_gateway()
-    out = c.bed.workdir / "acked-headfail.json"
-    producer = c.start_producer(DATASET, out)
-    wait_for("the writer acknowledged", lambda: len(c.acked(out)["acked_ts"]) >= 25, 120)
+    producer, out = c.start_writer(DATASET)
     node_pids = {n: sorted(c.bed.pids(n)) for n in NODES}
 
     acked_before_kill = len(c.acked(out)["acked_ts"])

@@ -67,10 +67,7 @@ def test_a_node_cut_off_from_the_head_loses_its_shards_and_nothing_else(
     c.cli("dataset", "create", dataset, "--shards", "8", "--min-nodes", "2",
           "--address", HEAD_ADDRESS)  # fmt: skip
     c.wait_active(dataset)
-    c.start_gateway()
-    out = c.bed.workdir / f"acked-{dataset}.json"
-    producer = c.start_producer(dataset, out)
-    wait_for("the writer acknowledged", lambda: len(c.acked(out)["acked_ts"]) >= 25, 120)
+    producer, out = c.start_writer(dataset)
 
     victim = c.shards(dataset)[0]["node"]
     others = set(NODES) - {victim}
