@@ -80,6 +80,7 @@ def main() -> None:
                 record["failures"] += 1
                 if record["failures"] <= 3 or record["failures"] % 20 == 0:
                     print(f"round {n}: {e}", file=sys.stderr, flush=True)
+            _write(args.out, record, final=False)  # a stall shows while it lasts
             time.sleep(0.5)
         n += 1
         if n % 25 == 0:

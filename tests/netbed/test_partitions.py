@@ -96,3 +96,27 @@ def test_a_node_cut_off_from_the_head_loses_its_shards_and_nothing_else(
     time.sleep(2)
     record = c.stop_producer(producer, out)
     c.assert_stored_once(dataset, record)
+
+
+def test_the_gateway_cut_off_from_kafka_answers_503_and_loses_nothing_acknowledged(
+    net_cluster: NetCluster,
+) -> None:
+    """While the gateway cannot reach Kafka its writers get 503 with Retry-After (the gateway's
+    ack timeout); they retry the same samples, and after the heal every acknowledged one is
+    stored once."""
+    c = net_cluster
+    dataset = "gwcut"
+    c.cli("dataset", "create", dataset, "--shards", "4", "--min-nodes", "2",
+          "--address", HEAD_ADDRESS)  # fmt: skip
+    c.wait_active(dataset)
+    producer, out = c.start_writer(dataset)
+    c.bed.partition("gateway", "kafka")
+    try:
+        wait_for("503 with Retry-After while Kafka is away",
+                 lambda: c.acked(out).get("unavailable_503", 0) > 0, 120)  # fmt: skip
+    finally:
+        c.bed.heal()
+    during = len(c.acked(out)["acked_ts"])
+    wait_for("writes acknowledged again", lambda: len(c.acked(out)["acked_ts"]) > during + 10, 120)
+    record = c.stop_producer(producer, out)
+    c.assert_stored_once(dataset, record)
