@@ -1,12 +1,18 @@
 """The web console in a real browser (headless Chromium, driven by Playwright) against a real
-cluster ingesting from Kafka: the grid shows the shards' statuses and owners; killing a node turns
-its shards Down, then Active on the spare, on the open page (no reload); a query renders its
-table and chart. Screenshots of each step go to $FILOPY_SCREENSHOTS (docs/images/ refreshes
-them) or the test's temporary directory."""
+cluster ingesting from Kafka: the page opened before any dataset picks the dataset up once it is
+created; the grid shows each shard's status by colour and letter, the legend matching; killing a
+node turns its shards Down, then Active on the spare, on the open page (no reload), the node
+leaving the nodes table at once and each takeover one history row; a range query renders a table
+of rounded values and a chart with axes and legend, an instant query only its table; a drain's
+handoffs name nodes, not Ray ids; the browser reports no error. Screenshots of each step go to
+$FILOPY_SCREENSHOTS (docs/images/ refreshes them) or the test's temporary directory."""
 
 from __future__ import annotations
 
+import base64
+import json
 import os
+import re
 import shutil
 import time
 import uuid
@@ -16,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 import ray
-from playwright.sync_api import sync_playwright
+from playwright.sync_api import Page, sync_playwright
 
 from coordinator.client import FiloPyClient
 from coordinator.cluster_actor import start_cluster_actor
@@ -29,6 +35,10 @@ from tests.runtime.conftest import FiloPyCluster, cluster_settings
 pytestmark = [pytest.mark.kafka, pytest.mark.ray]
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+STATUSES = {"Active", "Recovery", "Assigned", "Degraded", "Handoff", "Down", "Error", "Stopped"}
+STATUSES |= {"Unassigned"}
+WAIT_MS = 60_000  # generous: the machine may be busy; every wait ends on a condition
+RAY_ID = re.compile(r"[0-9a-f]{56}")
 
 
 @pytest.fixture
@@ -53,22 +63,75 @@ def console(tmp_path: Path, kafka_bootstrap: str) -> Iterator[tuple[FiloPyCluste
         ray_cluster.shutdown()
 
 
-WATCH_SHARD_0 = """() => {
-  window.shard0 = [];
+# Installed before the kill; the observer runs right after each DOM change, so what it records
+# is what a person saw at that moment: every status shard 0 shows, in order; the nodes table as
+# it stood when the grid first showed none of the victim's shards on it (all Down); each
+# (status, colour, letter) a cell ever showed.
+WATCH = """(victim) => {
+  window.shard0 = []; window.nodesAtDown = null; window.looks = new Set();
+  const nodes = () => [...document.querySelectorAll('#nodes tbody tr')]
+    .map(r => [...r.cells].map(c => c.textContent));
   const seen = () => {
+    for (const c of document.querySelectorAll('#grid .shard')) {
+      const letter = c.querySelector('.letter');
+      window.looks.add(JSON.stringify([c.dataset.status, getComputedStyle(c).backgroundColor,
+        letter ? letter.textContent : '']));
+    }
     const c = document.querySelector('#grid .shard[data-shard="0"]');
     if (c && window.shard0[window.shard0.length - 1] !== c.dataset.status) {
       window.shard0.push(c.dataset.status);
     }
+    const cells = [...document.querySelectorAll('#grid .shard')];
+    if (!window.nodesAtDown && cells.length && !cells.some(c => c.dataset.node === victim)) {
+      window.nodesAtDown = nodes();
+    }
   };
   seen();
-  new MutationObserver(seen).observe(document.querySelector('#grid'), {childList: true});
+  new MutationObserver(seen).observe(document.querySelector('#grid'),
+    {childList: true, subtree: true, attributes: true});
 }"""
 ALL_ACTIVE_ON = """[...document.querySelectorAll('#grid .shard')]
   .filter(c => c.dataset.status === 'Active' && c.dataset.node === '{node}').length === {n}"""
+NODE_ROWS = "[...document.querySelectorAll('#nodes tbody tr')].map(r => r.dataset.node).sort()"
+HISTORY = """[...document.querySelectorAll('#history tbody tr')]
+  .map(r => [...r.cells].map(c => c.textContent))"""
+LEGEND = """[...document.querySelectorAll('#legend [data-status]')].map(k => [k.dataset.status,
+  getComputedStyle(k.querySelector('.letter')).backgroundColor,
+  k.querySelector('.letter').textContent, k.textContent])"""
+NO_RATE = "\u2013"  # the en dash the nodes table shows for "nothing measured"
+# Dark pixels inside an element's screenshot (its border left out): glyphs drawn there.
+INK = """async (png) => {
+  const img = new Image();
+  img.src = 'data:image/png;base64,' + png;
+  await img.decode();
+  const canvas = document.createElement('canvas');
+  canvas.width = img.width; canvas.height = img.height;
+  const g = canvas.getContext('2d');
+  g.drawImage(img, 0, 0);
+  const px = g.getImageData(3, 3, img.width - 6, img.height - 6).data;
+  let n = 0;
+  for (let i = 0; i < px.length; i += 4) if (px[i] + px[i + 1] + px[i + 2] < 600) n++;
+  return n;
+}"""
+# The room an input leaves for its placeholder, and the placeholder's width in the input's font.
+PLACEHOLDER_FITS = """(sel) => {
+  const input = document.querySelector(sel), cs = getComputedStyle(input);
+  const g = document.createElement('canvas').getContext('2d');
+  g.font = `${cs.fontStyle} ${cs.fontWeight} ${cs.fontSize} ${cs.fontFamily}`;
+  const room = input.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight);
+  return [g.measureText(input.placeholder).width, room];
+}"""
+# Space left empty below the last visible child of the section holding `sel` (0 if hidden).
+EMPTY_BELOW = """(sel) => {
+  const section = document.querySelector(sel).closest('section');
+  if (!section || !section.offsetParent) return 0;
+  const shown = [...section.children].filter(c => c.getClientRects().length);
+  const bottom = Math.max(...shown.map(c => c.getBoundingClientRect().bottom));
+  return section.getBoundingClientRect().bottom - bottom;
+}"""
 
 
-def _statuses(page) -> dict[int, tuple[str, str]]:
+def _statuses(page: Page) -> dict[int, tuple[str, str]]:
     cells = page.query_selector_all("#grid .shard")
     return {
         int(c.get_attribute("data-shard")): (
@@ -79,16 +142,78 @@ def _statuses(page) -> dict[int, tuple[str, str]]:
     }
 
 
+def _ink(page: Page, selector: str) -> int:
+    png = page.locator(selector).screenshot()
+    return page.evaluate(INK, base64.b64encode(png).decode())
+
+
+def _watch_problems(page: Page) -> list[str]:
+    """Every error the browser reports: console errors, uncaught exceptions, failed requests,
+    HTTP errors."""
+    problems: list[str] = []
+    page.on(
+        "console",
+        lambda m: problems.append(f"console: {m.text}") if m.type == "error" else None,
+    )
+    page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+    page.on(
+        "requestfailed",
+        lambda r: (
+            problems.append(f"failed: {r.url} {r.failure}")
+            if "/events" not in r.url  # the event stream is cut when the page closes
+            else None
+        ),
+    )
+    page.on(
+        "response",
+        lambda r: problems.append(f"HTTP {r.status}: {r.url}") if r.status >= 400 else None,
+    )
+    return problems
+
+
+def _query(page: Page, query: str, range_s: str) -> None:
+    page.fill("#query", query)
+    page.select_option("#range", range_s)
+    page.evaluate("document.querySelector('#result tbody').replaceChildren()")
+    page.click("#query-form button")
+    page.wait_for_selector("#result tbody tr td", timeout=WAIT_MS)
+
+
 def test_the_console_follows_the_cluster_live_and_runs_a_query(console, tmp_path: Path) -> None:
     assert os.path.exists(CHROMIUM), "chromium is missing: run scripts/system-deps.sh"
     cluster, url, handles = console
     shots = Path(os.environ.get("FILOPY_SCREENSHOTS") or tmp_path)
     shots.mkdir(parents=True, exist_ok=True)
     ds = f"web{uuid.uuid4().hex[:6]}"
-    body = {"name": ds, "num_shards": 8, "min_num_nodes": 2}
-    with httpx.Client(base_url=url, timeout=30) as http:
+    with (
+        httpx.Client(base_url=url, timeout=30) as http,
+        sync_playwright() as pw,
+    ):
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        problems = _watch_problems(page)
+
+        # Opened before the dataset exists: no chart frame yet, and the picker picks the
+        # dataset up once it is created, without a reload.
+        page.goto(f"{url}/#{ds}")
+        page.wait_for_function(
+            "document.querySelector('#grid').textContent.includes('no datasets yet')"
+        )
+        assert not page.is_visible("#chart")
+        icon = page.evaluate("document.querySelector('link[rel~=icon]')?.getAttribute('href')")
+        assert icon is not None, "no icon: the browser asks for /favicon.ico (404)"
+        assert icon.startswith("data:") or http.get(icon).status_code == 200, icon
+        body = {"name": ds, "num_shards": 8, "min_num_nodes": 2}
         assert http.post("/api/v1/datasets", json=body).status_code == 201
-        cluster.wait_for("all shards active", lambda: cluster.client.shard_map(ds).is_healthy(), 60)
+        page.wait_for_function(
+            f"[...document.querySelectorAll('#dataset option')].some(o => o.value === '{ds}')",
+            timeout=WAIT_MS,
+        )
+        page.wait_for_selector("#live.on", timeout=WAIT_MS)
+        page.wait_for_function(
+            "document.querySelectorAll('#grid .shard[data-status=Active]').length === 8",
+            timeout=WAIT_MS,
+        )
         now_ns = time.time_ns()
         lines = "\n".join(
             f"cpu,_ws_=demo,_ns_=app{i % 4},host=h{i} usage={i} {now_ns - k * 60_000_000_000}"
@@ -97,65 +222,135 @@ def test_the_console_follows_the_cluster_live_and_runs_a_query(console, tmp_path
         )
         assert http.post(f"/ingest/{ds}/write", content=lines).status_code == 204
 
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(f"{url}/#{ds}")
-            page.wait_for_selector("#live.on")
-            page.wait_for_function(
-                "document.querySelectorAll('#grid .shard[data-status=Active]').length === 8"
-            )
-            shown = _statuses(page)
-            owners = cluster.client.shard_map(ds)
-            names = cluster.client.node_names()
-            assert shown == {s: ("Active", names[owners.owner(s)]) for s in range(8)}
-            page.wait_for_function("document.querySelectorAll('#nodes tbody tr').length === 2")
-            assert {
-                r.get_attribute("data-node") for r in page.query_selector_all("#nodes tbody tr")
-            } == {
-                "ingest-a",
-                "ingest-b",
-            }
-            page.screenshot(path=str(shots / "console-grid.png"), full_page=True)
+        shown = _statuses(page)
+        owners = cluster.client.shard_map(ds)
+        names = cluster.client.node_names()
+        assert shown == {s: ("Active", names[owners.owner(s)]) for s in range(8)}
+        page.wait_for_function(f"{NODE_ROWS}.join() === 'ingest-a,ingest-b'", timeout=WAIT_MS)
 
-            # A third node joins as a spare; then the owner of shard 0 is killed: on the same page
-            # its shards turn Down, then Active on the spare.
-            handles["ingest-c"] = cluster.add_node(labels={NAME_LABEL: "ingest-c"})
-            cluster.wait_for("3 members", lambda: len(cluster.client.members()) == 3)
-            victim = names[owners.owner(0)]
-            lost = owners.shards_for_node(owners.owner(0))
-            # Every status shard 0 shows, in order (the grid is redrawn on each event).
-            page.evaluate(WATCH_SHARD_0)
-            cluster.ray.remove_node(handles[victim])
-            page.wait_for_function("window.shard0.includes('Down')", timeout=30_000)
-            page.screenshot(path=str(shots / "console-node-down.png"), full_page=True)
-            page.wait_for_function(
-                ALL_ACTIVE_ON.format(node="ingest-c", n=len(lost)), timeout=60_000
-            )
-            seen = page.evaluate("window.shard0")
-            assert "Down" in seen and seen[-1] == "Active", seen
-            assert seen.index("Down") < len(seen) - 1 - seen[::-1].index("Active"), seen
-            # The nodes table follows too: the victim gone, the spare with the lost shards.
-            stayed = next(n for n in ("ingest-a", "ingest-b") if n != victim)
-            page.wait_for_function(
-                "[...document.querySelectorAll('#nodes tbody tr')].map(r => r.dataset.node)"
-                f".sort().join() === '{stayed},ingest-c'",
-                timeout=30_000,
-            )
-            after = _statuses(page)
-            assert {s for s, (st, node) in after.items() if node == "ingest-c"} == set(lost)
-            assert all(st == "Active" for st, _ in after.values())
-            events = page.inner_text("#events")
-            assert "ShardDown" in events and "IngestionStarted" in events
-            page.screenshot(path=str(shots / "console-recovered.png"), full_page=True)
+        # Each status its own colour and letter; the cells look as the legend says.
+        legend = {status: (bg, letter, text) for status, bg, letter, text in page.evaluate(LEGEND)}
+        assert set(legend) == STATUSES, legend
+        assert len({bg for bg, _, _ in legend.values()}) == len(STATUSES), legend
+        assert len({letter for _, letter, _ in legend.values()}) == len(STATUSES), legend
+        assert all(text == letter + status for status, (_, letter, text) in legend.items())
 
-            # A query renders its table and its chart.
-            page.fill("#query", "sum by (_ns_) (cpu_usage)")
-            page.click("#query-form button")
-            page.wait_for_selector("#result tbody tr td")
-            rows = page.inner_text("#result tbody")
-            for ns in ("app0", "app1", "app2", "app3"):
-                assert f'_ns_="{ns}"' in rows, rows
-            assert page.is_visible("#chart")
-            page.screenshot(path=str(shots / "console-query.png"), full_page=True)
-            browser.close()
+        # No moves planned: a short line, not a large empty box.
+        page.wait_for_function(
+            "document.querySelector('#plan').textContent.includes('no moves planned')",
+            timeout=WAIT_MS,
+        )
+        assert page.evaluate(EMPTY_BELOW, "#plan") < 40
+        page.screenshot(path=str(shots / "console-grid.png"), full_page=True)
+
+        # A third node joins as a spare; then the owner of shard 0 is killed: on the same page
+        # its shards turn Down, then Active on the spare, and it leaves the nodes table.
+        handles["ingest-c"] = cluster.add_node(labels={NAME_LABEL: "ingest-c"})
+        cluster.wait_for("3 members", lambda: len(cluster.client.members()) == 3)
+        page.wait_for_function(f"{NODE_ROWS}.length === 3", timeout=WAIT_MS)
+        victim = names[owners.owner(0)]
+        lost = owners.shards_for_node(owners.owner(0))
+        stayed = next(n for n in ("ingest-a", "ingest-b") if n != victim)
+        page.evaluate(WATCH, victim)
+        cluster.ray.remove_node(handles[victim])
+        page.wait_for_function("window.shard0.includes('Down')", timeout=WAIT_MS)
+        page.screenshot(path=str(shots / "console-node-down.png"), full_page=True)
+        page.wait_for_function(ALL_ACTIVE_ON.format(node="ingest-c", n=len(lost)), timeout=WAIT_MS)
+        seen = page.evaluate("window.shard0")
+        assert "Down" in seen and seen[-1] == "Active", seen
+        assert seen.index("Down") < len(seen) - 1 - seen[::-1].index("Active"), seen
+        # When its shards showed Down, the victim showed no shards and no ingestion rate (if
+        # still listed: the page reads the members at once); then it leaves the table.
+        at_down = {row[0]: row for row in page.evaluate("window.nodesAtDown")}
+        if victim in at_down:
+            assert at_down[victim][2:4] == ["0", NO_RATE], at_down
+        page.wait_for_function(f"{NODE_ROWS}.join() === '{stayed},ingest-c'", timeout=WAIT_MS)
+        after = _statuses(page)
+        assert {s for s, (st, node) in after.items() if node == "ingest-c"} == set(lost)
+        assert all(st == "Active" for st, _ in after.values())
+        events = page.inner_text("#events")
+        assert "ShardDown" in events and "IngestionStarted" in events
+        # Each takeover is one history row, victim -> spare, saying why in plain words.
+        took_over = " && ".join(
+            f"rows.some(r => r[1] === '{s}' && r[2] === '{victim}' && r[3] === 'ingest-c')"
+            for s in lost
+        )
+        page.wait_for_function(
+            f"(() => {{ const rows = {HISTORY}; return {took_over}; }})()", timeout=WAIT_MS
+        )
+        rows = page.evaluate(HISTORY)
+        for s in lost:
+            of_shard = [r for r in rows if r[1] == str(s)]
+            assert [r[2:4] for r in of_shard] == [[victim, "ingest-c"], ["-", victim]], rows
+            reason = of_shard[0][4]
+            assert reason.startswith(f"failover: {victim} ") and "coordinator" not in reason, reason
+        page.screenshot(path=str(shots / "console-recovered.png"), full_page=True)
+
+        # Cells looked as the legend says all along (Active, Down, Assigned, Recovery...).
+        for status, bg, letter in map(json.loads, page.evaluate("[...window.looks]")):
+            assert (bg, letter) == legend[status][:2], (status, bg, letter, legend[status])
+
+        # A range query: its table of rounded values, its chart with axes and a legend.
+        _query(page, "sum by (_ns_) (cpu_usage) / 7", "3600")
+        rows = dict(
+            r.split("\t") for r in page.inner_text("#result tbody").splitlines() if "\t" in r
+        )
+        assert rows == {
+            '{_ns_="app0"}': "1.71429",
+            '{_ns_="app1"}': "2.14286",
+            '{_ns_="app2"}': "2.57143",
+            '{_ns_="app3"}': "3",
+        }, rows
+        assert page.is_visible("#chart")
+        x_ticks = page.eval_on_selector_all(
+            "#chart .x-axis text", "ts => ts.map(t => t.textContent)"
+        )
+        y_ticks = page.eval_on_selector_all(
+            "#chart .y-axis text", "ts => ts.map(t => t.textContent)"
+        )
+        assert len(x_ticks) >= 3 and all(re.fullmatch(r"\d\d:\d\d", t) for t in x_ticks), x_ticks
+        assert len(y_ticks) >= 3 and all(re.fullmatch(r"-?[\d.]+", t) for t in y_ticks), y_ticks
+        keyed = page.eval_on_selector_all(
+            "#chart-legend li",
+            "items => items.map(i => [i.textContent,"
+            " getComputedStyle(i.querySelector('i')).backgroundColor])",
+        )
+        lines_drawn = page.eval_on_selector_all(
+            "#chart polyline", "ls => ls.map(l => getComputedStyle(l).stroke)"
+        )
+        assert [k[0] for k in keyed] == list(rows), keyed
+        assert [k[1] for k in keyed] == lines_drawn, (keyed, lines_drawn)
+        page.screenshot(path=str(shots / "console-query.png"), full_page=True)
+
+        # An instant query: its table, and no chart left from the range query.
+        _query(page, "sum by (_ns_) (cpu_usage) / 7", "0")
+        assert page.inner_text("#result thead").split("\t")[-1].strip() == "value"
+        assert not page.is_visible("#chart")
+
+        # Underscores show in the query box, its placeholder too; placeholders are not cut off.
+        placeholder = page.get_attribute("#query", "placeholder")
+        page.fill("#query", "________")
+        page.evaluate("document.activeElement.blur()")
+        assert _ink(page, "#query") > 20
+        page.fill("#query", "")
+        page.evaluate("document.querySelector('#query').placeholder = '________'")
+        assert _ink(page, "#query") > 20
+        page.evaluate("(p) => { document.querySelector('#query').placeholder = p; }", placeholder)
+        for box in ("#query", "#at"):
+            text, room = page.evaluate(PLACEHOLDER_FITS, box)
+            assert text <= room, (box, text, room)
+
+        # An operator drains the other survivor: its shards move to ingest-c through handoffs,
+        # which the events panel names by node name, as the whole page does.
+        assert http.post(f"/api/v1/nodes/{stayed}/drain").status_code == 200
+        page.wait_for_function(
+            "document.querySelector('#events').textContent.includes('Handoff(ingest-c')",
+            timeout=WAIT_MS,
+        )
+        page.wait_for_function(ALL_ACTIVE_ON.format(node="ingest-c", n=8), timeout=WAIT_MS)
+        text = page.inner_text("body")
+        assert not RAY_ID.search(text), RAY_ID.search(text)
+        page.screenshot(path=str(shots / "console-drain.png"), full_page=True)
+
+        assert problems == [], problems
+        browser.close()
