@@ -400,6 +400,8 @@ class NodeClusterActor:
                 await ref
                 if on_done is not None:
                     on_done()
+            except ray.exceptions.ActorUnavailableError:
+                pass  # unreachable for now (a cut link), not dead: the next resync heals it
             except ray.exceptions.RayActorError:
                 if on_dead is not None:
                     on_dead()
@@ -483,8 +485,8 @@ class NodeClusterActor:
                 asyncio.wrap_future(handle.ping.remote().future()),
                 self._settings.cluster.ping_timeout_s,
             )
-        except TimeoutError:
-            return
+        except (TimeoutError, ray.exceptions.ActorUnavailableError):
+            return  # silent, perhaps a cut link: membership's timeout (and suspect-self) decide
         except ray.exceptions.RayActorError:
             # Ray knows the process is gone: act now rather than wait out the timeout.
             if self._handles.get(node) is handle:

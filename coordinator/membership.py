@@ -153,7 +153,13 @@ class Membership:
                 "answer than are silent"
             )
             return []
-        self.suspect_self = None
+        if self.suspect_self is not None:
+            # The singleton was cut off, not they: the ones not heard yet since the link came
+            # back get a full timeout from now, as if they had just joined.
+            self.suspect_self = None
+            for n in silent:
+                self._detector.heard_from(n)
+            return []
         return [
             self._move(
                 n, NodeState.QUARANTINED, f"no answer to pings for {self.silent_for(n):.1f} s"

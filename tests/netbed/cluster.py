@@ -177,6 +177,20 @@ class NetCluster:
         except AssertionError as e:
             raise AssertionError(f"{e}; shards (shard, status, node): {seen}") from None
 
+    def wait_settled(self, dataset: str, timeout_s: float = 180.0) -> dict[int, str]:
+        """Every shard Active and rebalancing balanced (nothing left to move): shard -> node."""
+
+        def settled() -> dict[int, str] | None:
+            plan = self.rest(f"/api/v1/cluster/{dataset}/plan")
+            if plan["moves"] or plan["held_back"] != "balanced":
+                return None
+            shards = self.shards(dataset)
+            if not all(s["status"] == "Active" for s in shards):
+                return None
+            return {s["shard"]: s["node"] for s in shards}
+
+        return wait_for(f"{dataset}: every shard Active, nothing to rebalance", settled, timeout_s)
+
     def start_writer(self, dataset: str) -> tuple[subprocess.Popen[bytes], Path]:
         """The gateway (if not up) and a producer writing to `dataset` through it, once it has
         been acknowledged a few rounds; the producer and where it records what was acked."""

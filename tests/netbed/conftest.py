@@ -30,6 +30,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker("netbed")
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed test's report carries the last lines of every host's log: what the cluster said
+    is the first thing to read, and the bed is gone once the session ends."""
+    outcome = yield
+    report = outcome.get_result()
+    cluster = getattr(item, "funcargs", {}).get("net_cluster")
+    if report.failed and isinstance(cluster, NetCluster):
+        report.sections.append(("the hosts' logs", cluster.logs(40)))
+
+
 @pytest.fixture(scope="session")
 def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
     missing = [t for t in ("ip", "iptables", "tc") if shutil.which(t) is None]

@@ -104,6 +104,35 @@ def test_more_silent_members_than_answering_ones_quarantine_no_one(
         assert m.tick() == [] and m.suspect_self is None
 
 
+def test_after_the_singleton_s_own_isolation_a_late_member_gets_a_full_timeout() -> None:
+    """The link back to the nodes heals: they answer one by one. One still silent when the rest
+    answer is not quarantined at once for the silence the singleton's own cut caused; it gets a
+    whole failure timeout from then (and is quarantined if it stays silent)."""
+    clock = Clock()
+    m = Membership(4.0, 0.5, clock)
+    for n in "abc":
+        member(m, n)
+    for _ in range(12):  # 6 s: every member silent, the singleton suspects itself
+        clock.now += 0.5
+        assert m.tick() == []
+    assert m.suspect_self is not None
+    m.answered("a")
+    m.answered("b")
+    changes = []
+    for _ in range(7):  # 3.5 s more of c's silence
+        clock.now += 0.5
+        m.answered("a")
+        m.answered("b")
+        changes += m.tick()
+    assert changes == [] and m.suspect_self is None and m.members == ["a", "b", "c"]
+    for _ in range(3):
+        clock.now += 0.5
+        m.answered("a")
+        m.answered("b")
+        changes += m.tick()
+    assert [(c.node, c.after) for c in changes] == [("c", NodeState.QUARANTINED)]
+
+
 def test_a_dead_node_is_gone_from_any_state_and_may_join_again_afresh() -> None:
     clock = Clock()
     m = Membership(4.0, 0.5, clock)
