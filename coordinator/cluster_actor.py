@@ -490,7 +490,7 @@ class NodeClusterActor:
         except ray.exceptions.RayActorError:
             # Ray knows the process is gone: act now rather than wait out the timeout.
             if self._handles.get(node) is handle:
-                self._changed(self._membership.died(node, "its coordinator died"))
+                self._changed(self._membership.died(node, await self._why_dead(node)))
             return
         finally:
             self._inflight.pop(node, None)
@@ -499,6 +499,13 @@ class NodeClusterActor:
                 return  # never answered, so never a member: it gets no shards
             self._versions[node] = getattr(info, "version", "")
             self._changed(self._membership.answered(node))
+
+    async def _why_dead(self, node: str) -> str:
+        """Why a coordinator's process is gone, as history and the log say it: the whole node
+        (machine, raylet) or only the process."""
+        nodes = await asyncio.to_thread(ray.nodes)
+        alive = any(n["NodeID"] == node and n.get("Alive") for n in nodes)
+        return "its coordinator died" if alive else "its node died"
 
     def _shown(self, node: str) -> str:
         """A node as the log shows it: its name and its Ray id."""

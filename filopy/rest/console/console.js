@@ -245,15 +245,10 @@ function takeovers(history) {
 }
 
 function reasonText(h) {
-  // "left (its coordinator died)" is what the coordinator records when pings find the node's
-  // process gone, the whole node killed included; a node that is no longer a member left the
-  // cluster, which is what an operator needs to read. The record itself shows on hover.
+  // "left (its node died)" as "failover: node-2 left (its node died)": who, by name, and why.
   const m = /^(left|failed) \((.*)\)$/.exec(h.reason || "");
   if (!m || !h.source) return h.reason;
-  const who = nameOf(h.source);
-  const member = state.members.some((n) => n.address === h.source);
-  if (m[1] === "left") return member ? `failover: ${who} left (${m[2]})` : `failover: ${who} left the cluster`;
-  return `failover: ${who} failed (${m[2]})`;
+  return `failover: ${nameOf(h.source)} ${m[1]} (${m[2]})`;
 }
 
 // ----- query -------------------------------------------------------------------------------
