@@ -78,6 +78,9 @@ def is_transient(err: KafkaError) -> bool:
     return not err.fatal() and (err.retriable() or err.code() in _TRANSIENT)
 
 
+PROBE_TIMEOUT_S = 2.0  # a broker asked for a partition's offsets answers in ms when reachable
+
+
 class _Stopped(Exception):
     """Told to stop while waiting for Kafka or the store."""
 
@@ -291,6 +294,8 @@ class KafkaShardIngester(ReportingIngester):
             self.memstore.end_recovery()
             self._live()
         last_bad_log = last_misrouted_log = 0.0
+        last_heard = time.monotonic()  # the last message, or the last answer to a probe
+        idle_probe_s = min(15.0, max(1.0, cfg.kafka_retry_timeout_s / 4))
         limit = cfg.max_unflushed_samples
         # Flushes run on a thread of their own, so the store's latency (a Cassandra round trip,
         # an SQLite commit) overlaps consuming instead of stalling it.
@@ -355,9 +360,14 @@ class KafkaShardIngester(ReportingIngester):
                         # Over the memory bound: leave the rest of the batch to be read again.
                         consumer.seek(TopicPartition(self.dataset.topic, shard, self.next_offset))
                         break
+                now = time.monotonic()
                 if got:
                     self._kafka_since = self._kafka_error = None
-                elif self._kafka_since is not None:
+                    last_heard = now
+                elif self._kafka_since is not None or now - last_heard >= idle_probe_s:
+                    # Nothing read: an idle partition, or a broker we no longer reach (a cut
+                    # link shows no error until requests time out, ~a minute): ask it.
+                    last_heard = now
                     self._probe_kafka(consumer, partition)
                 # The end offset librdkafka learnt from its last fetch: no request to the broker.
                 _, end = consumer.get_watermark_offsets(partition, cached=True)
@@ -428,20 +438,23 @@ class KafkaShardIngester(ReportingIngester):
             )
         return self.paused
 
-    def _kafka_trouble(self, err: KafkaError) -> None:
+    def _kafka_trouble(self, err: object) -> None:
         if self._kafka_since is None:
             self._kafka_since = time.monotonic()
         self._kafka_error = str(err)
         log.warning("%s shard %d: %s", self.dataset.name, self.shard, err)
 
     def _probe_kafka(self, consumer: Consumer, partition: TopicPartition) -> None:
-        """After Kafka errors and no message since: is the broker answering again?"""
+        """No message lately: is the broker answering (again)? A failure starts or continues
+        the Kafka trouble that makes the shard Degraded after `kafka_retry_timeout_s`."""
         try:
-            consumer.get_watermark_offsets(partition, timeout=1.0)
+            consumer.get_watermark_offsets(partition, timeout=PROBE_TIMEOUT_S)
         except KafkaException as e:
             err = e.args[0] if e.args else None
             if isinstance(err, KafkaError) and not is_transient(err):
                 raise
+            if self._kafka_since is None:
+                self._kafka_trouble(err)
             self._kafka_error = str(err)
             return
         self._kafka_since = self._kafka_error = None

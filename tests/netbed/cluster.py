@@ -44,7 +44,7 @@ def wait_for(what: str, check: Callable[[], T | None], timeout_s: float = 120.0)
 
 
 class NetCluster:
-    def __init__(self, bed: Bed, root: Path) -> None:
+    def __init__(self, bed: Bed, root: Path, env: dict[str, str] | None = None) -> None:
         self.bed = bed
         self.root = root
         self.filopy_bin = str(root / ".venv" / "bin" / "filopy")
@@ -58,6 +58,7 @@ class NetCluster:
             "FILOPY_KAFKA__BOOTSTRAP_SERVERS": "kafka:9092",
             "FILOPY_STORE__SQLITE_PATH": str(self.dir / "filopy.db"),
             "FILOPY_STATE_DIR": str(self.dir / "state"),  # no `filopy up` cluster to find
+            **(env or {}),
         }
         self.nodes: dict[str, subprocess.Popen[bytes]] = {}
 

@@ -66,10 +66,11 @@ def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
 
 
 @pytest.fixture(scope="module")
-def net_cluster(bed: Bed) -> Iterator[NetCluster]:
+def net_cluster(bed: Bed, request: pytest.FixtureRequest) -> Iterator[NetCluster]:
     """Kafka, the head and three nodes, each on its own host (the SQLite store on the shared
-    file system). Tests that change membership restore it before they end."""
-    cluster = NetCluster(bed, ROOT)
+    file system), with the test module's `CLUSTER_ENV` settings if it has any. Tests that change
+    membership restore it before they end."""
+    cluster = NetCluster(bed, ROOT, env=getattr(request.module, "CLUSTER_ENV", None))
     cluster.start()
     try:
         yield cluster

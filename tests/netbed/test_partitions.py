@@ -16,8 +16,11 @@ import time
 
 import pytest
 
-from tests.netbed.cluster import HEAD_ADDRESS, NODES, NetCluster, wait_for
+from tests.netbed.cluster import HEAD_ADDRESS, NODES, REST, NetCluster, wait_for
 
+# Flushes every 2 s, so a cut-off owner tries to commit while cut off (and is fenced); Kafka
+# unreachable for 5 s makes a shard Degraded (defaults: 60 s, 60 s).
+CLUSTER_ENV = {"FILOPY_INGEST__FLUSH_INTERVAL_S": "2", "FILOPY_INGEST__KAFKA_RETRY_TIMEOUT_S": "5"}
 CUT_S = 20.0  # well past the failure timeout (4 s), short of Ray's 60 s wait for its GCS
 
 
@@ -118,5 +121,55 @@ def test_the_gateway_cut_off_from_kafka_answers_503_and_loses_nothing_acknowledg
         c.bed.heal()
     during = len(c.acked(out)["acked_ts"])
     wait_for("writes acknowledged again", lambda: len(c.acked(out)["acked_ts"]) > during + 10, 120)
+    record = c.stop_producer(producer, out)
+    c.assert_stored_once(dataset, record)
+
+
+def test_a_node_cut_off_from_kafka_keeps_its_shards_degraded_and_catches_up(
+    net_cluster: NetCluster,
+) -> None:
+    """The node reaches the head and the store but not Kafka. Its shards stay where they are
+    (moving them cannot help while Kafka may be what is down, and the node is alive) and show
+    Degraded naming Kafka, in status and in the `filopy_shard_degraded` metric; the other nodes'
+    shards stay Active. Healed, it reads on from where it stopped: nothing lost, nothing twice."""
+    c = net_cluster
+    dataset = "kafkacut"
+    c.cli("dataset", "create", dataset, "--shards", "8", "--min-nodes", "2",
+          "--address", HEAD_ADDRESS)  # fmt: skip
+    before = c.wait_settled(dataset)
+    producer, out = c.start_writer(dataset)
+    victim = before[0]
+    cut = sorted(s for s, n in before.items() if n == victim)
+
+    seen: list[object] = []
+
+    def degraded() -> bool:
+        shards = {s["shard"]: s for s in c.shards(dataset)}
+        seen[:] = [shards[s]["status"] for s in cut]
+        return all(shards[s]["status"].startswith("Degraded(") and "Kafka" in shards[s]["status"]
+                   for s in cut)  # fmt: skip
+
+    def metric() -> bool:
+        text = c.bed.sh("client", ["curl", "-sS", "--max-time", "30", f"{REST}/metrics"]).stdout
+        flagged = {
+            line for line in text.splitlines()
+            if line.startswith("filopy_shard_degraded{") and f'dataset="{dataset}"' in line
+            and line.endswith(" 1.0")
+        }  # fmt: skip
+        return len(flagged) == len(cut)
+
+    c.bed.partition(victim, "kafka")
+    try:
+        try:
+            wait_for(f"{victim}'s shards {cut} Degraded naming Kafka", degraded, 120)
+        except AssertionError as e:
+            raise AssertionError(f"{e}; their statuses: {seen}") from None
+        wait_for("filopy_shard_degraded = 1 for them", metric, 60)
+        shards = c.shards(dataset)
+        assert {s["shard"]: s["node"] for s in shards} == before, "nothing moved"
+        assert all(s["status"] == "Active" for s in shards if s["shard"] not in cut), shards
+    finally:
+        c.bed.heal()
+    assert c.wait_active(dataset, timeout_s=180) and c.wait_settled(dataset) == before
     record = c.stop_producer(producer, out)
     c.assert_stored_once(dataset, record)
