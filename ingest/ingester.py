@@ -151,7 +151,7 @@ class KafkaShardIngester(ReportingIngester):
         self.paused = False  # consumption paused: too many unflushed samples
         self.pauses = 0
         self._health_key: tuple[object, ...] | None = None
-        self.tenure: Tenure | None = None  # this ingester's hold on the shard, once claimed
+        self._tenure: Tenure | None = None  # this ingester's hold on the shard, once claimed
 
     async def start(self) -> None:
         self._thread = threading.Thread(
@@ -192,7 +192,7 @@ class KafkaShardIngester(ReportingIngester):
             self._epoch = self._store_retrying(
                 "claiming the shard", lambda: self._meta.claim_epoch(ref, shard, self.node)
             )
-            self.tenure = Tenure(ref.name, shard, self.node, self._epoch, time.time())
+            self._tenure = Tenure(ref.name, shard, self.node, self._epoch, time.time())
             consumer = self._consumer()
             partition = TopicPartition(self.dataset.topic, shard)
             low, high = self._retrying(
@@ -226,7 +226,7 @@ class KafkaShardIngester(ReportingIngester):
             if plan.checkpoints and start is not None:
                 self.replayed_offsets = max(0, max(plan.checkpoints.values()) + 1 - first)
             self.end_offset, self.next_offset = high, first
-            self.tenure = replace(self.tenure, first_offset=first)
+            self._tenure = replace(self._tenure, first_offset=first, end_offset=high)
             self.flusher = flusher = Flusher(
                 self.memstore,
                 self._columns,
@@ -260,9 +260,18 @@ class KafkaShardIngester(ReportingIngester):
         finally:
             if consumer is not None:
                 consumer.close()
-            if self.tenure is not None:
-                self.tenure = self.tenure.released(self.next_offset)
-                record(self.tenure)
+            if self._tenure is not None:
+                self._tenure = self._tenure.released(self.next_offset)
+                record(self._tenure)
+
+    @property
+    def tenure(self) -> Tenure | None:
+        """This ingester's hold on the shard (None before its claim); while held, with how far
+        it has read so far, so a node's log tells even of the holds a kill will cut short."""
+        held = self._tenure
+        if held is None or held.released_at is not None:
+            return held
+        return replace(held, next_offset=self.next_offset)
 
     def _final_flush(self, flusher: Flusher) -> None:
         """A clean handoff: flush everything so the next owner replays nothing. With the store

@@ -30,7 +30,12 @@ class Tenure:
     claimed_at: float  # the epoch claim returned
     first_offset: int | None = None  # the first offset it was to read (None: not yet known)
     released_at: float | None = None  # consumer closed after the last flush (None: still held)
-    next_offset: int | None = None  # the offset after the last one it read
+    # The offset after the last one it read: final once released; while held, as far as it got
+    # when the tenure was read (None: it had not started reading).
+    next_offset: int | None = None
+    # The partition's end offset when it started reading: it replayed up to there, and no owner
+    # before it can have read past it (they had all let go, or been fenced, by its claim).
+    end_offset: int | None = None
 
     def released(self, next_offset: int | None) -> Tenure:
         return replace(self, released_at=time.time(), next_offset=next_offset)
