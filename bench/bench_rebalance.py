@@ -5,8 +5,9 @@ A producer thread writes as fast as one gateway can (on this 2-core machine far 
 issue's 500k samples/s: the rate reached is reported), a query thread runs an instant query in
 a loop and records each latency and failure. After a steady phase, 2 nodes join; rebalancing
 (interval 1 s, `--max-moves` in flight) hands 32 shards over. Reported: time until the map is
-balanced and healthy, moves, offsets replayed per move (the new owners' `replayed_offsets`),
-query p50/p99 before and during the rebalance, and failed queries.
+balanced and healthy, moves, offsets replayed per move (the new owners' `replayed_offsets`:
+exact, as a drained owner notes where it stopped), query p50/p99 before and during the
+rebalance, and failed queries.
 
     .venv/bin/python bench/bench_rebalance.py [--shards 64] [--max-moves 4] [--out FILE]
 

@@ -1118,8 +1118,9 @@ def summary(
         "  after the kill, a fresh ingester process on the same store and topic:",
         f"    live after        {rec['spawn_to_live_s']:>12.2f} s from spawning the process "
         f"({rec['recovery_s']:.2f} s in KafkaShardIngester: claim, recover_shard, replay)",
-        f"    replayed          {rec['replayed_offsets']:>12,} offsets already checkpointed by "
-        f"some group (= {rec['replayed_offsets'] * spm:,.0f} samples); read from offset "
+        f"    replayed          {rec['replayed_offsets']:>12,} offsets (killed, it noted no "
+        "release: all it may have read, up to the end offset at the claim; "
+        f"= {rec['replayed_offsets'] * spm:,.0f} samples); read from offset "
         f"{rec['replayed_from']:,} to {rec['end_offset_at_start']:,}: "
         f"{rec['end_offset_at_start'] - rec['replayed_from']:,} offsets, {reread:,} of them read "
         f"before by the killed ingester (= {reread * spm:,.0f} samples), "

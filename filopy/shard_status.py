@@ -238,7 +238,10 @@ class ShardDrained(ShardEvent):
 class IngestionStarted(ShardEvent):
     """``node`` is ingesting the shard live: status Active, owner set. The ingester adds the
     ownership epoch it claimed and the offsets it read again at start (for the ownership
-    history); they are notes, not part of the event's identity."""
+    history); they are notes, not part of the event's identity. ``replayed_offsets``: the
+    offsets it read from its first one that an owner before it had read; exact when that owner
+    let go (it notes where it stopped: 0 after a drain), else everything below the partition's
+    end offset at the claim, all a killed owner could have read (``offsets_read_before``)."""
 
     epoch: int | None = field(default=None, compare=False)
     replayed_offsets: int | None = field(default=None, compare=False)

@@ -26,7 +26,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -42,12 +42,12 @@ from filopy.shard_status import (
     RecoveryInProgress,
     ShardEvent,
 )
-from filopy.store import ColumnStore, MetaStore, StaleEpochError, StoreUnavailable
+from filopy.store import ColumnStore, MetaStore, ShardEpoch, StaleEpochError, StoreUnavailable
 from ingest.base import EventReporter, ReportingIngester
 from ingest.flush import Flusher, read_merged, recover_shard
 from ingest.memstore import ShardMemstore
 from ingest.records import decoder_for
-from ingest.tenure import Tenure, record
+from ingest.tenure import Tenure, note_release, noted_release, offsets_read_before, record
 
 log = logging.getLogger(__name__)
 
@@ -132,8 +132,8 @@ class KafkaShardIngester(ReportingIngester):
         self.messages = 0
         self.offsets_lost = 0  # offsets retention dropped before they were checkpointed
         self.replayed_from: int | None = None  # first offset read at start; > 0: checkpoints used
-        # Offsets read again at start that some flush group had already checkpointed (0 after a
-        # clean handoff or drain: every group checkpointed at the last offset its owner read).
+        # Offsets read at start that an owner before this one had read (`offsets_read_before`):
+        # 0 after a drain; after a kill, all from `replayed_from` to the end offset at the claim.
         self.replayed_offsets = 0
         self.open_samples_loaded = 0  # from the checkpoints' open-buffer snapshots at start
         self.flusher: Flusher | None = None
@@ -189,6 +189,10 @@ class KafkaShardIngester(ReportingIngester):
         consumer: Consumer | None = None
         flusher: Flusher | None = None
         try:
+            # Who claimed the shard last: the "replayed" count reads where it stopped.
+            before = self._store_retrying(
+                "reading the shard's epoch", lambda: self._meta.current_epoch(ref, shard)
+            )
             self._epoch = self._store_retrying(
                 "claiming the shard", lambda: self._meta.claim_epoch(ref, shard, self.node)
             )
@@ -223,8 +227,7 @@ class KafkaShardIngester(ReportingIngester):
                 self._emit(RecoveryInProgress(ref, shard, self.node, 0, lost))
             first = low if start is None else max(start, low)
             self.replayed_from = first
-            if plan.checkpoints and start is not None:
-                self.replayed_offsets = max(0, max(plan.checkpoints.values()) + 1 - first)
+            self.replayed_offsets = self._replayed(before, first, high, plan.checkpoints)
             self.end_offset, self.next_offset = high, first
             self._tenure = replace(self._tenure, first_offset=first, end_offset=high)
             self.flusher = flusher = Flusher(
@@ -263,6 +266,34 @@ class KafkaShardIngester(ReportingIngester):
             if self._tenure is not None:
                 self._tenure = self._tenure.released(self.next_offset)
                 record(self._tenure)
+                self._note_release(self._tenure)
+
+    def _note_release(self, held: Tenure) -> None:
+        """Tell the next owner where this one stopped (`note_release`): past the end offset it
+        started from if it went live, else owners before it may have read up to there."""
+        if held.next_offset is None or held.end_offset is None:
+            return  # it never got to read
+        read_to = held.next_offset
+        if not self._live_now:
+            read_to = max(read_to, held.end_offset)
+        note_release(self._columns, self.dataset.ref, self.shard, held.epoch, read_to)
+
+    def _replayed(
+        self, before: ShardEpoch, first: int, high: int, checkpoints: Mapping[int, int]
+    ) -> int:
+        """The offsets from `first` that an owner before this one had read (`offsets_read_before`):
+        exact when the previous owner noted where it stopped, else all below `high`."""
+        noted = None
+        # The claim before this one is its predecessor's, unless another slipped in between.
+        if 0 < before.epoch == self._epoch - 1:
+            ref, shard = self.dataset.ref, self.shard
+            noted = self._store_retrying(
+                "reading where the last owner stopped",
+                lambda: noted_release(self._columns, ref, shard, before.epoch),
+            )
+        return offsets_read_before(
+            first, high, checkpoints, earlier_owner=self._epoch > 1, noted=noted
+        )
 
     @property
     def tenure(self) -> Tenure | None:
