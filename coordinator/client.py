@@ -300,6 +300,10 @@ class FiloPyClient:
         """Per member node, per shard it ingests from Kafka: its ingester's counters."""
         return self._per_member("ingest_stats", _ref(dataset))
 
+    def stale_epoch_rejections(self, dataset: str | DatasetRef) -> dict[str, dict[int, int]]:
+        """Per member node, per shard: commits refused because another node owned the shard."""
+        return self._per_member("stale_epoch_rejections", _ref(dataset))
+
     def series_samples(self, dataset: str | DatasetRef) -> dict[str, dict[str, Any]]:
         """Per member node, per series of its shards: the series' timestamps in the ColumnStore
         and memory, nothing de-duplicated (for exactness checks and debugging)."""

@@ -57,7 +57,7 @@ from filopy.shard_status import (
 from filopy.store import ColumnStore, MetaStore, StoreUnavailable, open_stores
 from ingest import tenure
 from ingest.base import EventReporter, IngesterFactory, ShardIngester
-from ingest.ingester import KafkaShardIngester
+from ingest.ingester import KafkaShardIngester, stale_epoch_rejections
 from ingest.jit import warm
 from ingest.memstore import ShardMemstore
 from ingest.placeholder import EpochClaimingIngester
@@ -478,6 +478,11 @@ class NodeCoordinator:
         for (name, shard), n in queried:
             out.setdefault(name, {})[shard] = n
         return out
+
+    async def stale_epoch_rejections(self, ref: DatasetRef) -> dict[int, int]:
+        """Per shard: commits this node's ingesters had refused because another node owns the
+        shard now. Kept after those ingesters are gone: a node cut off and back has none left."""
+        return stale_epoch_rejections(ref.name)
 
     async def ingest_stats(self, ref: DatasetRef) -> dict[int, dict[str, Any]]:
         """Per shard of this node: messages, bad records by reason, memstore counters."""

@@ -174,13 +174,11 @@ class ClusterCollector(Collector):
             done, skipped = reassigned.get(name, (0, 0))
             moves.add_metric([name, "done"], done)
             moves.add_metric([name, "skipped"], skipped)
+            for node_id, counts in sorted(c.stale_epoch_rejections(name).items()):
+                for shard, n in sorted(counts.items()):
+                    stale.add_metric([name, str(shard), node_names.get(node_id, node_id)], n)
             for node_id, by_shard in sorted(c.ingest_stats(name).items()):
                 node = node_names.get(node_id, node_id)  # its readable name (docs/operations.md)
-                stale_counts: dict[int, int] = {}
-                for st in by_shard.values():  # node-wide: every ingester reports all of them
-                    stale_counts.update(st.get("stale_epoch_rejections", {}))
-                for shard, n in sorted(stale_counts.items()):
-                    stale.add_metric([name, str(shard), node], n)
                 for shard, st in sorted(by_shard.items()):
                     labels = [name, str(shard), node]
                     mem = st["memstore"]

@@ -204,6 +204,10 @@ class Bed:
     def ip(self, host: str) -> str:
         return self.hosts[host]
 
+    def ray_dir(self, host: str) -> Path:
+        """What `host` sees as /tmp/ray (its Ray sessions and their logs)."""
+        return RAY_TEMP / self.prefix.rstrip("-") / host
+
     def clear_ray_dirs(self) -> None:
         """Empty every host's /tmp/ray (call with nothing running on the bed's hosts)."""
         shutil.rmtree(RAY_TEMP / self.prefix.rstrip("-"), ignore_errors=True)

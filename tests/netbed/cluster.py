@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlencode
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from tests.netbed.bed import Bed, BedError
 
 NODES = ("node-1", "node-2", "node-3")
@@ -76,11 +78,21 @@ class NetCluster:
             raise AssertionError(f"the cluster did not start: {e}\n{self.logs()}") from None
 
     def logs(self, lines: int = 15) -> str:
-        """The last lines of every host's log in the bed's work directory, for a failure."""
+        """The last lines of every host's log in the bed's work directory, and the warnings of
+        the FiloPy actors on each Ray host (the ingesters log there), for a failure."""
         out = []
         for log in sorted(self.bed.workdir.glob("*.log")):
             tail = log.read_text(errors="replace").splitlines()[-lines:]
             out.append(f"--- {log.name}\n" + "\n".join(tail))
+        for host in ("head", *NODES):
+            said = [
+                line
+                for err in sorted(self.bed.ray_dir(host).glob("session_2*/logs/worker-*.err"))
+                for line in err.read_text(errors="replace").splitlines()
+                if not line.startswith((" ", "[")) and "INFO" not in line
+            ]
+            if said:
+                out.append(f"--- Ray workers on {host}\n" + "\n".join(said[-lines:]))
         return "\n".join(out)
 
     def start_service(self, name: str) -> None:
@@ -177,6 +189,23 @@ class NetCluster:
             return wait_for(what, done, timeout_s)
         except AssertionError as e:
             raise AssertionError(f"{e}; shards (shard, status, node): {seen}") from None
+
+    def metric(self, name: str, **labels: str) -> dict[tuple[tuple[str, str], ...], float]:
+        """The samples of metric `name` on the head's /metrics (read from the client host) whose
+        labels include `labels`: labels -> value."""
+        text = self.bed.sh("client", ["curl", "-sS", "--max-time", "30", f"{REST}/metrics"])
+        out = {}
+        for fam in text_string_to_metric_families(text.stdout):
+            for sample in fam.samples:
+                if sample.name == name and labels.items() <= sample.labels.items():
+                    out[tuple(sorted(sample.labels.items()))] = sample.value
+        return out
+
+    def shards_with_data(self, dataset: str) -> set[int]:
+        """The shards of `dataset` that ingested samples (a writer's series fill only as many
+        shards as the shard key's spread allows)."""
+        got = self.metric("filopy_ingested_samples_total", dataset=dataset)
+        return {int(dict(k)["shard"]) for k, v in got.items() if v > 0}
 
     def wait_settled(self, dataset: str, timeout_s: float = 180.0) -> dict[int, str]:
         """Every shard Active and rebalancing balanced (nothing left to move): shard -> node."""
