@@ -31,6 +31,15 @@ F = TypeVar("F", bound=Callable[..., Any])
 RayAddress = Annotated[
     str, typer.Option("--address", "-a", help="Ray cluster address of a running FiloPy cluster.")
 ]
+RestUrl = Annotated[
+    str | None,
+    typer.Option(
+        "--url",
+        envvar="FILOPY_URL",
+        help="The cluster's REST API (e.g. http://head:8080) instead of --address: for a machine "
+        "that runs no Ray node.",
+    ),
+]
 RayTempDir = Annotated[
     str | None,
     typer.Option(
@@ -328,12 +337,20 @@ def gateway(
 def status(
     dataset: Annotated[str, typer.Argument(help="Dataset name.")],
     address: RayAddress = "auto",
+    url: RestUrl = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """The shard grid of a dataset, with a legend and the shards of each node."""
-    client = _client(address)
-    mapper = client.shard_map(dataset)
-    names, refused = client.node_names(), client.refused_nodes()
+    if url is not None:
+        from filopy.cli.rest_client import RestClient
+
+        with RestClient(url) as rest:
+            mapper = rest.shard_map(dataset)
+            names, refused = rest.nodes()
+    else:
+        client = _client(address)
+        mapper = client.shard_map(dataset)
+        names, refused = client.node_names(), client.refused_nodes()
     if as_json:
         shards = [
             {
@@ -540,6 +557,7 @@ def query(
     explain: Annotated[bool, typer.Option(help="Print the plan instead of running it.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Prometheus API JSON.")] = False,
     address: RayAddress = "auto",
+    url: RestUrl = None,
 ) -> None:
     """Run a PromQL query: instant by default, a range query with --start."""
     import time as _time
@@ -548,25 +566,43 @@ def query(
 
     from filopy.rest.promql import parse_duration, result_json
 
-    client = _client(address)
-    try:
+    end_ms = _parse_time(end) or int(_time.time() * 1000)
+    footer = ""
+    if url is not None:
+        from filopy.cli.rest_client import RestClient
+
         if explain:
-            plan = client.queries().explain(dataset, promql, spread=spread)
-            console.print_json(json.dumps(plan))
-            return
-        options = {"spread": spread, "partial": partial}
-        if start is not None:
-            end_ms = _parse_time(end) or int(_time.time() * 1000)
-            step_ms = parse_duration(step, "step")
-            res = client.query_range(
-                dataset, promql, _parse_time(start), end_ms, step_ms, **options
-            )
-        else:
-            res = client.query(dataset, promql, _parse_time(at), **options)
-    finally:
-        client.queries().close()  # stop following the shard map (unsubscribe)
-    data = result_json(res.value)
-    for w in res.warnings:
+            raise typer.BadParameter("--explain needs --address (the REST API has no plans)")
+        # The API takes the same unix seconds or RFC 3339 times, and durations, as typed.
+        times = {"time": at} if start is None else {"start": start, "end": end_ms / 1000,
+                                                     "step": step}  # fmt: skip
+        with RestClient(url) as rest:
+            body = rest.query(dataset, promql, spread=spread,
+                              partial_response=str(partial).lower(), **times)  # fmt: skip
+        data, warnings = body["data"], body.get("warnings", [])
+    else:
+        client = _client(address)
+        try:
+            if explain:
+                plan = client.queries().explain(dataset, promql, spread=spread)
+                console.print_json(json.dumps(plan))
+                return
+            options = {"spread": spread, "partial": partial}
+            if start is not None:
+                step_ms = parse_duration(step, "step")
+                res = client.query_range(
+                    dataset, promql, _parse_time(start), end_ms, step_ms, **options
+                )
+            else:
+                res = client.query(dataset, promql, _parse_time(at), **options)
+        finally:
+            client.queries().close()  # stop following the shard map (unsubscribe)
+        data, warnings = result_json(res.value), res.warnings
+        footer = (
+            f"; {res.samples_scanned:,} samples scanned on {len(res.shards)} shards of "
+            f"{len(res.nodes)} nodes"
+        )
+    for w in warnings:
         err.print(f"[yellow]warning:[/] {w}")
     if as_json:
         console.print_json(json.dumps({"status": "success", "data": data}))
@@ -589,10 +625,7 @@ def query(
             shown = ", ".join(v for _, v in points[-3:])
             table.add_row(series, f"{len(points)} points, last: {shown}")
     console.print(table)
-    console.print(
-        f"[dim]{len(data['result'])} series; {res.samples_scanned:,} samples scanned on "
-        f"{len(res.shards)} shards of {len(res.nodes)} nodes[/]"
-    )
+    console.print(f"[dim]{len(data['result'])} series{footer}[/]")
 
 
 @shards_app.command("stop")

@@ -34,6 +34,8 @@ EXPECTED = {
     "client": [
         r'"status":"Active"',
         r'"metric":\{[^}]*"__name__":"cpu_usage"[^}]*\},"value":\[[\d.]+,"0\.5"\]',
+        r"----- prom: 8 shards -----",  # filopy status --url
+        r"\n1 series",  # filopy query --url: count(cpu_usage) is one series
     ],
 }
 

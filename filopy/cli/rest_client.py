@@ -1,0 +1,74 @@
+"""The command line's view of a cluster through its REST API (`--url`), for machines without a
+Ray node: an operator's laptop, a client host that reaches only the head's HTTP port.
+
+`filopy status` and `filopy query` take `--url http://head:8080` (or `FILOPY_URL`) instead of
+joining the Ray cluster as a driver; they then read the same REST endpoints the console and
+Prometheus clients use, and print exactly what they print over Ray. An HTTP error becomes the
+API's own message (`RestError`), never a traceback.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from filopy.errors import FiloPyError
+from filopy.mapper import ShardMapper
+from filopy.shard_status import ShardMapState, ShardStatus
+
+TIMEOUT_S = 120.0  # above the query deadline: the server says when a query took too long
+
+
+class RestError(FiloPyError):
+    """The REST API refused the call or could not be reached; the message says which."""
+
+
+class RestClient:
+    def __init__(self, url: str, transport: httpx.BaseTransport | None = None) -> None:
+        self._http = httpx.Client(base_url=url.rstrip("/"), timeout=TIMEOUT_S, transport=transport)
+
+    def __enter__(self) -> RestClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._http.close()
+
+    def _call(self, path: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The JSON body of GET `path`; RestError with the API's message otherwise."""
+        try:
+            r = self._http.get(path, params=params)
+        except httpx.HTTPError as e:
+            raise RestError(f"{self._http.base_url}{path}: {e or type(e).__name__}") from None
+        try:
+            body = r.json()
+        except ValueError:
+            body = None
+        if r.is_error or not isinstance(body, dict):
+            detail = body.get("error") if isinstance(body, dict) else None
+            raise RestError(f"HTTP {r.status_code}: {detail or r.text[:200] or r.reason_phrase}")
+        return body
+
+    def shard_map(self, dataset: str) -> ShardMapper:
+        """The dataset's shard map as the singleton has it (version not carried over REST)."""
+        shards = sorted(self._call(f"/api/v1/cluster/{dataset}/status")["data"],
+                        key=lambda s: s["shard"])  # fmt: skip
+        state = ShardMapState(
+            num_shards=len(shards),
+            owners=tuple(s["address"] or None for s in shards),
+            statuses=tuple(ShardStatus.parse(s["status"]) for s in shards),
+            version=0,
+        )
+        return ShardMapper.from_state(state)
+
+    def nodes(self) -> tuple[dict[str, str], dict[str, str]]:
+        """(member id -> name, refused id -> why)."""
+        data = self._call("/api/v1/nodes")["data"]
+        return {m["address"]: m["name"] for m in data["members"]}, dict(data["refused"])
+
+    def query(self, dataset: str, promql: str, **params: Any) -> dict[str, Any]:
+        """The Prometheus API body of an instant query (`time`) or, with `start`, a range query
+        (`end`, `step`); `partial_response`, `spread` as the API takes them."""
+        kind = "query_range" if "start" in params else "query"
+        given = {k: v for k, v in params.items() if v is not None}
+        return self._call(f"/promql/{dataset}/api/v1/{kind}", {"query": promql, **given})
