@@ -190,6 +190,13 @@ class NetCluster:
         except AssertionError as e:
             raise AssertionError(f"{e}; shards (shard, status, node): {seen}") from None
 
+    def tenures(self, dataset: str) -> list[dict[str, Any]]:
+        """Every member's ingesters' tenures of `dataset` (tests/netbed/tenures.py, on the head)."""
+        argv = [str(self.root / ".venv" / "bin" / "python"), "-m", "tests.netbed.tenures", dataset,
+                "--address", HEAD_ADDRESS]  # fmt: skip
+        proc = self.bed.sh("head", argv, env=self.env, cwd=self.root, timeout=120)
+        return list(json.loads(proc.stdout.strip().splitlines()[-1]))
+
     def metric(self, name: str, **labels: str) -> dict[tuple[tuple[str, str], ...], float]:
         """The samples of metric `name` on the head's /metrics (read from the client host) whose
         labels include `labels`: labels -> value."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 
 from tests.netbed.cluster import HEAD_ADDRESS, NODES, NetCluster, wait_for
+from tests.netbed.tenures import check as check_tenures
 
 DATASET = "headfail"
 DOWN_S = 10.0  # how long the head stays dead (well under the nodes' 60 s wait for Ray's GCS)
@@ -48,6 +49,7 @@ def test_the_head_dies_and_returns_without_a_shard_moving_or_a_sample_lost(
     record = c.stop_producer(producer, out)
     assert len(record["acked_ts"]) > acked_before_kill + 10
     c.assert_stored_once(DATASET, record)
+    check_tenures(c.tenures(DATASET))
 
 
 def test_the_head_cut_off_from_every_node_moves_nothing_and_loses_nothing(
@@ -88,3 +90,4 @@ def test_the_head_cut_off_from_every_node_moves_nothing_and_loses_nothing(
     assert {n: sorted(c.bed.pids(n)) for n in NODES} == node_pids, "no node process died"
     record = c.stop_producer(producer, out)
     c.assert_stored_once(dataset, record)
+    check_tenures(c.tenures(dataset))

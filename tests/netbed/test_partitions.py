@@ -16,7 +16,8 @@ import time
 
 import pytest
 
-from tests.netbed.cluster import HEAD_ADDRESS, NODES, NetCluster, wait_for
+from tests.netbed.cluster import HEAD_ADDRESS, NODES, REST, NetCluster, wait_for
+from tests.netbed.tenures import check as check_tenures
 
 # Flushes every 2 s, so a cut-off owner tries to commit while cut off (and is fenced); Kafka
 # unreachable for 5 s makes a shard Degraded (defaults: 60 s, 60 s).
@@ -108,6 +109,8 @@ def test_a_node_cut_off_from_the_head_loses_its_shards_and_nothing_else(
     time.sleep(2)
     record = c.stop_producer(producer, out)
     c.assert_stored_once(dataset, record)
+    held = check_tenures(c.tenures(dataset), fenced=victim)
+    assert all(held[s] >= 2 for s in moved), held  # the victim's tenure, then its successor's
 
 
 def test_the_gateway_cut_off_from_kafka_answers_503_and_loses_nothing_acknowledged(
@@ -178,3 +181,46 @@ def test_a_node_cut_off_from_kafka_keeps_its_shards_degraded_and_catches_up(
     assert c.wait_active(dataset, timeout_s=180) and c.wait_settled(dataset) == before
     record = c.stop_producer(producer, out)
     c.assert_stored_once(dataset, record)
+    check_tenures(c.tenures(dataset))
+
+
+def test_a_node_on_a_slow_link_shows_lag_and_queries_answer_within_their_deadline(
+    net_cluster: NetCluster,
+) -> None:
+    """A node's link slowed to 1 Mbit/s both ways while a burst lands on Kafka: its shards fall
+    behind, which `filopy_consumer_lag_offsets` shows for them (and only them); a query from the
+    client host answers within the query deadline, or fails naming the shards it could not
+    reach, never hangs; once the link is back the lag drains and nothing is lost."""
+    c = net_cluster
+    dataset = "slowlink"
+    c.cli("dataset", "create", dataset, "--shards", "8", "--min-nodes", "2",
+          "--address", HEAD_ADDRESS)  # fmt: skip
+    producer, out = c.start_writer(dataset)
+    before = c.wait_settled(dataset)
+    busy = wait_for("shards ingesting the writer's samples", lambda: c.shards_with_data(dataset))
+    victim = before[min(busy)]
+
+    def lagging() -> set[int]:
+        lag = c.metric("filopy_consumer_lag_offsets", dataset=dataset)
+        return {int(dict(k)["shard"]) for k, v in lag.items() if v > 0}
+
+    c.bed.slow(victim, "1mbit")
+    try:
+        # ~6 MB of samples for every shard: minutes through 1 Mbit/s, a second elsewhere.
+        c.cli("ingest", dataset, "--series", "4000", "--scrapes", "40", "--address", HEAD_ADDRESS,
+              timeout=600)  # fmt: skip
+        behind = wait_for(f"{victim}'s shards lagging", lagging, 120)
+        assert {before[s] for s in behind} == {victim}, (behind, before)
+        query = [c.filopy_bin, "query", dataset, "count(count_over_time(netbed_load[1h]))",
+                 "--url", REST]  # fmt: skip
+        started = time.monotonic()
+        answer = c.bed.sh("client", query, env=c.env, check=False, timeout=120)
+        took = time.monotonic() - started
+        print(f"query across the slow link: {took:.1f} s, exit {answer.returncode}")
+        assert answer.returncode == 0 or "not available" in answer.stderr, answer.stderr
+    finally:
+        c.bed.heal()
+    wait_for("the lag drained", lambda: not lagging(), 300)
+    record = c.stop_producer(producer, out)
+    c.assert_stored_once(dataset, record)
+    check_tenures(c.tenures(dataset))
