@@ -97,12 +97,10 @@ def bed_cluster_timings(args: argparse.Namespace, end_s: int) -> list[Any]:
         loaded = bed.sh("client", [py, __file__, "--load", write, str(end_s), str(args.instances)],
                         cwd=ROOT, timeout=1800)  # fmt: skip
         samples = int(loaded.stdout.strip().splitlines()[-1])
-        query = f'sum(count_over_time({{__name__=~"demo_.+"}}[{SPAN_S + 60}s]))'
 
         def held() -> bool:
-            r = c.rest(f"/promql/{DATASET}/api/v1/query?" + httpx.QueryParams(
-                {"query": query, "time": end_s}))  # fmt: skip
-            return bool(r["result"]) and float(r["result"][0]["value"][1]) >= samples
+            got = c.metric("filopy_ingested_samples_total", dataset=DATASET)
+            return sum(got.values()) >= samples
 
         wait_for(f"{samples} samples held", held, 900)
         base = f"http://head:8080/promql/{DATASET}"
