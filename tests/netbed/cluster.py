@@ -228,6 +228,24 @@ class NetCluster:
 
         return wait_for(f"{dataset}: every shard Active, nothing to rebalance", settled, timeout_s)
 
+    def writing_to(
+        self, dataset: str, shards: int = 8
+    ) -> tuple[subprocess.Popen[bytes], Path, dict[int, str]]:
+        """A new dataset over at least two nodes with a writer on it, once rebalancing settled:
+        the producer, where it records what was acked, and shard -> node."""
+        self.cli("dataset", "create", dataset, "--shards", str(shards), "--min-nodes", "2",
+                 "--address", HEAD_ADDRESS)  # fmt: skip
+        producer, out = self.start_writer(dataset)
+        return producer, out, self.wait_settled(dataset)
+
+    def busy_node(self, dataset: str, owners: dict[int, str]) -> str:
+        """The owner of a shard the writer fills (a writer's series fill only as many shards as
+        the spread allows; an idle shard commits nothing, so it is never fenced nor behind)."""
+        busy = wait_for(
+            "shards ingesting the writer's samples", lambda: self.shards_with_data(dataset)
+        )
+        return owners[min(busy)]
+
     def start_writer(self, dataset: str) -> tuple[subprocess.Popen[bytes], Path]:
         """The gateway (if not up) and a producer writing to `dataset` through it, once it has
         been acknowledged a few rounds; the producer and where it records what was acked."""

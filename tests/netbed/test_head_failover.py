@@ -62,10 +62,7 @@ def test_the_head_cut_off_from_every_node_moves_nothing_and_loses_nothing(
     died, and every sample is stored once."""
     c = net_cluster
     dataset = "headcut"
-    c.cli("dataset", "create", dataset, "--shards", "4", "--min-nodes", "2",
-          "--address", HEAD_ADDRESS)  # fmt: skip
-    producer, out = c.start_writer(dataset)
-    before = c.wait_settled(dataset)
+    producer, out, before = c.writing_to(dataset, shards=4)
     node_pids = {n: sorted(c.bed.pids(n)) for n in NODES}
 
     def held_back() -> bool:

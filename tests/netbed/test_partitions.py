@@ -68,15 +68,8 @@ def test_a_node_cut_off_from_the_head_loses_its_shards_and_nothing_else(
 ) -> None:
     c = net_cluster
     dataset = f"cut-{way}"
-    c.cli("dataset", "create", dataset, "--shards", "8", "--min-nodes", "2",
-          "--address", HEAD_ADDRESS)  # fmt: skip
-    c.wait_active(dataset)
-    producer, out = c.start_writer(dataset)
-
-    before = c.wait_settled(dataset)
-    # The victim holds a shard the writer fills: its ingester has commits to be refused.
-    busy = wait_for("shards ingesting the writer's samples", lambda: c.shards_with_data(dataset))
-    victim = before[min(busy)]
+    producer, out, before = c.writing_to(dataset)
+    victim = c.busy_node(dataset, before)  # its ingester has commits to be refused
     others = set(NODES) - {victim}
     if way == "both":
         c.bed.partition(victim, "head")
@@ -146,12 +139,8 @@ def test_a_node_cut_off_from_kafka_keeps_its_shards_degraded_and_catches_up(
     shards stay Active. Healed, it reads on from where it stopped: nothing lost, nothing twice."""
     c = net_cluster
     dataset = "kafkacut"
-    c.cli("dataset", "create", dataset, "--shards", "8", "--min-nodes", "2",
-          "--address", HEAD_ADDRESS)  # fmt: skip
-    producer, out = c.start_writer(dataset)
-    before = c.wait_settled(dataset)
-    busy = wait_for("shards ingesting the writer's samples", lambda: c.shards_with_data(dataset))
-    victim = before[min(busy)]  # it has samples to catch up on
+    producer, out, before = c.writing_to(dataset)
+    victim = c.busy_node(dataset, before)  # it has samples to catch up on
     cut = sorted(s for s, n in before.items() if n == victim)
 
     seen: list[object] = []
@@ -194,12 +183,8 @@ def test_a_node_on_a_slow_link_answers_queries_within_their_deadline_and_loses_n
     large messages per shard, so it shows little; see the notes of issue 29.)"""
     c = net_cluster
     dataset = "slowlink"
-    c.cli("dataset", "create", dataset, "--shards", "8", "--min-nodes", "2",
-          "--address", HEAD_ADDRESS)  # fmt: skip
-    producer, out = c.start_writer(dataset)
-    before = c.wait_settled(dataset)
-    busy = wait_for("shards ingesting the writer's samples", lambda: c.shards_with_data(dataset))
-    victim = before[min(busy)]
+    producer, out, before = c.writing_to(dataset)
+    victim = c.busy_node(dataset, before)
     c.bed.slow(victim, "1mbit")
     try:
         # ~6 MB of samples over every shard: seconds through 1 Mbit/s, no time elsewhere.
