@@ -124,7 +124,10 @@ class OwnershipChangeData(BaseModel):
     target: str | None = Field(description="The new owner; null: none (Down, Error, Stopped).")
     reason: str = Field(description="created, joined, left (...), failed (...), error, ...")
     epoch: int | None = Field(description="The new owner's ownership epoch, once it was live.")
-    replayed_offsets: int | None = Field(description="Offsets it read again at start.")
+    replayed_offsets: int | None = Field(
+        description="Offsets it read at start that an owner before it had read (exact after a "
+        "handoff; after a killed owner, all it could have read: docs/operations.md)."
+    )
 
 
 def ownership_data(change: OwnershipChange) -> OwnershipChangeData:
