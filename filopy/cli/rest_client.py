@@ -4,7 +4,8 @@ Ray node: an operator's laptop, a client host that reaches only the head's HTTP 
 `filopy status` and `filopy query` take `--url http://head:8080` (or `FILOPY_URL`) instead of
 joining the Ray cluster as a driver; they then read the same REST endpoints the console and
 Prometheus clients use, and print exactly what they print over Ray. An HTTP error becomes the
-API's own message (`RestError`), never a traceback.
+error of the category the API answered with (404 `NotFound`, 503 `Unavailable`, ...: the inverse
+of `filopy.rest.errors.ANSWERS`) carrying the API's own message, never a traceback.
 """
 
 from __future__ import annotations
@@ -13,15 +14,21 @@ from typing import Any
 
 import httpx
 
-from filopy.errors import FiloPyError
+from filopy.errors import FiloPyError, Invalid, Unavailable
 from filopy.mapper import ShardMapper
+from filopy.rest.errors import ANSWERS
 from filopy.shard_status import ShardMapState, ShardStatus
 
 TIMEOUT_S = 120.0  # above the query deadline: the server says when a query took too long
+CATEGORY_OF_STATUS = {status: category for category, (status, _) in ANSWERS.items()
+                      if category is not FiloPyError}  # fmt: skip
 
 
-class RestError(FiloPyError):
-    """The REST API refused the call or could not be reached; the message says which."""
+def _error(status: int, message: str) -> FiloPyError:
+    """The error the API's answer stands for: its category by status (another 5xx, e.g. a proxy's
+    502, is Unavailable; another 4xx Invalid)."""
+    category = CATEGORY_OF_STATUS.get(status) or (Unavailable if status >= 500 else Invalid)
+    return category(f"HTTP {status}: {message}")
 
 
 class RestClient:
@@ -35,18 +42,19 @@ class RestClient:
         self._http.close()
 
     def _call(self, path: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
-        """The JSON body of GET `path`; RestError with the API's message otherwise."""
+        """The JSON body of GET `path`; the API's error (its message) otherwise."""
         try:
             r = self._http.get(path, params=params)
         except httpx.HTTPError as e:
-            raise RestError(f"{self._http.base_url}{path}: {e or type(e).__name__}") from None
+            where = f"{self._http.base_url}{path}"
+            raise Unavailable(f"{where}: {e or type(e).__name__}") from None
         try:
             body = r.json()
         except ValueError:
             body = None
         if r.is_error or not isinstance(body, dict):
             detail = body.get("error") if isinstance(body, dict) else None
-            raise RestError(f"HTTP {r.status_code}: {detail or r.text[:200] or r.reason_phrase}")
+            raise _error(r.status_code, detail or r.text[:200] or r.reason_phrase)
         return body
 
     def shard_map(self, dataset: str) -> ShardMapper:

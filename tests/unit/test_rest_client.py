@@ -1,13 +1,15 @@
 """The command line's REST client (`filopy status|query --url`) against httpx's MockTransport:
 the shard map rebuilt from the status endpoint, names and refusals from the nodes endpoint,
-queries sent as the Prometheus API takes them, and every failure one `RestError` line."""
+queries sent as the Prometheus API takes them, and every failure the error of its category with
+the API's message."""
 
 from __future__ import annotations
 
 import httpx
 import pytest
 
-from filopy.cli.rest_client import RestClient, RestError
+from filopy.cli.rest_client import RestClient
+from filopy.errors import NotFound, Unavailable
 from filopy.shard_status import Active, Degraded, Down, Recovery
 
 STATUS = [
@@ -66,7 +68,7 @@ def test_queries_go_to_the_prometheus_api_with_their_parameters() -> None:
 
 
 def test_an_api_error_is_its_message() -> None:
-    with client() as rest, pytest.raises(RestError, match="HTTP 404: unknown dataset 'x'"):
+    with client() as rest, pytest.raises(NotFound, match="HTTP 404: unknown dataset 'x'"):
         rest.shard_map("x")
 
 
@@ -77,12 +79,12 @@ def test_an_unreachable_server_or_a_non_json_answer_is_one_line() -> None:
     refusing = httpx.MockTransport(refuse)
     with (
         RestClient("http://head:8080", transport=refusing) as rest,
-        pytest.raises(RestError, match="refused"),
+        pytest.raises(Unavailable, match="refused"),
     ):
         rest.nodes()
     html = httpx.MockTransport(lambda r: httpx.Response(502, text="<html>bad gateway</html>"))
     with (
         RestClient("http://head:8080", transport=html) as rest,
-        pytest.raises(RestError, match="HTTP 502: <html>bad gateway"),
+        pytest.raises(Unavailable, match="HTTP 502: <html>bad gateway"),
     ):
         rest.nodes()
