@@ -42,7 +42,7 @@ from filopy.shard_status import (
     RecoveryInProgress,
     ShardEvent,
 )
-from filopy.store import ColumnStore, MetaStore, ShardEpoch, StaleEpochError, StoreUnavailable
+from filopy.store import ColumnStore, MetaStore, StaleEpochError, StoreUnavailable
 from ingest.base import EventReporter, ReportingIngester
 from ingest.flush import Flusher, read_merged, recover_shard
 from ingest.memstore import ShardMemstore
@@ -189,10 +189,6 @@ class KafkaShardIngester(ReportingIngester):
         consumer: Consumer | None = None
         flusher: Flusher | None = None
         try:
-            # Who claimed the shard last: the "replayed" count reads where it stopped.
-            before = self._store_retrying(
-                "reading the shard's epoch", lambda: self._meta.current_epoch(ref, shard)
-            )
             self._epoch = self._store_retrying(
                 "claiming the shard", lambda: self._meta.claim_epoch(ref, shard, self.node)
             )
@@ -227,7 +223,7 @@ class KafkaShardIngester(ReportingIngester):
                 self._emit(RecoveryInProgress(ref, shard, self.node, 0, lost))
             first = low if start is None else max(start, low)
             self.replayed_from = first
-            self.replayed_offsets = self._replayed(before, first, high, plan.checkpoints)
+            self.replayed_offsets = self._replayed(first, high, plan.checkpoints)
             self.end_offset, self.next_offset = high, first
             self._tenure = replace(self._tenure, first_offset=first, end_offset=high)
             self.flusher = flusher = Flusher(
@@ -278,18 +274,16 @@ class KafkaShardIngester(ReportingIngester):
             read_to = max(read_to, held.end_offset)
         note_release(self._columns, self.dataset.ref, self.shard, held.epoch, read_to)
 
-    def _replayed(
-        self, before: ShardEpoch, first: int, high: int, checkpoints: Mapping[int, int]
-    ) -> int:
+    def _replayed(self, first: int, high: int, checkpoints: Mapping[int, int]) -> int:
         """The offsets from `first` that an owner before this one had read (`offsets_read_before`):
-        exact when the previous owner noted where it stopped, else all below `high`."""
+        exact when the previous owner noted where it stopped, else all below `high`. The epoch
+        before this one is the previous claim's (no note under it: no such claim, or a kill)."""
         noted = None
-        # The claim before this one is its predecessor's, unless another slipped in between.
-        if 0 < before.epoch == self._epoch - 1:
-            ref, shard = self.dataset.ref, self.shard
+        if self._epoch > 1:
+            ref, shard, before = self.dataset.ref, self.shard, self._epoch - 1
             noted = self._store_retrying(
                 "reading where the last owner stopped",
-                lambda: noted_release(self._columns, ref, shard, before.epoch),
+                lambda: noted_release(self._columns, ref, shard, before),
             )
         return offsets_read_before(
             first, high, checkpoints, earlier_owner=self._epoch > 1, noted=noted
@@ -494,8 +488,9 @@ class KafkaShardIngester(ReportingIngester):
             if isinstance(err, KafkaError) and not is_transient(err):
                 raise
             if self._kafka_since is None:
-                self._kafka_trouble(err)
-            self._kafka_error = str(err)
+                self._kafka_trouble(err)  # starts it, said once in the log
+            else:
+                self._kafka_error = str(err)
             return
         self._kafka_since = self._kafka_error = None
 
@@ -657,7 +652,6 @@ class KafkaShardIngester(ReportingIngester):
             "paused": self.paused,
             "pauses": self.pauses,
             "unflushed_samples": self.memstore.unflushed_samples(),
-            "stale_epoch_rejections": stale_epoch_rejections(self.dataset.name),
         }
 
     @property
