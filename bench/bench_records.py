@@ -29,10 +29,10 @@ from confluent_kafka.admin import AdminClient
 
 from filopy.dataset import Dataset, SourceSettings
 from ingest.batch import SampleBatch
-from ingest.binary_format import decode_binary, encode_binary_parts, encode_labels
 from ingest.gateway import Gateway
-from ingest.line_protocol import decode_influx
 from ingest.topics import ensure_topic
+from ingest.wire.binary_format import decode_binary, encode_binary_parts, encode_labels
+from ingest.wire.line_protocol import decode_influx
 
 T0 = 1_700_000_000_000
 STEP_MS = 15_000

@@ -30,8 +30,8 @@ sys.path.insert(0, str(ROOT))
 
 from filopy.dataset import Dataset  # noqa: E402
 from filopy.ingest_http import remote_write_v1  # noqa: E402
-from filopy.ingest_http.prompb.remote_pb2 import WriteRequest  # noqa: E402
 from ingest.gateway import Gateway  # noqa: E402
+from ingest.wire.prompb.remote_pb2 import WriteRequest  # noqa: E402
 
 SAMPLES_PER_REQUEST = 2_000
 SHARDS = 8

@@ -6,9 +6,9 @@ good samples as a `SampleBatch` whose `bad_records` counts what was skipped, per
 dataset's contract on each series (a metric name, `Dataset.limits` on label sizes and counts,
 timestamps in range), since anyone may write to the topic and a series the stores cannot key
 (Cassandra: 64 KB) must never reach them. That contract is the same whatever the wire format, so
-it lives here, once, apart from the formats (`ingest.binary_format`, `ingest.line_protocol`):
-`series_problem` checks one series, `series_codes` / `series_codes_from_lengths` many, and
-`drop_bad` removes and counts the samples of the series and timestamps that break it.
+it lives here, once, apart from the formats (`ingest.wire`): `series_problem` checks one series,
+`series_codes` / `series_codes_from_lengths` many, and `drop_bad` removes and counts the samples
+of the series and timestamps that break it; `clip` and `show_labels` shape the messages.
 """
 
 from __future__ import annotations
@@ -85,6 +85,12 @@ def count_bad(bad: dict[str, int], reason: BadRecord, n: int = 1) -> None:
 
 def clip(text: str) -> str:
     return text if len(text) <= _BAD_EXAMPLE_CHARS else text[:_BAD_EXAMPLE_CHARS] + "..."
+
+
+def show_labels(labels: Mapping[str, str]) -> str:
+    """A series for a message: at most six labels, each clipped."""
+    shown = ", ".join(f"{k}={v!r}"[:80] for k, v in list(labels.items())[:6])
+    return "{" + shown + (", ..." if len(labels) > 6 else "") + "}"
 
 
 def _short(text: str, n: int = 40) -> str:

@@ -39,7 +39,10 @@ from ingest.batch import IntKeyedBatch as IntKeyedBatch  # also imported from he
 from ingest.batch import KeyedBatch as KeyedBatch
 from ingest.batch import Labels, SampleBatch
 from ingest.batch import new_series_key as new_series_key
-from ingest.binary_format import (
+from ingest.byte_table import new_slots
+from ingest.jit import kernel, warms
+from ingest.topics import DEFAULT_TIMEOUT_S, check_topic
+from ingest.wire.binary_format import (
     DEFAULT_COMPRESSION_LEVEL,
     HEADER,
     encode_binary_parts,
@@ -47,9 +50,6 @@ from ingest.binary_format import (
     encode_labels,
     finish,
 )
-from ingest.byte_table import new_slots
-from ingest.jit import kernel, warms
-from ingest.topics import DEFAULT_TIMEOUT_S, check_topic
 
 Sample = tuple[Mapping[str, str], int, float]  # (labels, timestamp ms, value)
 

@@ -1,8 +1,8 @@
 """The decoder of a dataset's Kafka messages, by its record format.
 
 The ingesters call `decoder_for(dataset)` and need not know the formats: FiloPy's binary batch
-(`ingest.binary_format`, also encoded by the gateway) and Influx line protocol
-(`ingest.line_protocol`). What every decoder enforces and how bad records are counted is in
+(`ingest.wire.binary_format`, also encoded by the gateway) and Influx line protocol
+(`ingest.wire.line_protocol`). What every decoder enforces and how bad records are counted is in
 `ingest.bad_records`.
 """
 
@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 from filopy.dataset import Dataset, RecordFormat
 from ingest.bad_records import DEFAULT_TS_RANGE, Decoded, undecodable
-from ingest.binary_format import SeriesTables, decode_binary
-from ingest.line_protocol import decode_influx
+from ingest.wire.binary_format import SeriesTables, decode_binary
+from ingest.wire.line_protocol import decode_influx
 
 Decoder = Callable[[bytes, int], Decoded]
 

@@ -16,7 +16,7 @@ import threading
 import time
 import tomllib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import ClassVar
 from zlib import MAX_WBITS
@@ -33,9 +33,16 @@ from starlette.datastructures import Headers, QueryParams
 
 from filopy.config import DEFAULT_CONFIG_FILE, GatewaySettings
 from filopy.dataset import Dataset, RecordFormat
-from filopy.errors import Conflict, FiloPyError, NotFound, Unavailable
+from filopy.errors import Conflict, FiloPyError, Invalid, NotFound, Unavailable
 from filopy.ingest_http.metrics import IngestMetrics
-from ingest.bad_records import DEFAULT_TS_RANGE, SERIES_REASONS, BadRecord, Decoded, series_problem
+from ingest.bad_records import (
+    DEFAULT_TS_RANGE,
+    SERIES_REASONS,
+    BadRecord,
+    Decoded,
+    series_problem,
+    show_labels,
+)
 from ingest.batch import SampleBatch
 from ingest.gateway import Acks, Gateway, GatewayError
 
@@ -405,12 +412,6 @@ def _resolve(done: asyncio.Future[None]) -> None:
 # ----- refusals --------------------------------------------------------------------------------
 
 
-def show_labels(labels: Mapping[str, str]) -> str:
-    """A series for a message: at most six labels, each clipped."""
-    shown = ", ".join(f"{k}={v!r}"[:80] for k, v in list(labels.items())[:6])
-    return "{" + shown + (", ..." if len(labels) > 6 else "") + "}"
-
-
 def first_offender(batch: SampleBatch, dataset: Dataset, reasons: Iterable[str]) -> str:
     """The first series or sample of the batch refused by the gateway for one of `reasons`."""
     wanted = set(reasons)
@@ -595,6 +596,8 @@ class Ingestion:
             response = protocol.refuse(Refused(409, "conflict", str(e)))
         except NotFound as e:
             response = protocol.refuse(Refused(404, "not_found", str(e)))
+        except Invalid as e:  # a body the protocol's decoder (ingest.wire) cannot read
+            response = protocol.refuse(Refused(400, "bad_data", str(e)))
         except FiloPyError as e:
             response = protocol.refuse(Refused(400, "bad_data", str(e)))
         self.metrics.observe(protocol.name, response.status_code, size, result, t0)

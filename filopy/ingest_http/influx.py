@@ -13,7 +13,7 @@
 
 Bodies are identity or gzip. Each numeric field of a line is a sample of the series `tags +
 {metric: measurement_field}` (just `measurement` for a field named `value`;
-`ingest.line_protocol.decode_influx`); a line without a timestamp gets the request's receive
+`ingest.wire.line_protocol.decode_lines`); a line without a timestamp gets the request's receive
 time, truncated to the precision as InfluxDB does. Answers are InfluxDB's, which its senders'
 retry logic reads: 204 once Kafka acknowledged every sample; 400 when lines were refused (bad
 syntax, timestamps out of range, series over the dataset's limits) after the good lines were
@@ -39,7 +39,6 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from filopy.dataset import LabelLimits
 from filopy.errors import Unavailable
 from filopy.ingest_http.core import (
     Ingestion,
@@ -49,8 +48,8 @@ from filopy.ingest_http.core import (
     WriteResult,
     read_body,
 )
-from ingest.bad_records import DEFAULT_TS_RANGE, BadRecord, Decoded
-from ingest.line_protocol import decode_influx
+from ingest.bad_records import BadRecord, Decoded
+from ingest.wire.line_protocol import decode_lines
 
 V1_PATH = "/ingest/{dataset}/write"
 V2_PATH = "/ingest/{dataset}/api/v2/write"
@@ -75,35 +74,7 @@ V1_PRECISIONS: dict[str, str] = {
     "h": "h",
 }
 V2_PRECISIONS: dict[str, str] = {"": "ns", "ns": "ns", "us": "us", "ms": "ms", "s": "s"}
-_SECONDS_PER = {"m": 60, "h": 3600}  # precisions coarser than a second
 _NON_NUMERIC = BadRecord.NON_NUMERIC.value
-
-
-def decode_lines(
-    body: bytes,
-    received_ms: int,
-    metric_column: str,
-    precision: str,
-    limits: LabelLimits,
-) -> Decoded:
-    """Line protocol with timestamps in `precision` (ns, us, ms, s, m or h) as a batch in
-    milliseconds; lines without one get `received_ms` truncated to the precision (InfluxDB's
-    `SetPrecision`). Minutes and hours are decoded as seconds and scaled, with the timestamp
-    range and the default scaled to match, so `decode_influx` needs no unit of its own."""
-    per = _SECONDS_PER.get(precision)
-    if per is None:
-        return decode_influx(body, received_ms, metric_column, precision, limits=limits)
-    lo, hi = DEFAULT_TS_RANGE
-    decoded = decode_influx(
-        body,
-        received_ms // per,  # -> received_ms // (per * 1000) as a default in seconds
-        metric_column,
-        "s",
-        ts_range=(-(-lo // per), hi // per),
-        limits=limits,
-    )
-    decoded.batch.timestamps *= per
-    return decoded
 
 
 def header_text(message: str) -> str:

@@ -23,7 +23,6 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.datastructures import Headers
 
-from filopy.ingest_http import remote_write_v1, remote_write_v2
 from filopy.ingest_http.core import (
     ErrorBody,
     Ingestion,
@@ -33,6 +32,7 @@ from filopy.ingest_http.core import (
     WriteResult,
 )
 from ingest.bad_records import Decoded
+from ingest.wire import remote_write_v1, remote_write_v2
 
 PATH = "/ingest/{dataset}/api/v1/write"
 MEDIA_TYPE = "application/x-protobuf"

@@ -512,7 +512,7 @@ def remote_write_bodies(
     """Snappy-compressed remote write 1.0 requests carrying every sample of `series`."""
     import cramjam
 
-    from filopy.ingest_http.prompb.remote_pb2 import WriteRequest
+    from ingest.wire.prompb.remote_pb2 import WriteRequest
 
     req, n = WriteRequest(), 0
     for s in series:

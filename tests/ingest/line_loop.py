@@ -8,8 +8,8 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from ingest import line_protocol
 from ingest.batch import IntKeyedBatch, KeyedBatch, SampleBatch
+from ingest.wire import line_protocol
 
 
 @contextmanager

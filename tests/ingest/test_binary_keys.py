@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from filopy.dataset import Dataset, SpreadSettings
 from ingest.batch import KeyedBatch, SampleBatch
-from ingest.binary_format import decode_binary, encode_binary
 from ingest.memstore import ShardMemstore
+from ingest.wire.binary_format import decode_binary, encode_binary
 
 _text = st.text(st.characters(exclude_characters="\x00", codec="utf-8"), min_size=1, max_size=6)
 _labels = st.dictionaries(_text, _text, max_size=4).map(lambda d: {"_metric_": "m", **d})

@@ -16,9 +16,9 @@ from confluent_kafka.admin import AdminClient
 from filopy.dataset import Dataset, SourceSettings, SpreadOverride, SpreadSettings
 from filopy.hashing import query_shards, shard_for_series, shard_key_hash
 from ingest.batch import SampleBatch
-from ingest.binary_format import decode_binary
 from ingest.gateway import Gateway, GatewayError, GatewayProgress, InvalidSeries
 from ingest.topics import TopicMismatch, TopicMissing, ensure_topic
+from ingest.wire.binary_format import decode_binary
 
 pytestmark = pytest.mark.kafka
 

@@ -21,13 +21,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from filopy.dataset import Dataset, LabelLimits
-from filopy.ingest_http import remote_write_v1
-from filopy.ingest_http.prompb.remote_pb2 import WriteRequest
-from ingest import line_protocol
 from ingest.bad_records import Decoded
 from ingest.batch import SampleBatch
 from ingest.gateway import Gateway, KeyedBatch
-from ingest.line_protocol import decode_influx
+from ingest.wire import line_protocol, remote_write_v1
+from ingest.wire.line_protocol import decode_influx
+from ingest.wire.prompb.remote_pb2 import WriteRequest
 from tests.ingest.test_gateway import _consume_all, dataset  # noqa: F401 - the fixture
 
 T0 = 1_700_000_000_000

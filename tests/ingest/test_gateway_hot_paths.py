@@ -27,16 +27,15 @@ from hypothesis import strategies as st
 
 from filopy.dataset import Dataset, LabelLimits, SourceSettings
 from filopy.hashing import shard_for_series
-from filopy.ingest_http import remote_write_v1
-from filopy.ingest_http.influx import decode_lines
-from filopy.ingest_http.prompb.remote_pb2 import WriteRequest
-from ingest import byte_table, gateway, line_protocol
+from ingest import byte_table, gateway
 from ingest.bad_records import Decoded
 from ingest.batch import SampleBatch
-from ingest.binary_format import decode_binary, encode_binary_parts, encode_labels
 from ingest.byte_table import padded
 from ingest.gateway import Gateway, IntKeyedBatch, KeyedBatch, new_series_key
-from ingest.line_protocol import decode_influx
+from ingest.wire import line_protocol, remote_write_v1
+from ingest.wire.binary_format import decode_binary, encode_binary_parts, encode_labels
+from ingest.wire.line_protocol import decode_influx, decode_lines
+from ingest.wire.prompb.remote_pb2 import WriteRequest
 from tests.ingest.line_loop import keyed_alike, line_loop_only
 from tests.ingest.test_byte_table import collisions  # noqa: F401 - the fixture
 from tests.ingest.threads import in_threads

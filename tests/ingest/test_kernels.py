@@ -15,12 +15,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from numba.core.caching import CacheImpl
 
-from filopy.ingest_http import remote_write_v1
-from filopy.ingest_http.prompb.remote_pb2 import WriteRequest
-from ingest import gateway, line_protocol
-from ingest.binary_format import encode_bodies, encode_checked, finish
+from ingest import gateway
 from ingest.byte_table import PAD, padded
 from ingest.jit import kernel, warm
+from ingest.wire import line_protocol, remote_write_v1
+from ingest.wire.binary_format import encode_bodies, encode_checked, finish
+from ingest.wire.prompb.remote_pb2 import WriteRequest
 from tests.ingest.test_gateway_hot_paths import T0, steady_requests
 
 

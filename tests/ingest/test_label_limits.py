@@ -32,12 +32,12 @@ from filopy.store.api import ChunkRecord, encode_part_key
 from filopy.store.cassandra import open_cassandra_stores
 from ingest.bad_records import BadRecord, Decoded, series_problem
 from ingest.batch import SampleBatch
-from ingest.binary_format import HEADER, MAGIC, decode_binary, encode_binary
 from ingest.ingester import KafkaShardIngester
-from ingest.line_protocol import decode_influx
 from ingest.memstore import ShardMemstore
 from ingest.records import decoder_for
 from ingest.topics import ensure_topic
+from ingest.wire.binary_format import HEADER, MAGIC, decode_binary, encode_binary
+from ingest.wire.line_protocol import decode_influx
 
 T0 = 1_700_000_000_000
 NS = 1_000_000

@@ -17,11 +17,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from filopy.dataset import LabelLimits
-from filopy.ingest_http.influx import decode_lines
-from ingest import byte_table, line_protocol
+from ingest import byte_table
 from ingest.bad_records import Decoded
 from ingest.gateway import KeyedBatch
-from ingest.line_protocol import decode_influx
+from ingest.wire import line_protocol
+from ingest.wire.line_protocol import decode_influx, decode_lines
 from tests.ingest.line_loop import keyed_alike, line_loop_only
 from tests.ingest.threads import in_threads
 

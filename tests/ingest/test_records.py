@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from filopy.dataset import Dataset, RecordFormat, SourceSettings
 from ingest.bad_records import MAX_TIMESTAMP_MS
 from ingest.batch import SampleBatch
-from ingest.binary_format import (
+from ingest.records import decoder_for
+from ingest.wire.binary_format import (
     HEADER,
     RecordEncodeError,
     decode_binary,
@@ -21,8 +22,7 @@ from ingest.binary_format import (
     encode_binary_parts,
     encode_labels,
 )
-from ingest.line_protocol import decode_influx
-from ingest.records import decoder_for
+from ingest.wire.line_protocol import decode_influx
 
 INT64 = (-(1 << 63), (1 << 63) - 1)
 T0 = 1_700_000_000_000

@@ -28,7 +28,7 @@ from filopy.config import Settings
 from filopy.dataset import Dataset
 from filopy.rest import create_app
 from ingest.batch import SampleBatch
-from ingest.binary_format import decode_binary
+from ingest.wire.binary_format import decode_binary
 from tests.runtime.conftest import FiloPyCluster, cluster_settings
 
 

@@ -17,8 +17,8 @@ from filopy.dataset import Dataset, SourceSettings
 from filopy.ingest_http import Ingestion
 from filopy.ingest_http.app import serve_ingestion
 from filopy.ingest_http.core import DEFAULT_SETTINGS
-from ingest.binary_format import HEADER, decode_binary
 from ingest.topics import ensure_topic
+from ingest.wire.binary_format import HEADER, decode_binary
 from tests.ingest.test_gateway import _consume_all
 from tests.rest.conftest import ServerThread
 

@@ -19,8 +19,8 @@ from filopy.dataset import Dataset, SourceSettings
 from filopy.ingest_http import Ingestion, ingest_router
 from filopy.ingest_http.app import DirectWrites, serve_ingestion
 from filopy.ingest_http.core import DEFAULT_SETTINGS
-from filopy.ingest_http.prompb.remote_pb2 import WriteRequest
 from ingest.topics import ensure_topic
+from ingest.wire.prompb.remote_pb2 import WriteRequest
 from tests.rest.conftest import ServerThread
 
 pytestmark = [pytest.mark.kafka]

@@ -29,7 +29,7 @@ from filopy import Dataset
 from filopy.dataset import SourceSettings
 from filopy.ingest_http import Ingestion, create_gateway_app, ingest_router
 from filopy.ingest_http.core import DEFAULT_SETTINGS
-from filopy.ingest_http.prompb.remote_pb2 import WriteRequest
+from ingest.wire.prompb.remote_pb2 import WriteRequest
 from tests.rest.conftest import Rest, ServerThread, start_rest
 from tests.rest.test_cluster import all_active
 from tests.runtime.conftest import cluster_settings

@@ -43,13 +43,15 @@ from prometheus_client import Counter as PromCounter
 
 from filopy import Dataset
 from filopy.dataset import LabelLimits, SourceSettings
-from filopy.ingest_http import Ingestion, create_gateway_app, ingest_router, remote_write_v2
-from filopy.ingest_http.core import DEFAULT_SETTINGS, Refused
-from filopy.ingest_http.prompb.remote_pb2 import WriteRequest
-from filopy.ingest_http.prompb.write_v2_pb2 import Request
+from filopy.errors import Invalid
+from filopy.ingest_http import Ingestion, create_gateway_app, ingest_router
+from filopy.ingest_http.core import DEFAULT_SETTINGS
 from filopy.store import open_stores
-from ingest.gateway import KeyedBatch
+from ingest.batch import KeyedBatch
 from ingest.topics import ensure_topic
+from ingest.wire import remote_write_v2
+from ingest.wire.prompb.remote_pb2 import WriteRequest
+from ingest.wire.prompb.write_v2_pb2 import Request
 from tests.rest.conftest import Rest, ServerThread, start_rest, topic_batches
 from tests.rest.test_remote_write import free_port, held_counts, new_dataset
 from tests.rest.test_remote_write_kafka_outage import _settings
@@ -392,8 +394,8 @@ def _outcome(raw: bytes, column: str, how: str) -> Any:
             d = fast
         else:
             d = remote_write_v2.decode(raw, column, LIMITS)
-    except Refused as e:
-        return ("refused", e.status, e.message)
+    except Invalid as e:
+        return ("refused", str(e))
     b = d.decoded.batch
     return (
         b.series,

@@ -9,8 +9,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 
 from filopy.dataset import LabelLimits
-from filopy.ingest_http.otlp import NO_RECORDED_VALUE, decode
 from filopy.staleness import STALE_NAN_BITS, is_stale
+from ingest.wire.otlp import NO_RECORDED_VALUE, decode
 
 T_NS = 1_700_000_000_000_000_000
 

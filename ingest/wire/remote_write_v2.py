@@ -28,13 +28,12 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
 from filopy.dataset import LabelLimits
+from filopy.errors import Invalid
 from filopy.hashing import PROMETHEUS_METRIC_LABEL
-from filopy.ingest_http.core import Refused, show_labels
-from filopy.ingest_http.prompb.write_v2_pb2 import Request
-from filopy.ingest_http.remote_write_v1 import UNSUPPORTED
-from ingest.bad_records import Decoded, series_problem
-from ingest.batch import Labels, SampleBatch
-from ingest.gateway import KeyedBatch, new_series_key
+from ingest.bad_records import Decoded, series_problem, show_labels
+from ingest.batch import KeyedBatch, Labels, SampleBatch, new_series_key
+from ingest.wire.prompb.write_v2_pb2 import Request
+from ingest.wire.remote_write_v1 import UNSUPPORTED
 
 _timestamp = attrgetter("timestamp")
 _value = attrgetter("value")
@@ -51,21 +50,17 @@ class DecodedV2:
     first_exemplar_refused: str | None = None
 
 
-def _bad(message: str) -> Refused:
-    return Refused(400, "bad_data", message)
-
-
 def parse(raw: bytes) -> Request:
-    """The protobuf message, or `Refused` (400). A non-empty body that holds none of the 2.0
+    """The protobuf message, or `Invalid`. A non-empty body that holds none of the 2.0
     fields is most likely a 1.0 `prometheus.WriteRequest` (whose fields 2.0 reserves) sent with
     the 2.0 Content-Type: refused rather than answered "0 written" with a 2xx."""
     request = Request()
     try:
         request.ParseFromString(raw)
     except DecodeError as e:
-        raise _bad(f"the body is not a protobuf io.prometheus.write.v2.Request: {e}") from None
+        raise Invalid(f"the body is not a protobuf io.prometheus.write.v2.Request: {e}") from None
     if raw and not request.symbols and not request.timeseries:
-        raise _bad(
+        raise Invalid(
             "the body holds no io.prometheus.write.v2.Request field (a prometheus.WriteRequest "
             "of remote write 1.0? then send Content-Type: application/x-protobuf)"
         )
@@ -76,9 +71,9 @@ def _check_refs(refs: Sequence[int], n_symbols: int, what: str) -> None:
     """Label refs come in name-value pairs, each pointing into the symbol table."""
     n = len(refs)
     if n % 2:
-        raise _bad(f"{what}: {n} label refs, not name-value pairs")
+        raise Invalid(f"{what}: {n} label refs, not name-value pairs")
     if n and max(refs) >= n_symbols:
-        raise _bad(
+        raise Invalid(
             f"{what}: label ref {max(refs)} is outside the symbol table ({n_symbols} symbols)"
         )
 
@@ -89,7 +84,7 @@ def to_batch(request: Request, metric_column: str, limits: LabelLimits) -> Decod
     symbols = list(request.symbols)
     n_symbols = len(symbols)
     if symbols and symbols[0]:
-        raise _bad(f"the symbol table must start with the empty string, not {symbols[0][:40]!r}")
+        raise Invalid(f"the symbol table must start with the empty string, not {symbols[0][:40]!r}")
     # Label names through `names` (`__name__` renamed in place), values through `symbols`.
     names = [metric_column if s == PROMETHEUS_METRIC_LABEL else s for s in symbols]
     name_of, value_of = names.__getitem__, symbols.__getitem__
@@ -106,7 +101,7 @@ def to_batch(request: Request, metric_column: str, limits: LabelLimits) -> Decod
         for i, ts in enumerate(request.timeseries):
             refs = ts.labels_refs
             if len(refs) % 2:
-                raise _bad(f"timeseries {i}: {len(refs)} label refs, not name-value pairs")
+                raise Invalid(f"timeseries {i}: {len(refs)} label refs, not name-value pairs")
             # An IndexError for a ref outside the table; an even count, checked.
             labels = dict(zip(map(name_of, refs[0::2]), map(value_of, refs[1::2]), strict=False))
             if ts.HasField("metadata"):
@@ -133,7 +128,7 @@ def to_batch(request: Request, metric_column: str, limits: LabelLimits) -> Decod
                         f"{problem[1]}; series {show_labels(_shown(labels, metric_column))}"
                     )
     except IndexError:
-        raise _bad(
+        raise Invalid(
             f"timeseries {i}: a label or metadata ref is outside the symbol table "
             f"({n_symbols} symbols)"
         ) from None

@@ -881,6 +881,36 @@ def decode_influx(
     return _decoded(b, div, mul, metric_column, limits)
 
 
+_SECONDS_PER = {"m": 60, "h": 3600}  # precisions coarser than a second
+
+
+def decode_lines(
+    body: bytes,
+    received_ms: int,
+    metric_column: str,
+    precision: str,
+    limits: LabelLimits,
+) -> Decoded:
+    """Line protocol with timestamps in `precision` (ns, us, ms, s, m or h) as a batch in
+    milliseconds; lines without one get `received_ms` truncated to the precision (InfluxDB's
+    `SetPrecision`). Minutes and hours are decoded as seconds and scaled, with the timestamp
+    range and the default scaled to match, so `decode_influx` needs no unit of its own."""
+    per = _SECONDS_PER.get(precision)
+    if per is None:
+        return decode_influx(body, received_ms, metric_column, precision, limits=limits)
+    lo, hi = DEFAULT_TS_RANGE
+    decoded = decode_influx(
+        body,
+        received_ms // per,  # -> received_ms // (per * 1000) as a default in seconds
+        metric_column,
+        "s",
+        ts_range=(-(-lo // per), hi // per),
+        limits=limits,
+    )
+    decoded.batch.timestamps *= per
+    return decoded
+
+
 def _decoded(
     b: _InfluxBuilder, div: int, mul: int, metric_column: str, limits: LabelLimits
 ) -> Decoded:

@@ -26,14 +26,13 @@ import numpy as np
 import numpy.typing as npt
 from google.protobuf.message import DecodeError
 
+from filopy.errors import Invalid
 from filopy.hashing import PROMETHEUS_METRIC_LABEL
-from filopy.ingest_http.core import Refused, show_labels
-from filopy.ingest_http.prompb.remote_pb2 import TimeSeries, WriteRequest
-from ingest.bad_records import Decoded
-from ingest.batch import Labels, SampleBatch
+from ingest.bad_records import Decoded, show_labels
+from ingest.batch import IntKeyedBatch, Labels, SampleBatch, new_series_key
 from ingest.byte_table import PAD, ByteTable, padded
-from ingest.gateway import IntKeyedBatch, new_series_key
 from ingest.jit import kernel, warms
+from ingest.wire.prompb.remote_pb2 import TimeSeries, WriteRequest
 
 UNSUPPORTED = "unsupported"  # a refusal reason: samples of a kind FiloPy cannot store
 
@@ -59,14 +58,12 @@ def _table(metric_column: str) -> ByteTable:
 
 
 def parse(raw: bytes) -> WriteRequest:
-    """The protobuf message, or `Refused` (400)."""
+    """The protobuf message, or `Invalid`."""
     request = WriteRequest()
     try:
         request.ParseFromString(raw)
     except DecodeError as e:
-        raise Refused(
-            400, "bad_data", f"the body is not a protobuf prometheus.WriteRequest: {e}"
-        ) from None
+        raise Invalid(f"the body is not a protobuf prometheus.WriteRequest: {e}") from None
     return request
 
 
