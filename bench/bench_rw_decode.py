@@ -29,8 +29,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from filopy.dataset import Dataset  # noqa: E402
-from filopy.ingest_http import remote_write_v1  # noqa: E402
 from ingest.gateway import Gateway  # noqa: E402
+from ingest.wire import remote_write_v1  # noqa: E402
 from ingest.wire.prompb.remote_pb2 import WriteRequest  # noqa: E402
 
 SAMPLES_PER_REQUEST = 2_000

@@ -8,7 +8,7 @@ Exemplars are validated and counted as written when their series is valid (the s
 timestamps are read and dropped. A reference outside the symbol table, an odd number of label
 refs or a symbol table not starting with "" make the whole request invalid (400, nothing written).
 
-Requests of the shape Prometheus sends take a vectorized path (`decode_fast`, below: no Python
+Requests of the shape Prometheus sends take one fast path (`decode_fast`, below: no Python
 object per series or sample, labels cached across requests); any other goes through the full upb
 parse (`to_batch`: per-series Python work once per series, samples gathered into NumPy arrays in
 one pass each), which has the last word on errors.
@@ -33,6 +33,7 @@ from filopy.hashing import PROMETHEUS_METRIC_LABEL
 from ingest.bad_records import Decoded, series_problem, show_labels
 from ingest.batch import KeyedBatch, Labels, SampleBatch, new_series_key
 from ingest.wire.prompb.write_v2_pb2 import Request
+from ingest.wire.protobuf import walk_v2
 from ingest.wire.remote_write_v1 import UNSUPPORTED
 
 _timestamp = attrgetter("timestamp")
@@ -167,24 +168,18 @@ def decode(raw: bytes, metric_column: str, limits: LabelLimits) -> DecodedV2:
     return fast if fast is not None else to_batch(parse(raw), metric_column, limits)
 
 
-# ----- the vectorized path ----------------------------------------------------------------------
+# ----- the fast path ---------------------------------------------------------------------------
 #
 # What Prometheus sends (each series: packed label refs, float samples `value, timestamp
 # [, start_timestamp]`, its metadata, nothing else) is decoded without a Python object per series
-# or per sample: upb splits the body into the symbol table and each series' bytes, NumPy walks
-# the fields of all series at once, and each series' labels are looked up in a cache by the
-# series' label refs translated to process-wide symbol ids, so a series seen before costs a
-# bytes slice and a dict lookup. Anything else (histograms, exemplars, unpacked refs, fields out
-# of order, anything in doubt) returns None and the full upb parse decides, with its messages.
+# or per sample: upb splits the body into the symbol table and each series' bytes, the shared
+# protobuf walker (`ingest.wire.protobuf`, compiled) reads every series' refs and samples, and
+# each series' labels are looked up in a cache by the series' label refs translated to
+# process-wide symbol ids, so a series seen before costs a bytes slice and a dict lookup.
+# Anything else (histograms, exemplars, unpacked refs, fields out of order, anything in doubt)
+# returns None and the full upb parse decides, with its messages.
 
-_MAX_SAMPLES = 64  # more samples on a series (a long catch-up): the full parser decides
-_PAD = 16  # zero bytes after the series, so the widest varint read never leaves the buffer
-_REFS_TAG, _SAMPLES_TAG, _METADATA_TAG, _CREATED_TAG = 0x0A, 0x12, 0x2A, 0x30
-_VALUE_TAG, _TIMESTAMP_TAG, _START_TAG = 0x09, 0x10, 0x18  # Sample fields 1, 2, 3
-_TYPE_TAG, _HELP_TAG, _UNIT_TAG = 0x08, 0x18, 0x20  # Metadata fields 1, 3, 4
 LABEL_CACHE_SIZE = 1_000_000  # series whose label dicts are kept, per metric column
-_SIX = np.arange(6)
-_SHIFT6 = 7 * np.arange(6, dtype=np.uint64)
 
 
 def _split_message() -> type:
@@ -213,81 +208,9 @@ _next_symbol_id = itertools.count(1)
 _label_cache: dict[str, dict[bytes, tuple[Labels, int]]] = {}
 
 
-def _varints(
-    buf: npt.NDArray[np.uint8], at: npt.NDArray[np.int64], width: int
-) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]] | None:
-    """The varints starting at `at` (at most `width` bytes each) and their sizes; None if one is
-    longer (or a 10-byte varint overflows 64 bits)."""
-    if width == 10:  # timestamps: milliseconds from 1971 to 2109 take 6 bytes
-        b = buf.take(at[:, None] + _SIX, mode="clip")
-        if (b[:, 5] < 0x80).all() and (b[:, :5] >= 0x80).all():
-            value = ((b & 0x7F).astype(np.uint64) << _SHIFT6).sum(axis=1, dtype=np.uint64)
-            return value, np.full(len(at), 6, np.int64)
-    b = buf.take(at[:, None] + np.arange(width), mode="clip")
-    ends = b < 0x80
-    if not ends.any(axis=1).all():
-        return None
-    size = ends.argmax(axis=1) + 1
-    if width == 10 and (b[size == 10, 9] > 1).any():
-        return None
-    used = np.arange(width) < size[:, None]
-    digits = np.where(used, b & 0x7F, 0).astype(np.uint64) << (
-        7 * np.arange(width, dtype=np.uint64)
-    )
-    return np.bitwise_or.reduce(digits, axis=1), size
-
-
-def _optional_varint(
-    buf: npt.NDArray[np.uint8],
-    q: npt.NDArray[np.int64],
-    end: npt.NDArray[np.int64],
-    tag: int,
-    width: int,
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint64]] | None:
-    """Where each position is after an optional varint field `tag` (and the values, 0 where
-    absent); None if one is malformed."""
-    values = np.zeros(len(q), np.uint64)
-    has = np.flatnonzero((q < end) & (buf.take(q, mode="clip") == tag))
-    if len(has):
-        got = _varints(buf, q[has] + 1, width)
-        if got is None:
-            return None
-        values[has] = got[0]
-        q = q.copy()
-        q[has] += 1 + got[1]
-    return q, values
-
-
-def _flat_varints(
-    buf: npt.NDArray[np.uint8], starts: npt.NDArray[np.int64], ends: npt.NDArray[np.int64]
-) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]] | None:
-    """Every varint of the packed fields `buf[starts[i]:ends[i]]`, and how many each holds;
-    None if one is cut or over 5 bytes (refs are uint32)."""
-    lengths = ends - starts
-    total = int(lengths.sum())
-    counts = np.zeros(len(starts), np.int64)
-    if not total:
-        return np.empty(0, np.uint64), counts
-    nonempty = np.flatnonzero(lengths)
-    offsets = np.cumsum(lengths[nonempty]) - lengths[nonempty]  # in the gathered bytes
-    index = np.arange(total) + np.repeat(starts[nonempty] - offsets, lengths[nonempty])
-    b = buf[index]
-    last = b < 0x80
-    if not last[offsets + lengths[nonempty] - 1].all():
-        return None  # a varint runs past its field
-    first = np.flatnonzero(np.concatenate(([True], last[:-1])))
-    shift = np.arange(total) - np.repeat(first, np.diff(np.append(first, total)))
-    if shift.max() > 4:
-        return None
-    digits = (b & 0x7F).astype(np.uint64) << (7 * shift).astype(np.uint64)
-    values = np.add.reduceat(digits, first)
-    counts[nonempty] = np.add.reduceat(last.astype(np.int64), offsets)
-    return values, counts
-
-
 def decode_fast(raw: bytes, metric_column: str) -> DecodedV2 | None:
-    """The batch `to_batch(parse(raw))` gives (as a `KeyedBatch`), vectorized; None if the body
-    is not of the common shape or anything about it is in doubt."""
+    """The batch `to_batch(parse(raw))` gives (as a `KeyedBatch`), without a Python object per
+    sample; None if the body is not of the common shape or anything about it is in doubt."""
     try:
         split = _RequestSplit.FromString(raw)
     except DecodeError:
@@ -300,105 +223,24 @@ def decode_fast(raw: bytes, metric_column: str) -> DecodedV2 | None:
     lens = np.fromiter(map(len, parts), np.int64, n)
     ends = np.cumsum(lens)
     starts = ends - lens
-    buf = np.frombuffer(b"".join(parts) + bytes(_PAD), np.uint8)
-    # Label refs: one packed field at the start of each series (none for a label-less series).
-    pos = starts.copy()
-    refs_start = refs_end = starts  # empty ranges (never written to)
-    has = np.flatnonzero((lens > 0) & (buf.take(starts, mode="clip") == _REFS_TAG))
-    if len(has):
-        got = _varints(buf, starts[has] + 1, 3)
-        if got is None:
-            return None
-        refs_start = pos.copy()
-        refs_start[has] = starts[has] + 1 + got[1]
-        refs_end = refs_start.copy()
-        refs_end[has] += got[0].astype(np.int64)
-        if (refs_end > ends).any():
-            return None
-        pos = refs_end.copy()
-    # Samples: a round per sample of the longest series.
-    rounds_series: list[npt.NDArray[np.int64]] = []
-    rounds_ts: list[npt.NDArray[np.int64]] = []
-    rounds_val: list[npt.NDArray[np.float64]] = []
-    act = np.arange(n)
-    for _ in range(_MAX_SAMPLES + 1):
-        p = pos[act]
-        more = (p < ends[act]) & (buf.take(p, mode="clip") == _SAMPLES_TAG)
-        if not more.all():
-            act, p = act[more], p[more]
-            if not len(act):
-                break
-        length = buf.take(p + 1, mode="clip")
-        if (length & 0x80).any():
-            return None  # a long sample
-        q = p + 2
-        inner_end = q + length
-        if (inner_end > ends[act]).any():
-            return None
-        values = np.zeros(len(act), np.float64)
-        hit = np.flatnonzero((q < inner_end) & (buf.take(q, mode="clip") == _VALUE_TAG))
-        if len(hit):
-            at = (q[hit] + 1)[:, None] + np.arange(8)
-            values[hit] = buf.take(at, mode="clip").view("<f8").ravel()
-            q[hit] += 9
-        got_ts = _optional_varint(buf, q, inner_end, _TIMESTAMP_TAG, 10)
-        if got_ts is None:
-            return None
-        got_start = _optional_varint(buf, got_ts[0], inner_end, _START_TAG, 10)
-        if got_start is None or (got_start[0] != inner_end).any():
-            return None  # fields out of order, repeated or unknown: the full parser decides
-        rounds_series.append(act)
-        rounds_ts.append(got_ts[1].view(np.int64))
-        rounds_val.append(values)
-        pos[act] = inner_end
-    else:
+    buf = np.frombuffer(b"".join(parts), np.uint8)
+    ok, counts, stamps, bits, refs, n_refs = walk_v2(buf, starts, ends, len(symbols))
+    if not ok:
         return None
-    # Metadata (type, help and unit refs), then an old sender's created_timestamp; then the end.
-    has = np.flatnonzero((pos < ends) & (buf.take(pos, mode="clip") == _METADATA_TAG))
-    if len(has):
-        length = buf.take(pos[has] + 1, mode="clip").astype(np.int64)
-        if (length & 0x80).any():
-            return None
-        q = pos[has] + 2
-        inner_end = q + length
-        refs_ok = True
-        for tag in (_TYPE_TAG, _HELP_TAG, _UNIT_TAG):
-            got = _optional_varint(buf, q, inner_end, tag, 5)
-            if got is None:
-                return None
-            q, values = got
-            refs_ok = refs_ok and (tag == _TYPE_TAG or int(values.max()) < len(symbols))
-        if not refs_ok or (q != inner_end).any():
-            return None
-        pos[has] = inner_end
-    got = _optional_varint(buf, pos, ends, _CREATED_TAG, 10)
-    if got is None or (got[0] != ends).any():
-        return None  # histograms, exemplars, or anything else: the full parser decides
-    flat = _flat_varints(buf, refs_start, refs_end)
-    if flat is None:
-        return None
-    refs, n_refs = flat
-    if (n_refs % 2).any() or (len(refs) and int(refs.max()) >= len(symbols)):
-        return None
-    if not rounds_series:
+    if not len(stamps):
         return DecodedV2(Decoded(SampleBatch.empty()))
-    entries = _labels_of(symbols, refs.astype(np.int64), n_refs, metric_column)
-    owner = np.concatenate(rounds_series)
-    timestamps = np.concatenate(rounds_ts)
-    values = np.concatenate(rounds_val)
-    if len(rounds_series) > 1:  # samples of a series together, in their order
-        order = np.argsort(owner, kind="stable")
-        owner, timestamps, values = owner[order], timestamps[order], values[order]
-    with_samples = np.zeros(n, bool)
-    with_samples[owner] = True
-    kept = np.flatnonzero(with_samples)
-    if len(kept) == n:
-        series_idx = owner.astype(np.int32)
+    entries = _labels_of(symbols, refs, n_refs, metric_column)
+    if len(stamps) == n and (counts == 1).all():  # one sample a series: the steady state
+        series_idx = np.arange(n, dtype=np.int32)
     else:  # series without samples are left out, as `to_batch` does
-        series_idx = (np.cumsum(with_samples) - 1)[owner].astype(np.int32)
-        entries = [entries[i] for i in kept.tolist()]
+        kept = np.flatnonzero(counts)
+        series_idx = np.repeat(np.arange(len(kept), dtype=np.int32), counts[kept])
+        if len(kept) < n:
+            entries = [entries[i] for i in kept.tolist()]
     series, keys = zip(*entries, strict=True)
-    batch = KeyedBatch(list(series), series_idx, timestamps, values, keys=list(keys))
+    batch = KeyedBatch(
+        list(series), series_idx, stamps.view(np.int64), bits.view(np.float64), keys=list(keys)
+    )
     return DecodedV2(Decoded(batch))
 
 

@@ -106,7 +106,7 @@ def test_corrupt_bodies_are_left_to_the_full_parser(req: WriteRequest, data: st.
         _same(fast, full)
 
 
-def test_unusual_encodings_are_left_to_the_full_parser() -> None:
+def test_unusual_encodings_are_read_as_the_full_parser_reads_them() -> None:
     labels = b"\x0a\x0c\x0a\x08__name__\x12\x00"  # an explicit empty value: valid, not canonical
     sample = b"\x12\x0b\x09" + struct.pack("<d", 1.5) + b"\x10\x01"
     series = labels + sample
@@ -122,7 +122,9 @@ def test_unusual_encodings_are_left_to_the_full_parser() -> None:
     _same(remote_write_v1.decode(raw, "_metric_"), _full(raw))
     series = labels + sample
     padded = b"\x0a" + bytes([0x80 | len(series), 0x00]) + series  # a two-byte length varint
-    assert remote_write_v1.decode_fast(padded, "_metric_") is None
+    fast = remote_write_v1.decode_fast(padded, "_metric_")
+    assert fast is not None  # read as upb reads it
+    _same(fast, _full(raw.replace(swapped, sample)))
     _same(remote_write_v1.decode(padded, "_metric_"), _full(raw.replace(swapped, sample)))
     with pytest.raises(DecodeError):
         WriteRequest.FromString(b"\x0a\x05\x0a\x03\x0a\x01\xff")  # not UTF-8

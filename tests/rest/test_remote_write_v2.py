@@ -447,14 +447,13 @@ def test_the_vectorized_decoder_reads_long_label_lists_and_many_samples() -> Non
     shapes = [
         [base | {"labels": wide, "samples": [(T0, 1.0, 0)]}],
         [base | {"labels": {"__name__": "many"}, "samples": many[:64]}],
-        [base | {"labels": {"__name__": "many"}, "samples": many}],  # over the rounds: full parse
+        [base | {"labels": {"__name__": "many"}, "samples": many}],
     ]
     for series in shapes:
         raw = _raw_request(series)
         assert _outcome(raw, "_metric_", "either") == _outcome(raw, "_metric_", "full")
-    assert _outcome(_raw_request(shapes[0]), "_metric_", "fast") is not None
-    assert _outcome(_raw_request(shapes[1]), "_metric_", "fast") is not None
-    assert _outcome(_raw_request(shapes[2]), "_metric_", "fast") is None
+    for series in shapes:  # the walker has no limit on labels or samples
+        assert _outcome(_raw_request(series), "_metric_", "fast") is not None
 
 
 @given(st.binary(max_size=200), st.integers(0, 400))
