@@ -1,21 +1,18 @@
 """Influx line protocol records: decoding a message of lines into samples.
 
-Plain lines take a split-based fast path written as one loop, since per-line Python overhead is
-the whole cost; lines with escapes or quoted strings (and any line the fast path doubts) go to
-the maintained C parser `line_protocol_parser`, which has the last word. The dataset's contract
-on series is checked as for every format (`ingest.bad_records`).
+The reference is the maintained C parser `line_protocol_parser`, one line at a time
+(`_decode_lines`), which has the last word. The dataset's contract on series is checked as for
+every format (`ingest.bad_records`). Series repeat from one message to the next (each a
+scrape), so what is learnt about a series key text (its measurement and tags, as the parser
+reads them) and about each of its fields (the labels, the contract check, a `KeyedBatch` key
+for the gateway) is kept across messages, bounded by `CACHE_SIZE`.
 
-Series repeat from one message to the next (each a scrape), so what the fast path learns about a
-series key text (its measurement and tags) and about each of its fields (the labels, the contract
-check, a `KeyedBatch` key for the gateway) is kept across messages, bounded by `CACHE_SIZE`:
-a known series costs the line's split and a few dict lookups.
-
-Whole messages of one-field lines (`key name=float timestamp`, as scrapes are sent) skip the
-per-line loop: `_decode_columns` works on the message's bytes in compiled kernels without the
-GIL (`ingest.jit`: lines framed, timestamps and plain decimal values read from the bytes, series
-key texts found in a hash table, `_SeriesTable`) and NumPy, `_decode_bulk` on its text with
-whole-message string operations. Each steps aside at the first doubt, and the loop decides;
-every message decodes as the loop decodes it.
+One fast path: whole messages of one-field lines (`key name=float timestamp`, as scrapes are
+sent) skip the per-line parse. `_decode_columns` works on the message's bytes in compiled
+kernels without the GIL (`ingest.jit`: lines framed, timestamps and plain decimal values read
+from the bytes, series key texts found in a hash table, `_SeriesTable`) and NumPy. It steps
+aside at the first doubt, and the reference decides; every message decodes as the reference
+decodes it (tests/ingest/test_line_protocol_columns.py).
 """
 
 from __future__ import annotations
@@ -23,7 +20,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Hashable, Sequence
 from operator import itemgetter
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 from line_protocol_parser import LineFormatError, parse_line
@@ -52,9 +49,8 @@ _TS_UNITS_PER_MS: dict[str, tuple[int, int]] = {
     "ms": (1, 1),
     "s": (1, 1_000),
 }
-_BOOLEANS = frozenset({"t", "T", "true", "True", "TRUE", "f", "F", "false", "False", "FALSE"})
 _FLOAT_CHARS = "0123456789.eE-"
-_INT64_MIN, _INT64_MAX, _UINT64_MAX = -(1 << 63), (1 << 63) - 1, (1 << 64) - 1
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _FLOAT_MIN, _FLOAT_MAX = sys.float_info.min, sys.float_info.max  # normal float64 range
 VALUE_FIELD = "value"  # a field of this name maps to the bare measurement name
 
@@ -63,17 +59,17 @@ def _nonzero_mantissa(v: str) -> bool:
     return bool(v.lower().partition("e")[0].strip("0.-"))
 
 
-def _floats_as_the_loop_reads(texts: Sequence[str] | Sequence[bytes]) -> list[float] | None:
-    """`float()` of each field value, or None if the line loop would not take them all: a
+def _floats_as_parsed(texts: Sequence[str] | Sequence[bytes]) -> list[float] | None:
+    """`float()` of each field value, or None unless that is surely what the parser reads: a
     value that is no number, or a non-zero one outside float64's normal range (an underflow to
-    zero such as "1e-400", or a subnormal), which the loop treats apart."""
+    zero such as "1e-400", or a subnormal), which the parser may read otherwise."""
     try:
         vals = list(map(float, texts))
     except ValueError:
         return None
     x = np.abs(np.array(vals, np.float64))
     normal = (x >= _FLOAT_MIN) & (x <= _FLOAT_MAX)
-    if not normal.all():  # zeros pass unless they are underflows ("1e-400"): as the loop says
+    if not normal.all():  # zeros pass unless they are underflows ("1e-400")
         zeros = np.flatnonzero(x == 0).tolist()
         if len(zeros) != int((~normal).sum()) or any(
             _nonzero_mantissa(t.decode() if isinstance(t, bytes) else t)
@@ -84,7 +80,7 @@ def _floats_as_the_loop_reads(texts: Sequence[str] | Sequence[bytes]) -> list[fl
 
 
 class _Fallback(Exception):
-    """The fast path met something it does not handle; the full parser decides the line."""
+    """The fast path met something it does not handle; the reference decides the message."""
 
 
 # A series' labels for one field, its contract code (0 or SERIES_REASONS index + 1) and its
@@ -93,7 +89,7 @@ _Series = tuple[Labels, int, int]
 # In one message: measurement, tags, field -> series index, and what is known across messages of
 # the series' fields (None for an entry the parser made)
 _Entry = tuple[str, dict[str, str], dict[str, int], dict[str, _Series] | None]
-# A series key text as the fast path parsed it: measurement, tags, canonical form (lines whose
+# A series key text as the parser reads it: measurement, tags, canonical form (lines whose
 # tags come in another order are the same series) and its fields seen so far
 _Template = tuple[str, dict[str, str], str, dict[str, _Series]]
 
@@ -140,7 +136,7 @@ class _InfluxBuilder:
         if templates is None:
             templates = _templates.setdefault((metric_column, limits), {})
         self.templates = templates
-        # raw series key text, and the canonical form (`_canonical`), -> the series' entry
+        # a line's series key text, and the canonical form (`_canonical`), -> the series' entry
         self.cache: dict[str, _Entry] = {}
         self.series: list[Labels] = []
         self.codes: list[int] = []  # per series, aligned with `series`
@@ -151,10 +147,6 @@ class _InfluxBuilder:
         self.vals: list[float] = []
         self.bad: dict[str, int] = {}
         self.first_bad: str | None = None
-
-    def truncate(self, n_series: int) -> None:
-        """Forget the series from index `n_series` on (a line the fast path gave up)."""
-        del self.series[n_series:], self.codes[n_series:], self.keys[n_series:]
 
     def bad_line(self, reason: BadRecord, line: str, n: int = 1, why: str = "") -> None:
         count_bad(self.bad, reason, n)
@@ -169,7 +161,7 @@ class _InfluxBuilder:
         fields: dict[str, _Series] | None = None,
     ) -> _Entry:
         """The series entry shared by every line of this measurement and tag set (`fields`:
-        what the fast path knows of their fields across messages)."""
+        what is known of their fields across messages)."""
         if canonical is None:
             canonical = _canonical(measurement, tags)
         entry = self.cache.get(canonical)
@@ -218,109 +210,30 @@ class _InfluxBuilder:
             self.vals.append(x)
 
 
-_FAST_KEY_CHARS = 65535 // 4  # the parser refuses keys over 65535 bytes: it decides long ones
-
-
-def _template(templates: dict[str, _Template], key: str) -> _Template:
-    """Parse `measurement,k=v,...` without escapes, validated like the parser (once per key
-    text: kept across messages); `_Fallback` if the parser must decide."""
+def _template(b: _InfluxBuilder, key: str, point: dict[str, Any] | None = None) -> _Template:
+    """The template of a series key text (`measurement,tag=value,...`, without escapes, quotes
+    or whitespace): its measurement and tags as the parser reads them (from `point`, a line's
+    parse, or a parse of the key alone), kept across messages; `_Fallback` if the parser does
+    not read it as a series key."""
+    templates = b.templates
     template = templates.get(key)
     if template is None:
-        if len(key) > _FAST_KEY_CHARS:
-            raise _Fallback
-        measurement, *tag_items = key.split(",")
-        if not measurement or "=" in measurement or measurement[0] == "#":
-            raise _Fallback
-        tags: dict[str, str] = {}
-        for item in tag_items:
-            k, _, v = item.partition("=")
-            if not k or not v or "=" in v or k in tags:
+        if point is None:
+            try:
+                point = parse_line(key + " f=0")
+            except (LineFormatError, ValueError, OverflowError):
+                raise _Fallback from None
+            if point is None:  # a comment
                 raise _Fallback
-            tags[k] = v
+        measurement, tags = point["measurement"], point["tags"]
         if len(templates) >= CACHE_SIZE:
             templates.clear()
         template = templates[key] = (measurement, tags, _canonical(measurement, tags), {})
     return template
 
 
-def _fast_entry(b: _InfluxBuilder, key: str) -> _Entry:
-    return b.entry(*_template(b.templates, key))
-
-
-_NOT_FLOAT_CHARS = str.maketrans("", "", _FLOAT_CHARS)
-_canonical_of, _fields_of = itemgetter(2), itemgetter(3)  # of a template
-_field_of = itemgetter(1)  # of a (canonical, field)
+_canonical_of = itemgetter(2)  # of a template
 _labels_of, _code_of, _key_of = itemgetter(0), itemgetter(1), itemgetter(2)  # of a series
-
-
-def _decode_bulk(b: _InfluxBuilder, lines: list[str], lo: int, hi: int) -> bool:
-    """Decode a message of uniform plain lines (`key field=float timestamp`: one field, a
-    non-negative timestamp in range, no escapes or quotes) with whole-message string and NumPy
-    operations, as the fast path would; False (and `b` untouched) for any other message, or if
-    anything about one line is in doubt: the line loop then decides."""
-    if lines and not lines[-1]:
-        lines = lines[:-1]  # a trailing newline
-    n = len(lines)
-    if not n or list(map(str.count, lines, [" "] * n)).count(2) != n:
-        return False
-    tokens = " ".join(lines).split(" ")
-    keys, fields, stamps = tokens[0::3], tokens[1::3], tokens[2::3]
-    # Timestamps: digits only (int() would also take "+1", "1_0", " 1"), within int64 and range.
-    joined = "".join(stamps)
-    if not (joined.isascii() and joined.isdigit()) or "" in stamps:
-        return False
-    if max(map(len, stamps)) > 19:
-        return False
-    ts = list(map(int, stamps))
-    try:
-        t = np.array(ts, np.int64)
-    except OverflowError:
-        return False
-    if int(t.min()) < lo or int(t.max()) > hi:
-        return False
-    # Fields: exactly one `name=value` each, the value made of float characters only.
-    if list(map(str.count, fields, ["="] * n)).count(1) != n or "," in "".join(fields):
-        return False
-    pieces = "=".join(fields).split("=")
-    names, values = pieces[0::2], pieces[1::2]
-    if "" in names or "" in values or "".join(values).translate(_NOT_FLOAT_CHARS):
-        return False
-    vals = _floats_as_the_loop_reads(values)
-    if vals is None:
-        return False
-    templates: list[_Template | None] = list(map(b.templates.get, keys))
-    if None in templates:
-        try:
-            templates = [
-                tp or _template(b.templates, k) for tp, k in zip(templates, keys, strict=True)
-            ]
-        except _Fallback:
-            return False
-    # Series in order of first appearance, as the loop numbers them: (canonical, field).
-    canon = list(map(_canonical_of, templates))
-    same_field = names.count(names[0]) == n
-    series_keys: list[object] = canon if same_field else list(zip(canon, names, strict=True))
-    order = list(dict.fromkeys(series_keys))
-    number = dict(zip(order, range(len(order)), strict=True))
-    first = dict(zip(canon[::-1], templates[::-1], strict=True))  # the loop's entry: the first
-    if same_field:
-        by_series, field_names = list(map(first.__getitem__, order)), [names[0]] * len(order)
-    else:
-        by_series = list(map(first.__getitem__, map(_labels_of, order)))  # item 0: canonical
-        field_names = list(map(_field_of, order))
-    known = list(map(dict.get, map(_fields_of, by_series), field_names))
-    if None in known:
-        known = [
-            s or b.make_series(tp, f)  # type: ignore[arg-type]
-            for s, tp, f in zip(known, by_series, field_names, strict=True)
-        ]
-    b.series.extend(map(_labels_of, known))
-    b.codes.extend(map(_code_of, known))
-    b.keys.extend(map(_key_of, known))
-    b.idx = list(map(number.__getitem__, series_keys))
-    b.ts = ts
-    b.vals = vals
-    return True
 
 
 CACHE_BYTES = 64 << 20  # key bytes kept per metric column, limits and field (`_SeriesTable`)
@@ -412,7 +325,7 @@ def _stamps_of(buf: np.ndarray, line_end: np.ndarray, field_end: np.ndarray) -> 
                 return none
             x = x * np.uint64(10) + np.uint64(d)
         if x > np.uint64(_INT64_MAX):
-            return none  # (the line loop hands these to the parser, which refuses them)
+            return none  # (the parser refuses these)
         t[k] = np.int64(x)
     return t
 
@@ -478,8 +391,8 @@ def _plain_values(
 
 
 def _values(raw: bytes, buf: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray | None:
-    """The field values `raw[start:end]` (non-empty) as the line loop reads them, or None if
-    it would not take them all (`_floats_as_the_loop_reads`). Plain decimals (`-12.5`: digits,
+    """The field values `raw[start:end]` (non-empty) as the parser reads them, or None if
+    it would not take them all (`_floats_as_parsed`). Plain decimals (`-12.5`: digits,
     at most one point, a leading minus) are read by a compiled kernel, exactly (see
     `_VALUE_WIDTH`); the others (exponents, long mantissas) by float(), one at a time."""
     vals, plain = _plain_values(buf, start, end, _POW10_FLOAT)
@@ -489,8 +402,8 @@ def _values(raw: bytes, buf: np.ndarray, start: np.ndarray, end: np.ndarray) -> 
     starts, ends = start.tolist(), end.tolist()
     texts = [raw[starts[i] : ends[i]] for i in others]
     if b"".join(texts).translate(None, _FLOAT_BYTES):
-        return None  # (so no "=" or "," either: one field per line, as the loop needs)
-    read = _floats_as_the_loop_reads(texts)
+        return None  # (so no "=" or "," either: one field per line)
+    read = _floats_as_parsed(texts)
     if read is None:
         return None
     vals[others] = read
@@ -501,10 +414,10 @@ def _decode_columns(b: _InfluxBuilder, raw: bytes, lo: int, hi: int) -> bool:
     """The common message with no Python per line: lines of `key name=value timestamp` with the
     same field name, no escapes, quotes or tabs (the caller checked), timestamps of 1 to 19
     digits. Kernels find the spaces and newlines, read the timestamps and the plain decimal
-    values (others go through float(), as in the line loop) and find each line's series key
+    values (others go through float(): `_floats_as_parsed`) and find each line's series key
     text in a table of known ones (`_SeriesTable.find`). False, with `b` untouched, for any
-    other message or anything in doubt: `_decode_bulk` and then the line loop decide, and every
-    message decodes as the line loop decodes it (hypothesis tests)."""
+    other message or anything in doubt: the reference then decides, and every message decodes
+    as the reference decodes it (hypothesis tests)."""
     if raw[-1:] == b"\n":
         raw = raw[:-1]  # one trailing newline, as the line split drops one empty last line
     if not raw:
@@ -540,9 +453,9 @@ def _decode_columns(b: _InfluxBuilder, raw: bytes, lo: int, hi: int) -> bool:
     except (_Fallback, UnicodeDecodeError):
         return False
     ids = found.ids
-    if found.tags_sorted():
-        # distinct key texts with their tags in order are distinct series (a series' tags in
-        # another order would be another text): the ids number the series
+    if found.canonical():
+        # distinct key texts that are each their series' only spelling (tags in order) are
+        # distinct series: the ids number the series
         in_order = np.sort(ids)
         if (in_order[1:] != in_order[:-1]).all():  # every line its own series (a scrape)
             rows = np.arange(n)
@@ -574,10 +487,10 @@ def _decode_columns(b: _InfluxBuilder, raw: bytes, lo: int, hi: int) -> bool:
 
 
 # What the column path knows of a series key text and field: its `_Series` (labels, contract
-# code, key), whether the text has its tags in sorted order, and the text's template; a
+# code, key), whether the text is its series' only spelling, and the text's template; a
 # `ByteTable` column each.
 _Known = tuple[Labels, int, int, bool, _Template]
-_LABELS, _CODE, _KEY, _TAGS_SORTED, _TEMPLATE = range(5)
+_LABELS, _CODE, _KEY, _CANONICAL, _TEMPLATE = range(5)
 _KNOWN_DTYPES = (object, np.int8, np.int64, bool, object)
 
 
@@ -589,8 +502,8 @@ class _Found(NamedTuple):
     view: TableView
     new: list[_Known]
 
-    def tags_sorted(self) -> bool:
-        return bool(self._per_line(_TAGS_SORTED, slice(None)).all())
+    def canonical(self) -> bool:
+        return bool(self._per_line(_CANONICAL, slice(None)).all())
 
     def templates(self) -> list[_Template]:
         return self._per_line(_TEMPLATE, slice(None)).tolist()
@@ -620,7 +533,7 @@ class _Found(NamedTuple):
 
 class _SeriesTable:
     """The series key texts of one metric column, limits and field that the column path has
-    met, to find every line's text at once (`ByteTable`), and per entry what the line loop
+    met, to find every line's text at once (`ByteTable`), and per entry what the reference
     gives the series (`_Known`). Bounded: emptied when its texts' bytes reach CACHE_BYTES, or
     their count CACHE_SIZE."""
 
@@ -639,7 +552,7 @@ class _SeriesTable:
             table.clear()
         length = end - start
         if int(length.min()) < 1:
-            raise _Fallback  # an empty key text: the line loop decides
+            raise _Fallback  # an empty key text: the reference decides
         found = table.find(padded(raw), raw, start, length)
         ids, view = found.ids, found.view
         new: list[_Known] = []  # entries of the texts not found, numbered from view.count
@@ -663,7 +576,7 @@ class _SeriesTable:
         return _Found(ids, view, new)
 
 
-# (metric column, limits, field) -> the key texts met, with what the line loop gives them
+# (metric column, limits, field) -> the key texts met, with what the reference gives them
 _known_by_bytes: dict[tuple[str, LabelLimits, str], _SeriesTable] = {}
 
 
@@ -678,137 +591,36 @@ def _series_table(b: _InfluxBuilder, field: str) -> _SeriesTable:
 
 def _learn_series(b: _InfluxBuilder, field: str, key: bytes) -> _Known:
     """A series key text's entry for `field`, from its template (`_template`, which raises
-    `_Fallback` where the parser must decide) as the line loop finds it."""
-    template = _template(b.templates, key.decode("utf-8"))
+    `_Fallback` where the parser must decide) as the reference finds it."""
+    text = key.decode("utf-8")
+    template = _template(b, text)
     labels, code, series_key = template[3].get(field) or b.make_series(template, field)
-    tags = list(template[1])
-    return (labels, code, series_key, tags == sorted(tags), template)  # type: ignore[return-value]
+    measurement, tags = template[0], template[1]
+    # the text is the series' only spelling (tags in order, no duplicate): distinct such
+    # texts are distinct series
+    canonical = measurement + "".join(f",{k}={v}" for k, v in sorted(tags.items()))
+    return (labels, code, series_key, text == canonical, template)  # type: ignore[return-value]
 
 
 def _decode_lines(
-    b: _InfluxBuilder,
-    lines: Sequence[str | bytes],
-    default_ts: int,
-    lo: int,
-    hi: int,
-    fast_path: bool,
-    special: bool = True,
+    b: _InfluxBuilder, lines: Sequence[str | bytes], default_ts: int, lo: int, hi: int
 ) -> None:
-    """Decode lines in order; plain lines inline, the rest through `_full_line`.
-    `special=False` says no line holds a backslash, a quote or a tab (checked on the whole
-    text at once).
-
-    The fast path handles lines without escapes, quotes or tabs by splitting on separators,
-    validating like the parser; anything unusual raises `_Fallback`, undoes the line's samples
-    and leaves the line to the parser. It is one loop with local names because per-line Python
-    overhead is the whole cost here.
-    """
-    cache, series, idx, ts, vals = b.cache, b.series, b.idx, b.ts, b.vals
-    codes, keys, templates = b.codes, b.keys, b.templates
-    line_of: list[int] = []  # per series: the last line that gave it a sample (duplicates)
-    for n_line, line in enumerate(lines):
-        mark, series_mark, non_numeric = len(idx), len(series), 0
+    """The reference: every line in order through the maintained C parser (`_line`); blank
+    lines skipped."""
+    for line in lines:
+        if not line or line.isspace():
+            continue
         try:
-            if isinstance(line, bytes):
-                line = line.decode("utf-8")
-            if not fast_path or (special and ("\\" in line or '"' in line or "\t" in line)):
-                raise _Fallback
-            parts = line.split(" ")
-            if len(parts) == 3:
-                key, fields, ts_text = parts
-                if not (
-                    ts_text.isascii()
-                    and (ts_text.isdigit() or (ts_text[:1] == "-" and ts_text[1:].isdigit()))
-                ):
-                    raise _Fallback
-                t = int(ts_text)
-                if not lo <= t <= hi:
-                    raise _Fallback  # rare: the parser tells non-int64 (undecodable) from range
-            elif len(parts) == 2:
-                key, fields = parts
-                t = default_ts
-            else:
-                raise _Fallback
-            entry = cache.get(key)
-            if entry is None:
-                template = templates.get(key)
-                if template is None:
-                    entry = cache[key] = _fast_entry(b, key)
-                else:  # `b.entry(*template)`, inline: a known series key is the usual line
-                    entry = cache.get(template[2])
-                    if entry is None:
-                        entry = cache[template[2]] = (template[0], template[1], {}, template[3])
-                    cache[key] = entry
-            field_idx, known = entry[2], entry[3]
-            for item in fields.split(","):
-                f, _, v = item.partition("=")
-                if not f:
-                    raise _Fallback
-                last = v[-1:]
-                if last == "i" or last == "u":
-                    digits = v[:-1]
-                    body = digits[1:] if last == "i" and digits[:1] == "-" else digits
-                    if not (body.isascii() and body.isdigit()):
-                        raise _Fallback
-                    n = int(digits)
-                    if not (_INT64_MIN <= n <= _INT64_MAX if last == "i" else n <= _UINT64_MAX):
-                        raise _Fallback
-                    x = float(n)
-                else:
-                    try:
-                        x = float(v)
-                    except ValueError:
-                        # (a repeated field name, maybe: the parser keeps the first)
-                        if v not in _BOOLEANS or fields.count(f + "=") > 1:
-                            raise _Fallback from None
-                        non_numeric += 1
-                        continue
-                    # float() also takes "nan", "+1", "1_0", " 1" and under/overflows that the
-                    # parser (strtod, strict grammar) rejects: only plain finite normals pass.
-                    if (v.strip(_FLOAT_CHARS) or not _FLOAT_MIN <= abs(x) <= _FLOAT_MAX) and (
-                        x != 0 or v.strip(_FLOAT_CHARS) or _nonzero_mantissa(v)
-                    ):
-                        raise _Fallback
-                i = field_idx.get(f)
-                if i is None:
-                    seen = known.get(f) if known is not None else None
-                    if seen is None:
-                        i = b.new_series(entry, f)
-                    else:  # `b.new_series`, inline: a known field of a known series key
-                        i = field_idx[f] = len(series)
-                        series.append(seen[0])
-                        codes.append(seen[1])
-                        keys.append(seen[2])
-                    line_of.append(n_line)
-                elif line_of[i] == n_line:
-                    raise _Fallback  # a duplicate field: the parser keeps the first
-                else:
-                    line_of[i] = n_line
-                idx.append(i)
-                ts.append(t)
-                vals.append(x)
-            if non_numeric:
-                b.bad_line(BadRecord.NON_NUMERIC, line, non_numeric)
-        except (_Fallback, UnicodeDecodeError):
-            if len(idx) > mark:  # undo the fast path's partial line
-                del idx[mark:], ts[mark:], vals[mark:]
-            if len(series) > series_mark:  # new series of this line: all in `field_idx`
-                for f in [f for f, i in field_idx.items() if i >= series_mark]:
-                    del field_idx[f]
-                b.truncate(series_mark)
-            if not line or line.isspace():
-                continue
-            try:
-                _full_line(b, line, default_ts, lo, hi)
-            except Exception as e:  # a parser bug must not stop ingestion
-                text = line if isinstance(line, str) else line.decode("utf-8", "replace")
-                b.bad_line(BadRecord.UNDECODABLE, text, why=f"{type(e).__name__}: {e}")
-            del line_of[len(series) :]
-            line_of.extend([n_line] * (len(series) - len(line_of)))
+            _line(b, line, default_ts, lo, hi)
+        except Exception as e:  # a parser bug must not stop ingestion
+            text = line if isinstance(line, str) else line.decode("utf-8", "replace")
+            b.bad_line(BadRecord.UNDECODABLE, text, why=f"{type(e).__name__}: {e}")
 
 
-def _full_line(b: _InfluxBuilder, line: str | bytes, default_ts: int, lo: int, hi: int) -> None:
-    """Any line, through the maintained C parser (escapes, quoted strings, odd whitespace)."""
+def _line(b: _InfluxBuilder, line: str | bytes, default_ts: int, lo: int, hi: int) -> None:
+    """One line, through `line_protocol_parser` (escapes, quoted strings, odd whitespace). A
+    series key text without escapes, quotes or whitespace has its template kept across
+    messages (`_template`): its series' labels, contract check and key are made once."""
     text = line if isinstance(line, str) else line.decode("utf-8", "replace")
     try:
         point = parse_line(line)
@@ -825,7 +637,17 @@ def _full_line(b: _InfluxBuilder, line: str | bytes, default_ts: int, lo: int, h
     if not lo <= t <= hi:
         b.bad_line(BadRecord.TIMESTAMP_RANGE, text, len(fields))
         return
-    b.add(b.entry(point["measurement"], point["tags"]), fields, t, text)
+    if isinstance(line, str):
+        key = line.partition(" ")[0]
+        entry = b.cache.get(key)  # (key texts have no newline; canonical forms start with one)
+        if entry is None:
+            if key.isprintable() and "\\" not in key and '"' not in key:
+                entry = b.cache[key] = b.entry(*_template(b, key, point))
+            else:
+                entry = b.entry(point["measurement"], point["tags"])
+    else:
+        entry = b.entry(point["measurement"], point["tags"])
+    b.add(entry, fields, t, text)
 
 
 def decode_influx(
@@ -844,9 +666,9 @@ def decode_influx(
     "non_numeric"; a line outside `ts_range` counts each of its fields as "timestamp_range";
     a series over the dataset's `limits` counts each of its samples by reason (`SERIES_REASONS`).
     Lines without a timestamp get `default_ts_ms` (e.g. the Kafka message time).
-    Plain lines take a split-based fast path; lines with escapes or quoted strings (and any
-    line the fast path doubts) go to `line_protocol_parser`, which has the last word.
-    `fast_path=False` sends every line to the parser (for tests and benchmarks).
+    Every line goes through `line_protocol_parser` (the reference, `_decode_lines`), unless the
+    whole message is of the shape the column path takes (`_decode_columns`), which decodes it
+    as the reference does. `fast_path=False`: the reference only (for tests and benchmarks).
     """
     try:
         div, mul = _TS_UNITS_PER_MS[precision]
@@ -862,7 +684,7 @@ def decode_influx(
     else:
         lo, hi = -(-lo_ms // mul), hi_ms // mul
         default_ts = default_ts_ms // mul
-    lo, hi = max(lo, _INT64_MIN), min(hi, _INT64_MAX)  # the parser's limits
+    lo, hi = max(lo, _INT64_MIN), min(hi, _INT64_MAX - 1)  # the parser refuses INT64_MAX
     b = _InfluxBuilder(metric_column, limits)
     lines: Sequence[str | bytes]
     raw = data.encode() if isinstance(data, str) else bytes(data)
@@ -874,10 +696,8 @@ def decode_influx(
     try:
         lines = (data if isinstance(data, str) else raw.decode("utf-8")).split("\n")
     except UnicodeDecodeError:
-        special = True
         lines = raw.split(b"\n")  # the parser reports the bad lines
-    if not (fast_path and not special and _decode_bulk(b, lines, lo, hi)):  # type: ignore[arg-type]
-        _decode_lines(b, lines, default_ts, lo, hi, fast_path, special)
+    _decode_lines(b, lines, default_ts, lo, hi)
     return _decoded(b, div, mul, metric_column, limits)
 
 

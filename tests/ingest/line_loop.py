@@ -1,5 +1,5 @@
-"""Line protocol's reference for the tests: `decode_influx` with its whole-message fast paths
-off, so the line loop decides every line (the fast paths must give exactly what it gives)."""
+"""Line protocol's reference for the tests: `decode_influx` with its fast path (the column path)
+off, so the parser decides every line (the fast path must give exactly what it gives)."""
 
 from __future__ import annotations
 
@@ -14,14 +14,13 @@ from ingest.wire import line_protocol
 
 @contextmanager
 def line_loop_only() -> Iterator[None]:
-    """decode_influx with its whole-message paths off: the line loop decides every line."""
-    columns, bulk = line_protocol._decode_columns, line_protocol._decode_bulk
+    """decode_influx with its column path off: the reference decides every line."""
+    columns = line_protocol._decode_columns
     line_protocol._decode_columns = lambda *_: False  # type: ignore[assignment]
-    line_protocol._decode_bulk = lambda *_: False  # type: ignore[assignment]
     try:
         yield
     finally:
-        line_protocol._decode_columns, line_protocol._decode_bulk = columns, bulk
+        line_protocol._decode_columns = columns
 
 
 def keyed_alike(x: SampleBatch, y: SampleBatch) -> None:

@@ -27,6 +27,7 @@ from ingest.gateway import Gateway, KeyedBatch
 from ingest.wire import line_protocol, remote_write_v1
 from ingest.wire.line_protocol import decode_influx
 from ingest.wire.prompb.remote_pb2 import WriteRequest
+from tests.ingest.line_loop import keyed_alike, line_loop_only
 from tests.ingest.test_gateway import _consume_all, dataset  # noqa: F401 - the fixture
 
 T0 = 1_700_000_000_000
@@ -283,27 +284,23 @@ _field_names = _mostly(["value", "v"], ["x y", "", "a,b"])
     _mostly(["ms"], ["ns", "s"]),
     st.booleans(),
 )
-def test_line_protocol_whole_message_path_equals_the_line_loop(
+def test_line_protocol_column_path_equals_the_reference(
     lines: list[tuple[str, str, str, str, str]], precision: str, trailing_newline: bool
 ) -> None:
-    """Uniform plain messages (one field per line) are decoded with whole-message operations;
-    every message, odd ones included, decodes exactly as the line loop decodes it."""
+    """Uniform plain messages (one field per line) are decoded by the column path; every
+    message, odd ones included, decodes exactly as the reference (the parser) decodes it."""
     text = "\n".join(f"{m}{',' + t if t else ''} {f}={v} {ts}" for m, t, f, v, ts in lines) + (
         "\n" if trailing_newline else ""
     )
-    bulk = decode_influx(text, T0, "_metric_", precision)
-    original = line_protocol._decode_bulk
-    line_protocol._decode_bulk = lambda *_: False  # type: ignore[assignment]
-    try:
-        loop = decode_influx(text, T0, "_metric_", precision)
-    finally:
-        line_protocol._decode_bulk = original
-    _decoded_exactly(bulk, loop)
-    assert type(bulk.batch) is type(loop.batch)
+    fast = decode_influx(text, T0, "_metric_", precision)
+    with line_loop_only():
+        reference = decode_influx(text, T0, "_metric_", precision)
+    _decoded_exactly(fast, reference)
+    keyed_alike(fast.batch, reference.batch)
 
 
-def test_plain_messages_take_the_whole_message_path() -> None:
+def test_plain_messages_take_the_column_path() -> None:
     text = "\n".join(f"cpu,host=h{i % 7},dc=x value={i * 0.5} {T0 + i}" for i in range(50))
     b = line_protocol._InfluxBuilder("_metric_")
-    assert line_protocol._decode_bulk(b, text.split("\n"), 0, 2**62)
-    assert len(b.series) == 7 and b.idx == [i % 7 for i in range(50)]
+    assert line_protocol._decode_columns(b, text.encode(), 0, 2**62)
+    assert len(b.series) == 7 and list(b.idx) == [i % 7 for i in range(50)]
