@@ -282,7 +282,8 @@ def produce_filopy(
 ) -> None:
     """The producer process: one KeyedBatch per `per_batch` scrapes of all series, paced to
     `rate`, held back while the ingester's lag exceeds `max_lag` samples."""
-    from ingest.gateway import Gateway, KeyedBatch, new_series_key
+    from ingest.batch import KeyedBatch, new_series_key
+    from ingest.gateway import Gateway
 
     parent = os.getppid()
     labels = series_labels(series)

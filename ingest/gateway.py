@@ -35,10 +35,7 @@ from filopy.dataset import Dataset
 from filopy.errors import Invalid, Unavailable
 from filopy.hashing import shard_for_series
 from ingest.bad_records import DEFAULT_TS_RANGE, SERIES_REASONS, BadRecord, series_problem
-from ingest.batch import IntKeyedBatch as IntKeyedBatch  # also imported from here by decoders
-from ingest.batch import KeyedBatch as KeyedBatch
-from ingest.batch import Labels, SampleBatch
-from ingest.batch import new_series_key as new_series_key
+from ingest.batch import IntKeyedBatch, KeyedBatch, Labels, SampleBatch
 from ingest.byte_table import new_slots
 from ingest.jit import kernel, warms
 from ingest.topics import DEFAULT_TIMEOUT_S, check_topic

@@ -2,7 +2,8 @@
 to Kafka through `ingest.gateway.Gateway`. Needs Kafka and the dataset definitions, not Ray.
 
 `core` is the shared request path (limits, decompression, writing, answers, metrics); each
-protocol module only decodes its bodies. See docs/ingestion-http.md.
+protocol module negotiates its content types and shapes its answers; the bodies are decoded by
+`ingest.wire`, whose `Invalid` is answered 400. See docs/ingestion-http.md.
 """
 
 from filopy.ingest_http.app import create_gateway_app, ingest_router, serve_ingestion

@@ -2,9 +2,10 @@
 writing a batch through `ingest.gateway.Gateway` and waiting for Kafka's acks, limits, metrics.
 
 A protocol (remote write, Influx line protocol, OTLP) only decodes a body into a `Decoded` batch
-and shapes its answers; `Ingestion.handle` does the rest, so every protocol answers the same
-faults the same way: 413 over a size or count limit, 404 unknown dataset, 409 a dataset that
-does not read the gateway's format, 503 + Retry-After when Kafka does not acknowledge in time.
+(through its decoder in `ingest.wire`) and shapes its answers; `Ingestion.handle` does the
+rest, so every protocol answers the same faults the same way: 413 over a size or count limit,
+404 unknown dataset, 409 a dataset that does not read the gateway's format, 503 + Retry-After
+when Kafka does not acknowledge in time.
 A 2xx is sent only once Kafka acknowledged every accepted sample (acks=all): it means durable.
 """
 
@@ -114,7 +115,7 @@ class IngestProtocol(ABC):
     def decode(self, received: Received) -> Decoded:
         """The request's samples (blocking, on a worker thread). Samples that cannot be stored
         are counted by reason in `batch.bad_records`, the first described in `first_bad`;
-        a body that cannot be read at all raises `Refused` (400)."""
+        a body that cannot be read at all raises `Invalid` (the decoders') or `Refused` (400)."""
 
     def check(self, headers: Headers) -> None:  # noqa: B027 - a hook; most protocols need none
         """Refuse a request before its body is read (e.g. an unsupported content type)."""

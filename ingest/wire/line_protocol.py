@@ -37,9 +37,8 @@ from ingest.bad_records import (
     drop_bad,
     series_problem,
 )
-from ingest.batch import Labels, SampleBatch
+from ingest.batch import IntKeyedBatch, KeyedBatch, Labels, SampleBatch, new_series_key
 from ingest.byte_table import ByteTable, TableView, padded
-from ingest.gateway import IntKeyedBatch, KeyedBatch, new_series_key
 from ingest.jit import kernel, warms
 
 _TS_UNITS_PER_MS: dict[str, tuple[int, int]] = {

@@ -102,6 +102,20 @@ def field_bounds(
     return True, starts[:k], ends[:k]
 
 
+def series_index(
+    counts: npt.NDArray[np.int64],
+) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.intp] | None]:
+    """Each sample's series, numbered among the series with samples (a walker's `counts`
+    per series), and which series those are (None: all of them, in order). Series without
+    samples are left out, as the full parses' `to_batch` do."""
+    n = len(counts)
+    if (counts == 1).all():  # one sample a series: the steady state
+        return np.arange(n, dtype=np.int32), None
+    kept = np.flatnonzero(counts)
+    series_idx = np.repeat(np.arange(len(kept), dtype=np.int32), counts[kept])
+    return series_idx, (kept if len(kept) < n else None)
+
+
 @kernel
 def _grow(values: npt.NDArray[np.uint64], k: int) -> npt.NDArray[np.uint64]:
     """`values` with room for twice as many, its first `k` kept."""

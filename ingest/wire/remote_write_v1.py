@@ -29,7 +29,7 @@ from ingest.batch import IntKeyedBatch, Labels, SampleBatch, new_series_key
 from ingest.byte_table import ByteTable, padded
 from ingest.jit import kernel, warms
 from ingest.wire.prompb.remote_pb2 import TimeSeries, WriteRequest
-from ingest.wire.protobuf import VARINT_2, field_bounds, walk_v1
+from ingest.wire.protobuf import VARINT_2, field_bounds, series_index, walk_v1
 
 UNSUPPORTED = "unsupported"  # a refusal reason: samples of a kind FiloPy cannot store
 
@@ -182,15 +182,11 @@ def decode_fast(raw: bytes, metric_column: str) -> Decoded | None:
     series, keys, key_array = labelled
     if not len(stamps):
         return Decoded(SampleBatch.empty(), None)
-    if len(stamps) == n and (counts == 1).all():  # one sample a series: the steady state
-        series_idx = np.arange(n, dtype=np.int32)
-    else:  # series without samples are left out, as `to_batch` does
-        kept = np.flatnonzero(counts)
-        series_idx = np.repeat(np.arange(len(kept), dtype=np.int32), counts[kept])
-        if len(kept) < n:
-            series = [series[i] for i in kept.tolist()]
-            keys = [keys[i] for i in kept.tolist()]
-            key_array = key_array[kept]
+    series_idx, kept = series_index(counts)
+    if kept is not None:
+        series = [series[i] for i in kept.tolist()]
+        keys = [keys[i] for i in kept.tolist()]
+        key_array = key_array[kept]
     batch = IntKeyedBatch(
         series,
         series_idx,

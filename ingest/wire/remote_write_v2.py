@@ -33,7 +33,7 @@ from filopy.hashing import PROMETHEUS_METRIC_LABEL
 from ingest.bad_records import Decoded, series_problem, show_labels
 from ingest.batch import KeyedBatch, Labels, SampleBatch, new_series_key
 from ingest.wire.prompb.write_v2_pb2 import Request
-from ingest.wire.protobuf import walk_v2
+from ingest.wire.protobuf import series_index, walk_v2
 from ingest.wire.remote_write_v1 import UNSUPPORTED
 
 _timestamp = attrgetter("timestamp")
@@ -230,13 +230,9 @@ def decode_fast(raw: bytes, metric_column: str) -> DecodedV2 | None:
     if not len(stamps):
         return DecodedV2(Decoded(SampleBatch.empty()))
     entries = _labels_of(symbols, refs, n_refs, metric_column)
-    if len(stamps) == n and (counts == 1).all():  # one sample a series: the steady state
-        series_idx = np.arange(n, dtype=np.int32)
-    else:  # series without samples are left out, as `to_batch` does
-        kept = np.flatnonzero(counts)
-        series_idx = np.repeat(np.arange(len(kept), dtype=np.int32), counts[kept])
-        if len(kept) < n:
-            entries = [entries[i] for i in kept.tolist()]
+    series_idx, kept = series_index(counts)
+    if kept is not None:
+        entries = [entries[i] for i in kept.tolist()]
     series, keys = zip(*entries, strict=True)
     batch = KeyedBatch(
         list(series), series_idx, stamps.view(np.int64), bits.view(np.float64), keys=list(keys)

@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 
 from filopy.dataset import Dataset, LabelLimits
 from ingest.bad_records import Decoded
-from ingest.batch import SampleBatch
-from ingest.gateway import Gateway, KeyedBatch
+from ingest.batch import KeyedBatch, SampleBatch
+from ingest.gateway import Gateway
 from ingest.wire import line_protocol, remote_write_v1
 from ingest.wire.line_protocol import decode_influx
 from ingest.wire.prompb.remote_pb2 import WriteRequest

@@ -29,8 +29,8 @@ from filopy.dataset import Dataset, LabelLimits, SourceSettings
 from filopy.hashing import shard_for_series
 from ingest import byte_table, gateway
 from ingest.bad_records import Decoded
-from ingest.batch import SampleBatch
-from ingest.gateway import Gateway, IntKeyedBatch, KeyedBatch, new_series_key
+from ingest.batch import IntKeyedBatch, KeyedBatch, SampleBatch, new_series_key
+from ingest.gateway import Gateway
 from ingest.wire import line_protocol, remote_write_v1
 from ingest.wire.binary_format import decode_binary, encode_binary_parts, encode_labels
 from ingest.wire.line_protocol import decode_influx, decode_lines

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from filopy.dataset import LabelLimits
 from ingest import byte_table
 from ingest.bad_records import Decoded
-from ingest.gateway import KeyedBatch
+from ingest.batch import KeyedBatch
 from ingest.wire import line_protocol
 from ingest.wire.line_protocol import decode_influx, decode_lines
 from tests.ingest.line_loop import keyed_alike, line_loop_only

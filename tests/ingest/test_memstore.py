@@ -457,7 +457,7 @@ def test_snapshot_many_is_each_series_snapshot_concatenated(
 def test_keyed_batches_find_their_series_by_key_as_by_labels() -> None:
     """Decoders' keys stand for label sets: series found by key are those found by labels,
     a new key for known labels finds the known series, and bad label sets stay refused."""
-    from ingest.gateway import KeyedBatch
+    from ingest.batch import KeyedBatch
 
     m = _mem()
     plain = batch([(_labels(0), 10, 1.0), (_labels(1), 10, 2.0)])
