@@ -758,7 +758,14 @@ def _head_node() -> dict[str, Any] | None:
     return None
 
 
-def start_cluster_actor(settings: Settings) -> ActorHandle:
+# How long a singleton Ray restarts (its head died and came back) may take to be created
+# before `start_cluster_actor` creates it anew here (see there).
+RESTART_GRACE_S = 5.0
+
+
+def start_cluster_actor(
+    settings: Settings, restart_grace_s: float = RESTART_GRACE_S
+) -> ActorHandle:
     """Get or create the singleton (detached; Ray restarts it if its process or node dies).
 
     It runs on the Ray head node: the cluster cannot outlive the head without Ray's control
@@ -769,7 +776,43 @@ def start_cluster_actor(settings: Settings) -> ActorHandle:
     state in Redis), Ray restarts the singleton there. Other heads (`filopy up`, a plain
     `ray start --head`) are pinned by a strict node affinity (Ray 2.60 placed a `soft=True`
     affinity on a worker even with the head free).
+
+    A restart Ray's control store schedules may stall: it sends the lease request through a
+    node picked at random among those it counts alive, and right after its own restart that
+    includes a node that died shortly before, which it declares dead only after its health
+    checks fail (a minute; see `filopy head`). A singleton found not created within
+    `restart_grace_s` is therefore ended and created anew from here: a creation's request goes
+    through the creator's node, this head. Ending it loses nothing (it never ran), and Ray frees
+    its name before the new one takes it, so there is never a second singleton.
     """
+    try:
+        restarting: ActorHandle | None = cluster_actor(settings)
+    except ValueError:
+        restarting = None
+    if restarting is None:
+        return _create_cluster_actor(settings)
+    try:
+        ray.get(restarting.__ray_ready__.remote(), timeout=restart_grace_s)
+        return restarting
+    except ray.exceptions.GetTimeoutError:
+        pass
+    log.warning(
+        "the cluster singleton was not created again within %.0f s of being restarted by Ray "
+        "(its lease may wait on a dead node); creating it anew on this head",
+        restart_grace_s,
+    )
+    ray.kill(restarting, no_restart=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            cluster_actor(settings)
+        except ValueError:
+            break  # the name is free
+        time.sleep(0.2)
+    return _create_cluster_actor(settings)
+
+
+def _create_cluster_actor(settings: Settings) -> ActorHandle:
     head = _head_node()
     if head is None:
         placement: dict[str, Any] = {}

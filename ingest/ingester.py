@@ -31,7 +31,14 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 import numpy as np
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    TIMESTAMP_NOT_AVAILABLE,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
 
 from filopy.config import Settings
 from filopy.dataset import Dataset
@@ -140,6 +147,9 @@ class KafkaShardIngester(ReportingIngester):
         # Consumer lag = end of the partition (as of the last fetch) - the next offset to read.
         self.end_offset: int | None = None
         self.next_offset: int | None = None
+        # The Kafka timestamp (ms) of the newest record read, None until one with a timestamp:
+        # how far behind in time the ingester is while records wait (ingest/topics.py).
+        self.read_ts_ms: int | None = None
         self.recovery_s: float | None = None  # from start to IngestionStarted
         self._started = time.monotonic()
         # Health: what is wrong now (None: nothing), and what was last reported about it.
@@ -357,7 +367,10 @@ class KafkaShardIngester(ReportingIngester):
                         self._kafka_trouble(err)
                         continue
                     got = True
-                    decoded = decode(m.value() or b"", m.timestamp()[1])
+                    ts_type, ts_ms = m.timestamp()
+                    if ts_type != TIMESTAMP_NOT_AVAILABLE:
+                        self.read_ts_ms = ts_ms
+                    decoded = decode(m.value() or b"", ts_ms)
                     bad = decoded.batch.bad_records
                     if bad:
                         self.bad_records.update(bad)
@@ -646,6 +659,8 @@ class KafkaShardIngester(ReportingIngester):
             "memstore": s,
             "memory_samples": self.memstore.memory_samples(),
             "lag": self.lag,
+            "next_offset": self.next_offset,
+            "read_ts_ms": self.read_ts_ms,
             "recovery_s": self.recovery_s,
             "flush": self.flusher.totals() if self.flusher is not None else None,
             "degraded": self.degraded,

@@ -11,8 +11,8 @@ import logging
 import time
 from collections.abc import Mapping
 
-from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic, OffsetSpec
 
 from filopy.dataset import Dataset
 from filopy.errors import Conflict, Unavailable
@@ -58,7 +58,7 @@ class TopicMismatch(Conflict):
         self.actual = actual
 
 
-def _admin(bootstrap_servers: str, timeout_s: float) -> AdminClient:
+def admin_client(bootstrap_servers: str, timeout_s: float) -> AdminClient:
     ms = str(max(int(timeout_s * 1000), 1))
     return AdminClient(
         {
@@ -101,7 +101,7 @@ def topic_partitions(
 ) -> int | None:
     """The topic's partition count, or None if it does not exist."""
     return _partitions(
-        _metadata(_admin(bootstrap_servers, timeout_s), bootstrap_servers, timeout_s),
+        _metadata(admin_client(bootstrap_servers, timeout_s), bootstrap_servers, timeout_s),
         topic,
     )
 
@@ -140,7 +140,7 @@ def ensure_topic(
     def left() -> float:
         return deadline - time.monotonic()
 
-    admin = _admin(bootstrap, timeout_s)
+    admin = admin_client(bootstrap, timeout_s)
     actual = _partitions(_metadata(admin, bootstrap, left()), topic)
     created = False
     if actual is None:
@@ -177,6 +177,21 @@ def ensure_topic(
                 f"within {timeout_s:.1f} s"
             )
         time.sleep(0.05)
+
+
+def end_offsets(
+    admin: AdminClient, topic: str, partitions: int, timeout_s: float = 2.0
+) -> dict[int, int]:
+    """The broker's end offset (high watermark) of each partition of the topic, asked in one
+    request: what a consumer must have read to be caught up, as the broker sees it now (a
+    consumer learns it only from its own fetches, late on a slow link). Raises KafkaUnavailable
+    if Kafka does not answer within the timeout."""
+    wanted = {TopicPartition(topic, p): OffsetSpec.latest() for p in range(partitions)}
+    try:
+        futures = admin.list_offsets(wanted, request_timeout=timeout_s)
+        return {tp.partition: int(f.result(timeout=timeout_s).offset) for tp, f in futures.items()}
+    except (KafkaException, TimeoutError) as e:
+        raise KafkaUnavailable(f"end offsets of Kafka topic {topic!r}: {e}") from None
 
 
 def _create_error(topic: str, bootstrap: str, timeout_s: float, e: KafkaException) -> Exception:

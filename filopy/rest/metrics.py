@@ -8,8 +8,11 @@ the scrape, and a value the cluster does not track is not exported (docs/rest.md
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
+from typing import Any
 
+from confluent_kafka.admin import AdminClient
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -19,8 +22,11 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from coordinator.client import DatasetUnknownError, FiloPyClient
+from filopy.dataset import Dataset
+from ingest.topics import KafkaUnavailable, admin_client, end_offsets
 
 log = logging.getLogger("filopy.rest")
+END_OFFSETS_TIMEOUT_S = 2.0  # a scrape must answer even when Kafka does not
 
 STATUSES = (
     "Unassigned",
@@ -41,6 +47,7 @@ class ClusterCollector(Collector):
 
     def __init__(self, client: FiloPyClient) -> None:
         self._client = client
+        self._admins: dict[str, AdminClient] = {}  # by bootstrap servers, kept across scrapes
 
     def describe(self) -> list[Metric]:
         return []  # collected live; describing would call the cluster at registration
@@ -111,8 +118,15 @@ class ClusterCollector(Collector):
         )
         lag = GaugeMetricFamily(
             "filopy_consumer_lag_offsets",
-            "Kafka offsets of the shard's partition not yet read by its ingester (end offset as "
-            "of the ingester's last fetch minus its next offset).",
+            "Kafka offsets of the shard's partition not yet read by its ingester: the broker's "
+            "end offset at the scrape (the ingester's last fetch if the broker did not answer) "
+            "minus the ingester's next offset.",
+            labels=per_shard,
+        )
+        lag_s = GaugeMetricFamily(
+            "filopy_consumer_lag_seconds",
+            "How far behind in time the shard's ingester reads: 0 when it has read everything, "
+            "else the age of the newest record it read (by the record's Kafka timestamp).",
             labels=per_shard,
         )
         recovery = GaugeMetricFamily(
@@ -158,7 +172,8 @@ class ClusterCollector(Collector):
             "(the ingester stopped), counted by the node's process since it started.",
             labels=per_shard,
         )
-        names = sorted(d.name for d in c.datasets())
+        datasets = {d.name: d for d in c.datasets()}
+        names = sorted(datasets)
         node_names = c.node_names()
         reassigned = c.reassignment_stats()
         for name in names:
@@ -177,6 +192,8 @@ class ClusterCollector(Collector):
             for node_id, counts in sorted(c.stale_epoch_rejections(name).items()):
                 for shard, n in sorted(counts.items()):
                     stale.add_metric([name, str(shard), node_names.get(node_id, node_id)], n)
+            ends = self._end_offsets(datasets[name])
+            now = time.time()
             for node_id, by_shard in sorted(c.ingest_stats(name).items()):
                 node = node_names.get(node_id, node_id)  # its readable name (docs/operations.md)
                 for shard, st in sorted(by_shard.items()):
@@ -191,8 +208,11 @@ class ClusterCollector(Collector):
                     misrouted.add_metric(labels, mem.misrouted)
                     for reason, n in sorted(st["bad_records"].items()):
                         bad.add_metric([*labels, reason], n)
-                    if st.get("lag") is not None:
-                        lag.add_metric(labels, st["lag"])
+                    behind, behind_s = consumer_lag(st, ends.get(shard), now)
+                    if behind is not None:
+                        lag.add_metric(labels, behind)
+                    if behind_s is not None:
+                        lag_s.add_metric(labels, behind_s)
                     if st.get("recovery_s") is not None:
                         recovery.add_metric(labels, st["recovery_s"])
                     f = st.get("flush")
@@ -216,6 +236,7 @@ class ClusterCollector(Collector):
             memory,
             lost,
             lag,
+            lag_s,
             recovery,
             flush,
             flush_failures,
@@ -225,3 +246,33 @@ class ClusterCollector(Collector):
             unflushed,
             stale,
         ]
+
+    def _end_offsets(self, dataset: Dataset) -> dict[int, int]:
+        """The broker's end offset of each of the dataset's partitions ({} if Kafka does not
+        answer: lag then falls back to what each ingester learnt from its last fetch)."""
+        bootstrap = dataset.source.bootstrap_servers
+        admin = self._admins.get(bootstrap)
+        if admin is None:
+            admin = self._admins[bootstrap] = admin_client(bootstrap, END_OFFSETS_TIMEOUT_S)
+        try:
+            return end_offsets(admin, dataset.topic, dataset.num_shards, END_OFFSETS_TIMEOUT_S)
+        except KafkaUnavailable as e:
+            log.info("metrics: consumer lag from the ingesters' own view: %s", e)
+            return {}
+
+
+def consumer_lag(
+    stats: dict[str, Any], end: int | None, now: float
+) -> tuple[int | None, float | None]:
+    """How far an ingester is behind, in offsets and in seconds (None: not known). Against the
+    broker's end offset when the scrape got it: an ingester on a slow link learns of new records
+    only from the fetch that brings them, so its own view (`stats["lag"]`) says it is caught up
+    while they crawl. In seconds: the age of the newest record read while others wait."""
+    read_to = stats.get("next_offset")
+    behind = stats.get("lag") if end is None or read_to is None else max(0, end - read_to)
+    if behind is None:
+        return None, None
+    if behind == 0:
+        return 0, 0.0
+    ts = stats.get("read_ts_ms")
+    return behind, None if ts is None else max(0.0, now - ts / 1000)

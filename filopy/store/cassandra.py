@@ -38,7 +38,11 @@ from cassandra import (
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable
 from cassandra.concurrent import execute_concurrent
 from cassandra.connection import ConnectionException
-from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
+from cassandra.policies import (
+    DCAwareRoundRobinPolicy,
+    ExponentialReconnectionPolicy,
+    TokenAwarePolicy,
+)
 from cassandra.query import (
     BatchStatement,
     BatchType,
@@ -223,6 +227,10 @@ class CassandraConnection(SharedHandle):
             port=port,
             connect_timeout=connect_timeout_s,
             control_connection_timeout=connect_timeout_s,
+            # The driver's default backs off to 10 minutes between tries to reach a host it
+            # lost: a store cut off for a while would stay away that long after the network
+            # healed. A try is one TCP connect, so try at least every 10 s.
+            reconnection_policy=ExponentialReconnectionPolicy(base_delay=0.5, max_delay=10.0),
             execution_profiles={
                 EXEC_PROFILE_DEFAULT: profile(consistency, tuple_factory),
                 _LWT: profile(consistency, dict_factory),

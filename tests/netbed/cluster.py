@@ -4,7 +4,8 @@ Kafka runs on `kafka` (scripts/services.sh, bound to the host's address), the he
 (`filopy head --bind head`), each node on its own host (`filopy node join --address head:6379`),
 and every look at the cluster is taken from `client` through the REST API over the network, or
 with the `filopy` command line on the head (a Ray driver needs a Ray node on its machine). The
-store is SQLite on the shared file system (the bed's stand-in for a store every host reaches).
+store is SQLite on the shared file system (the bed's stand-in for a store every host reaches), or
+Cassandra on `cassandra` when the environment says `FILOPY_STORE__BACKEND=cassandra`.
 """
 
 from __future__ import annotations
@@ -70,6 +71,8 @@ class NetCluster:
         try:
             self.start_service("kafka")
             self.start_service("redis")
+            if self.env.get("FILOPY_STORE__BACKEND") == "cassandra":
+                self.start_service("cassandra")
             self.start_head()
             for node in NODES:
                 self.join(node)
@@ -138,7 +141,7 @@ class NetCluster:
         return self.nodes[node]
 
     def stop(self) -> None:
-        for host in ("client", "gateway", "head", *NODES, "kafka", "redis"):
+        for host in ("client", "gateway", "head", *NODES, "kafka", "redis", "cassandra"):
             self.bed.kill(host)
         self.bed.clear_ray_dirs()
 

@@ -121,6 +121,9 @@ def test_remove_leaves_nothing_and_a_stale_bed_is_cleaned_first(tmp_path: Path) 
     other = Bed(tmp_path, hosts={"client": "10.231.0.30", "kafka": "10.231.0.2"}, prefix=prefix)
     other.create()
     other.spawn("client", ["sleep", "600"])
+    deadline = time.monotonic() + 30  # `ip netns exec` enters it a moment after spawn returns
+    while not other.pids("client") and time.monotonic() < deadline:
+        time.sleep(0.1)
     pid = other.pids("client")[0] if other.pids("client") else None
     # A killed run leaves its bed behind: the next `create` removes it before making its own.
     other.create()

@@ -9,47 +9,15 @@ needs no head, is acknowledged throughout. Afterwards every acknowledged sample 
 
 from __future__ import annotations
 
-import time
-
-from tests.netbed.cluster import HEAD_ADDRESS, NODES, NetCluster, wait_for
+from tests.netbed.cluster import NODES, NetCluster, wait_for
+from tests.netbed.scenarios import head_dies_and_returns
 from tests.netbed.tenures import check as check_tenures
-
-DATASET = "headfail"
-DOWN_S = 10.0  # how long the head stays dead (well under the nodes' 60 s wait for Ray's GCS)
 
 
 def test_the_head_dies_and_returns_without_a_shard_moving_or_a_sample_lost(
     net_cluster: NetCluster,
 ) -> None:
-    c = net_cluster
-    # 8 shards over 3 nodes; rebalancing settles (3/3/2) before the head is killed.
-    c.cli("dataset", "create", DATASET, "--shards", "8", "--min-nodes", "2",
-          "--address", HEAD_ADDRESS)  # fmt: skip
-    before = c.wait_settled(DATASET)
-    producer, out = c.start_writer(DATASET)
-    node_pids = {n: sorted(c.bed.pids(n)) for n in NODES}
-
-    acked_before_kill = len(c.acked(out)["acked_ts"])
-    c.bed.kill("head")
-    time.sleep(DOWN_S)
-    # Writes go on through the gateway (no head needed); the nodes' processes all still run.
-    wait_for("writes acknowledged with the head down",
-             lambda: len(c.acked(out)["acked_ts"]) > acked_before_kill + 10, 60)  # fmt: skip
-    assert {n: sorted(c.bed.pids(n)) for n in NODES} == node_pids, "no node process died"
-
-    took = c.start_head()
-    after = {s["shard"]: s["node"] for s in c.wait_active(DATASET)}
-    if after != before:
-        history = c.cli("history", DATASET, "--json", "--address", HEAD_ADDRESS)
-        raise AssertionError(f"shards moved: {before} -> {after}; history: {history}")
-    assert c.members() == set(NODES)
-    print(f"head restarted: REST answering {took:.1f} s after its start")
-
-    time.sleep(2)
-    record = c.stop_producer(producer, out)
-    assert len(record["acked_ts"]) > acked_before_kill + 10
-    c.assert_stored_once(DATASET, record)
-    check_tenures(c.tenures(DATASET))
+    head_dies_and_returns(net_cluster, "headfail")
 
 
 def test_the_head_cut_off_from_every_node_moves_nothing_and_loses_nothing(

@@ -118,18 +118,22 @@ def test_ingestion_counters_per_shard(rest, kafka_bootstrap: str) -> None:
     }
     assert sum(messages.values()) == 21
 
+    lag_metrics = (
+        "filopy_unflushed_samples",
+        "filopy_consumer_lag_offsets",
+        "filopy_consumer_lag_seconds",
+    )
+
     def flushed_and_caught_up() -> dict | None:
         m = metrics(rest)
         mine = [s for fam in m.values() for s in fam if s.labels.get("dataset") == name]
-        got = {
-            (s.name, int(s.labels["shard"])): s.value
-            for s in mine
-            if s.name in ("filopy_unflushed_samples", "filopy_consumer_lag_offsets")
-        }
+        got = {(s.name, int(s.labels["shard"])): s.value for s in mine if s.name in lag_metrics}
         # durable: these few samples per series stay in open buffers (their chunks are not
         # complete), stored in the flush groups' snapshots, so nothing is left unflushed
         want = {("filopy_unflushed_samples", s): 0 for s in expected}
         want |= {("filopy_consumer_lag_offsets", s): 0 for s in expected}
+        # caught up with nothing new: nothing waits, so no lag in time either
+        want |= {("filopy_consumer_lag_seconds", s): 0 for s in expected}
         return m if got == want else None
 
     m = rest.wait_for("everything flushed, no lag", flushed_and_caught_up)

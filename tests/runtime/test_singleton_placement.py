@@ -48,3 +48,30 @@ def test_the_singleton_runs_on_the_head_also_after_ray_restarts_it(
     again = _singleton()
     assert again is not None and again[1] != where[1]
     assert again[0] == head, f"restarted singleton on {again[0]}, head is {head}"
+
+
+@ray.remote
+class _NeverCreated:
+    """Stands in for a singleton whose restart Ray sent to a dead node: it asks for a resource
+    no node has, so Ray never creates it."""
+
+    def ready(self) -> None:
+        return None
+
+
+def test_a_singleton_ray_does_not_create_again_is_created_anew_on_the_head(
+    ray_cluster: LocalRayCluster, tmp_path: Path
+) -> None:
+    settings = cluster_settings(tmp_path)
+    stuck = _NeverCreated.options(  # type: ignore[attr-defined]
+        name=CLUSTER_ACTOR_NAME,
+        namespace=settings.ray.namespace,
+        lifetime="detached",
+        resources={"nowhere": 1},
+    ).remote()
+    actor = start_cluster_actor(settings, restart_grace_s=2)
+    ray.get(actor.ready.remote(), timeout=60)
+    where = _singleton()
+    assert where is not None and where[0] == ray_cluster.head.node_id
+    with pytest.raises(ray.exceptions.RayActorError):  # ended, not left waiting
+        ray.get(stuck.ready.remote(), timeout=60)

@@ -130,18 +130,20 @@ function renderEvents() {
 // ----- nodes -------------------------------------------------------------------------------
 
 function parseMetrics(text) {
-  // Per node: sums of the per-shard series the nodes export (Prometheus text format).
+  // Per node: sums of the per-shard series the nodes export (Prometheus text format); how far
+  // behind in seconds is its slowest shard's.
   const out = {};
-  const line = /^(filopy_ingested_samples_total|filopy_consumer_lag_offsets|filopy_memstore_samples)\{([^}]*)\} (\S+)$/;
+  const line = /^(filopy_ingested_samples_total|filopy_consumer_lag_offsets|filopy_consumer_lag_seconds|filopy_memstore_samples)\{([^}]*)\} (\S+)$/;
   for (const row of text.split("\n")) {
     const m = line.exec(row);
     if (!m) continue;
     const labels = Object.fromEntries([...m[2].matchAll(/(\w+)="((?:[^"\\]|\\.)*)"/g)].map((x) => [x[1], x[2]]));
     if (labels.dataset !== state.ds) continue;
-    const n = (out[labels.node] ||= { samples: 0, lag: 0, memory: 0 });
+    const n = (out[labels.node] ||= { samples: 0, lag: 0, behind: 0, memory: 0 });
     const v = Number(m[3]);
     if (m[1] === "filopy_ingested_samples_total") n.samples += v;
     else if (m[1] === "filopy_consumer_lag_offsets") n.lag += v;
+    else if (m[1] === "filopy_consumer_lag_seconds") n.behind = Math.max(n.behind, v);
     else n.memory += v;
   }
   return out;
@@ -159,7 +161,8 @@ function renderNodes() {
     return el("tr", { "data-node": n.name },
       el("td", { title: n.address }, n.name), el("td", {}, n.version),
       el("td", { class: "num" }, shards), el("td", { class: "num" }, fmt(shards ? state.rates[n.name] : undefined)),
-      el("td", { class: "num" }, fmt(st.lag)), el("td", { class: "num" }, fmt(st.memory)));
+      el("td", { class: "num" }, fmt(st.lag)), el("td", { class: "num" }, fmt(st.behind)),
+      el("td", { class: "num" }, fmt(st.memory)));
   }));
 }
 
