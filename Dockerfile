@@ -5,10 +5,12 @@ FROM python:3.11-slim
 WORKDIR /opt/filopy
 # Installed editable so the code finds config/filopy.toml beside it.
 COPY pyproject.toml README.md ./
-COPY filopy ./filopy
-COPY coordinator ./coordinator
+COPY core ./core
+COPY store ./store
 COPY ingest ./ingest
 COPY query ./query
+COPY coordinator ./coordinator
+COPY filopy ./filopy
 COPY config ./config
 RUN pip install --no-cache-dir -e .
 # The ingestion decoders' numba kernels compiled into the image (ingest/jit.py): a gateway then

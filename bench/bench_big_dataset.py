@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from filopy.testing import LocalRayCluster  # noqa: E402  (binds Ray to loopback first)
+from coordinator.local_cluster import LocalRayCluster  # noqa: E402  (binds Ray to loopback first)
 
 # isort: split
 import ray  # noqa: E402
@@ -35,8 +35,8 @@ from ray._private import state as ray_state  # noqa: E402
 from coordinator.client import FiloPyClient  # noqa: E402
 from coordinator.cluster_actor import start_cluster_actor  # noqa: E402
 from coordinator.names import CLUSTER_ACTOR_NAME, node_actor_name  # noqa: E402
+from core.shard_status import Active  # noqa: E402
 from filopy import Dataset  # noqa: E402
-from filopy.shard_status import Active  # noqa: E402
 from tests.runtime.conftest import cluster_settings  # noqa: E402
 
 NODES = 3

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 from bench_stores import make_series
 
-from filopy.store.encoding import decode_chunk, decode_chunks, encode_chunk, encode_chunks
+from store.encoding import decode_chunk, decode_chunks, encode_chunk, encode_chunks
 
 CASES = [  # (name, chunks, samples per chunk)
     ("realistic flush: 10,000 chunks x 120 samples (30 min of 15 s scrapes)", 10_000, 120),

@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from filopy.testing import LocalRayCluster  # noqa: E402  (binds Ray to loopback first)
+from coordinator.local_cluster import LocalRayCluster  # noqa: E402  (binds Ray to loopback first)
 
 # isort: split
 import ray  # noqa: E402

@@ -29,13 +29,13 @@ sys.path.insert(0, str(ROOT))
 
 from confluent_kafka import Producer  # noqa: E402
 
-from filopy.config import load_settings  # noqa: E402
-from filopy.dataset import Dataset, RecordFormat, SourceSettings, SpreadSettings  # noqa: E402
-from filopy.store.sqlite import open_sqlite_stores  # noqa: E402
+from core.config import load_settings  # noqa: E402
+from core.dataset import Dataset, RecordFormat, SourceSettings, SpreadSettings  # noqa: E402
 from ingest.batch import SampleBatch  # noqa: E402
 from ingest.gateway import Gateway  # noqa: E402
 from ingest.ingester import KafkaShardIngester  # noqa: E402
 from ingest.topics import ensure_topic  # noqa: E402
+from store.sqlite import open_sqlite_stores  # noqa: E402
 
 BOOTSTRAP = f"127.0.0.1:{os.environ.get('FILOPY_KAFKA_PORT', '9092')}"
 SERIES = 10_000

@@ -52,13 +52,13 @@ import cramjam
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from filopy.config import load_settings  # noqa: E402
-from filopy.dataset import Dataset, LabelLimits, SourceSettings  # noqa: E402
-from filopy.store import open_stores  # noqa: E402
+from core.config import load_settings  # noqa: E402
+from core.dataset import Dataset, LabelLimits, SourceSettings  # noqa: E402
 from ingest.topics import ensure_topic  # noqa: E402
 from ingest.wire.line_protocol import decode_lines  # noqa: E402
 from ingest.wire.prompb import write_v2_pb2  # noqa: E402
 from ingest.wire.prompb.remote_pb2 import WriteRequest  # noqa: E402
+from store import open_stores  # noqa: E402
 
 BOOTSTRAP = f"127.0.0.1:{os.environ.get('FILOPY_KAFKA_PORT', '9092')}"
 VICTORIA = shutil.which("victoria-metrics") or "/usr/bin/victoria-metrics"

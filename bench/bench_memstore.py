@@ -30,11 +30,11 @@ from pathlib import Path
 
 import numpy as np
 
-from filopy.dataset import Dataset
-from filopy.store.sqlite import open_sqlite_stores
+from core.dataset import Dataset
 from ingest.batch import SampleBatch
 from ingest.flush import Flusher, FlushResult
 from ingest.memstore import SealedGroup, ShardMemstore
+from store.sqlite import open_sqlite_stores
 
 SERIES = 10_000
 PER_BATCH_SERIES = 1_000

@@ -139,7 +139,7 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--kafka", default="127.0.0.1:9092")
     args = p.parse_args()
-    import filopy.testing  # noqa: F401  binds Ray to loopback before anything imports Ray
+    import coordinator.local_cluster  # noqa: F401  binds Ray to loopback before anything imports Ray
 
     end_s = int(time.time()) // 60 * 60 - 60
     print("one host ...", file=sys.stderr, flush=True)

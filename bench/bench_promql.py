@@ -251,7 +251,7 @@ def main() -> None:
         help="with --only: idle time between queries (as when they are interleaved)",
     )
     args = ap.parse_args()
-    import filopy.testing  # noqa: F401  binds Ray to loopback before anything imports Ray
+    import coordinator.local_cluster  # noqa: F401  binds Ray to loopback before anything imports Ray
     from coordinator import cluster_queries  # the REST server below runs in this process
 
     cluster_queries.DEFAULT_TRANSPORT = args.transport

@@ -23,7 +23,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from filopy.testing import LocalRayCluster  # noqa: E402  (binds Ray to loopback first)
+from coordinator.local_cluster import LocalRayCluster  # noqa: E402  (binds Ray to loopback first)
 
 # isort: split
 import ray  # noqa: E402
@@ -31,8 +31,8 @@ import ray  # noqa: E402
 from coordinator.client import FiloPyClient  # noqa: E402
 from coordinator.cluster_actor import start_cluster_actor  # noqa: E402
 from coordinator.cluster_queries import cluster_query_service  # noqa: E402
-from filopy.config import load_settings  # noqa: E402
-from filopy.dataset import Dataset, SourceSettings  # noqa: E402
+from core.config import load_settings  # noqa: E402
+from core.dataset import Dataset, SourceSettings  # noqa: E402
 from ingest.gateway import Gateway  # noqa: E402
 from ingest.workload import scrapes  # noqa: E402
 

@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from filopy.testing import LocalRayCluster  # noqa: E402  (binds Ray to loopback first)
+from coordinator.local_cluster import LocalRayCluster  # noqa: E402  (binds Ray to loopback first)
 
 # isort: split
 import numpy as np  # noqa: E402
@@ -38,8 +38,8 @@ import ray  # noqa: E402
 
 from coordinator.client import FiloPyClient  # noqa: E402
 from coordinator.cluster_actor import start_cluster_actor  # noqa: E402
+from core.dataset import SourceSettings  # noqa: E402
 from filopy import Dataset  # noqa: E402
-from filopy.dataset import SourceSettings  # noqa: E402
 from ingest.batch import SampleBatch  # noqa: E402
 from ingest.gateway import Gateway  # noqa: E402
 from tests.runtime.conftest import cluster_settings  # noqa: E402

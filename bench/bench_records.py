@@ -30,7 +30,7 @@ import numpy as np
 import zstandard
 from confluent_kafka.admin import AdminClient
 
-from filopy.dataset import Dataset, SourceSettings
+from core.dataset import Dataset, SourceSettings
 from ingest.batch import SampleBatch
 from ingest.gateway import Gateway
 from ingest.topics import ensure_topic

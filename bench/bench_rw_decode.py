@@ -28,7 +28,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from filopy.dataset import Dataset  # noqa: E402
+from core.dataset import Dataset  # noqa: E402
 from ingest.gateway import Gateway  # noqa: E402
 from ingest.wire import remote_write_v1  # noqa: E402
 from ingest.wire.prompb.remote_pb2 import WriteRequest  # noqa: E402

@@ -25,11 +25,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from filopy.dataset import Dataset  # noqa: E402
-from filopy.store.api import encode_part_key  # noqa: E402
+from core.dataset import Dataset  # noqa: E402
 from ingest.batch import SampleBatch  # noqa: E402
 from ingest.memstore import ShardMemstore  # noqa: E402
 from ingest.series_index import SeriesIndex  # noqa: E402
+from store.api import encode_part_key  # noqa: E402
 
 BATCH = 10_000
 MODES = ["user", "system", "idle", "iowait", "irq", "softirq", "steal", "nice"]

@@ -20,8 +20,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from filopy.store import encode_part_key  # noqa: E402
 from ingest.open_buffers import OpenBuffers, decode_open_buffers, encode_open_buffers  # noqa: E402
+from store import encode_part_key  # noqa: E402
 
 SERIES, OPEN = 20_000, 60
 

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from filopy.dataset import DatasetRef
-from filopy.store import (
+from core.dataset import DatasetRef
+from store import (
     INT64_MAX,
     INT64_MIN,
     ChunkRecord,
@@ -37,7 +37,7 @@ from filopy.store import (
     PartKeyRecord,
     encode_part_key,
 )
-from filopy.store.encoding import decode_chunk, encode_chunk
+from store.encoding import decode_chunk, encode_chunk
 
 T0 = 1_700_000_000_000
 STEP_MS = 15_000
@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> None:
     out("backends store pre-encoded chunks (encoding is measured above); read+decode adds decoding")
     for backend in args.backends.split(","):
         if backend == "sqlite":
-            from filopy.store.sqlite import open_sqlite_stores
+            from store.sqlite import open_sqlite_stores
 
             with tempfile.TemporaryDirectory() as tmp:
                 path = Path(tmp) / "bench.db"
@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> None:
                     "(part keys, keys and index included)"
                 )
         elif backend == "cassandra":
-            from filopy.store.cassandra import open_cassandra_stores
+            from store.cassandra import open_cassandra_stores
 
             host, port = args.cassandra.rsplit(":", 1)
             keyspace = f"filopy_bench_{uuid.uuid4().hex[:8]}"

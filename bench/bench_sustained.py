@@ -259,7 +259,7 @@ class Shared:
 
 
 def make_dataset(name: str) -> Any:
-    from filopy.dataset import Dataset, SourceSettings, SpreadSettings
+    from core.dataset import Dataset, SourceSettings, SpreadSettings
 
     return Dataset(
         name=name,
@@ -340,10 +340,10 @@ def open_stores(spec: str) -> tuple[Any, Any]:
     """The bench's stores: an SQLite file path, or `cassandra:<keyspace>` on the local
     Cassandra (scripts/services.sh up cassandra)."""
     if spec.startswith(CASSANDRA_PREFIX):
-        from filopy.store.cassandra import open_cassandra_stores
+        from store.cassandra import open_cassandra_stores
 
         return open_cassandra_stores(["127.0.0.1"], keyspace=spec[len(CASSANDRA_PREFIX) :])
-    from filopy.store.sqlite import open_sqlite_stores
+    from store.sqlite import open_sqlite_stores
 
     return open_sqlite_stores(spec)
 
@@ -389,8 +389,8 @@ def run_ingester(
     until the parent says stop (`shared.done` = 3), then stop cleanly (flushing everything) and
     write what it found to `result_path`."""
     import ingest.ingester as ingester_module
-    from filopy.config import load_settings
-    from filopy.shard_status import IngestionError
+    from core.config import load_settings
+    from core.shard_status import IngestionError
     from ingest.ingester import KafkaShardIngester
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
@@ -1294,7 +1294,7 @@ def main(argv: list[str] | None = None) -> None:
         args.drain_timeout_s = args.duration_s
     if args.max_lag_s <= 0:
         args.max_lag_s = float("inf")
-    from filopy.config import load_settings
+    from core.config import load_settings
 
     ingest = load_settings().ingest
     args.code_version = code_version()

@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from coordinator.query_channel import Connection, QueryServer, request_payload  # noqa: E402
-from filopy.dataset import Dataset, DatasetRef  # noqa: E402
+from core.dataset import Dataset, DatasetRef  # noqa: E402
 from ingest.batch import SampleBatch  # noqa: E402
 from ingest.memstore import ShardMemstore  # noqa: E402
 from query.executor import NodeAnswer, NodeQuery, ShardSource, run_node_query  # noqa: E402

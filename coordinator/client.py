@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any, Self
 
-from filopy import ray_env
+from coordinator import ray_env
 
 # isort: split
 import ray
@@ -42,12 +42,12 @@ from coordinator.messages import (
 )
 from coordinator.names import new_sink_name, new_subscription_id, node_actor_name
 from coordinator.rebalance import Plan
-from filopy.config import Settings, load_settings
-from filopy.dataset import Dataset, DatasetRef
-from filopy.errors import DatasetUnknownError, FiloPyError, Invalid, NotFound
-from filopy.mapper import ShardMapper
-from filopy.shard_status import CurrentShardSnapshot, ShardEvent
-from filopy.store.api import OwnershipChange
+from core.config import Settings, load_settings
+from core.dataset import Dataset, DatasetRef
+from core.errors import DatasetUnknownError, FiloPyError, Invalid, NotFound
+from core.mapper import ShardMapper
+from core.shard_status import CurrentShardSnapshot, ShardEvent
+from store.api import OwnershipChange
 
 ShardUpdate = CurrentShardSnapshot | ShardEvent
 
@@ -84,7 +84,7 @@ def resolve_address(address: str) -> str:
     if address == "auto":
         from ray._private.utils import read_ray_address
 
-        from filopy.local_state import running
+        from core.local_state import running
 
         local = running()  # a cluster started by `filopy up` from this directory
         resolved = (
@@ -173,7 +173,7 @@ class FiloPyClient:
     def setup_dataset(self, dataset: Dataset) -> bool:
         """SetupDataset: True if created, False if the same definition already existed.
 
-        Raises `filopy.store.DatasetConflict` if it exists with another definition.
+        Raises `store.DatasetConflict` if it exists with another definition.
         """
         reply = self._call("setup_dataset", dataset)
         assert isinstance(reply, DatasetVerified | DatasetExists)

@@ -50,11 +50,11 @@ from coordinator.names import (
 )
 from coordinator.node_coordinator import NodeCoordinator, NodeInfo
 from coordinator.rebalance import Plan
-from filopy.config import Settings
-from filopy.dataset import Dataset, DatasetInvalid, DatasetRef
-from filopy.shard_status import ShardEvent, ShardMapState
-from filopy.store import MetaStore, OwnershipChange, StoreUnavailable, open_stores
+from core.config import Settings
+from core.dataset import Dataset, DatasetInvalid, DatasetRef
+from core.shard_status import ShardEvent, ShardMapState
 from ingest.topics import ensure_topic
+from store import MetaStore, OwnershipChange, StoreUnavailable, open_stores
 
 log = logging.getLogger(__name__)
 

@@ -25,10 +25,10 @@ from coordinator.query_channel import (
     QueryEndpoint,
     request_payload,
 )
-from filopy.dataset import Dataset, DatasetRef
-from filopy.errors import DatasetUnknownError
-from filopy.mapper import ShardMapper
-from filopy.shard_status import CurrentShardSnapshot, ShardEvent, ShardMapState
+from core.dataset import Dataset, DatasetRef
+from core.errors import DatasetUnknownError
+from core.mapper import ShardMapper
+from core.shard_status import CurrentShardSnapshot, ShardEvent, ShardMapState
 from query.executor import NodeAnswer, NodeQuery, ShardsNotHere
 from query.service import NodeCaller, NodeUnavailable, PendingAnswer, QueryService
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from coordinator.messages import DatasetRemoved, SubscriberMessage, SubscriptionsChanged
-from filopy.dataset import DatasetRef
-from filopy.mapper import ShardMapper
-from filopy.shard_status import CurrentShardSnapshot, ShardEvent, ShardMapState
+from core.dataset import DatasetRef
+from core.mapper import ShardMapper
+from core.shard_status import CurrentShardSnapshot, ShardEvent, ShardMapState
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,9 +55,9 @@ from coordinator.messages import (
 from coordinator.rebalance import Plan, evacuation_moves, plan_moves, version_key
 from coordinator.strategy import DefaultShardAssignmentStrategy, ShardAssignmentStrategy
 from coordinator.subscriptions import ShardSubscriptions
-from filopy.dataset import Dataset, DatasetRef
-from filopy.mapper import ShardMapper
-from filopy.shard_status import (
+from core.dataset import Dataset, DatasetRef
+from core.mapper import ShardMapper
+from core.shard_status import (
     Active,
     CurrentShardSnapshot,
     Handoff,
@@ -74,7 +74,7 @@ from filopy.shard_status import (
     ShardMapState,
     Stopped,
 )
-from filopy.store.api import OwnershipChange
+from store.api import OwnershipChange
 
 __all__ = ["DEFAULT_REASSIGNMENT_MIN_INTERVAL", "ErrorReassignmentStats", "ShardManager"]
 

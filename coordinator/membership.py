@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from coordinator.failure_detector import PingFailureDetector
-from filopy.errors import Internal
+from core.errors import Internal
 
 
 class NodeState(StrEnum):

@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from filopy.dataset import Dataset, DatasetRef
-from filopy.shard_status import CurrentShardSnapshot, ShardEvent, ShardMapState
-from filopy.store.api import OwnershipChange
+from core.dataset import Dataset, DatasetRef
+from core.shard_status import CurrentShardSnapshot, ShardEvent, ShardMapState
+from store.api import OwnershipChange
 
 __all__ = [
     "DatasetExists",

@@ -41,10 +41,10 @@ from coordinator.inbox import Delivery, OrderedInbox
 from coordinator.messages import NodeShardMap
 from coordinator.names import CLUSTER_ACTOR_NAME
 from coordinator.query_channel import QueryEndpoint, QueryServer
-from filopy.config import Settings
-from filopy.dataset import Dataset, DatasetRef
-from filopy.heap import keep_long_lived_frozen
-from filopy.shard_status import (
+from core.config import Settings
+from core.dataset import Dataset, DatasetRef
+from core.heap import keep_long_lived_frozen
+from core.shard_status import (
     Assigned,
     Handoff,
     IngestionDegraded,
@@ -54,7 +54,6 @@ from filopy.shard_status import (
     ShardEvent,
     ShardMapState,
 )
-from filopy.store import ColumnStore, MetaStore, StoreUnavailable, open_stores
 from ingest import tenure
 from ingest.base import EventReporter, IngesterFactory, ShardIngester
 from ingest.ingester import KafkaShardIngester, stale_epoch_rejections
@@ -63,6 +62,7 @@ from ingest.memstore import ShardMemstore
 from ingest.placeholder import EpochClaimingIngester
 from ingest.tenure import Tenure
 from query.executor import NodeAnswer, NodeQuery, ShardsNotHere, ShardSource, run_node_query
+from store import ColumnStore, MetaStore, StoreUnavailable, open_stores
 
 log = logging.getLogger(__name__)
 
@@ -265,7 +265,7 @@ class NodeCoordinator:
     ) -> None:
         """`labels`: the Ray node's labels, as the singleton read them from Ray. `own_process`:
         this coordinator is its process's server (a Ray actor), which then keeps its long-lived
-        objects out of the garbage collector's way (`filopy.heap`)."""
+        objects out of the garbage collector's way (`core.heap`)."""
         self._heap = keep_long_lived_frozen() if own_process else None
         self._info = NodeInfo(
             node_id,

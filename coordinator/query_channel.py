@@ -43,8 +43,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from filopy.dataset import DatasetRef
-from filopy.errors import FiloPyError, Internal, Unavailable
+from core.dataset import DatasetRef
+from core.errors import FiloPyError, Internal, Unavailable
 from query.executor import NodeAnswer, NodeQuery
 
 log = logging.getLogger("filopy.query")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from filopy.dataset import Dataset
-from filopy.mapper import ShardMapper
+from core.dataset import Dataset
+from core.mapper import ShardMapper
 
 __all__ = ["DefaultShardAssignmentStrategy", "ShardAssignmentStrategy", "max_shards_per_node"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from coordinator.messages import SubscriptionsChanged
-from filopy.dataset import DatasetRef
+from core.dataset import DatasetRef
 
 
 def _with(items: tuple[str, ...], item: str) -> tuple[str, ...]:

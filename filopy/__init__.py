@@ -1,7 +1,7 @@
 """FiloPy: a FiloDB-style time-series ingestion cluster on Kafka, Ray and Cassandra."""
 
-from filopy.dataset import Dataset, DatasetRef
-from filopy.hashing import (
+from core.dataset import Dataset, DatasetRef
+from core.hashing import (
     ingestion_shard,
     partition_key_hash,
     query_shards,
@@ -9,8 +9,8 @@ from filopy.hashing import (
     shard_key_hash,
     shards_for_query,
 )
-from filopy.mapper import ShardEventError, ShardMapper
-from filopy.shard_status import (
+from core.mapper import ShardEventError, ShardMapper
+from core.shard_status import (
     Active,
     Assigned,
     CurrentShardSnapshot,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from filopy.config import DEFAULT_CONFIG_FILE, Settings
+from core.config import DEFAULT_CONFIG_FILE, Settings
 
 HEADER = """# Configuration reference
 

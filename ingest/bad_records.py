@@ -21,10 +21,10 @@ from itertools import islice
 import numpy as np
 import numpy.typing as npt
 
-from filopy.dataset import METRIC_COLUMN, LabelLimits
-from filopy.hashing import PROMETHEUS_METRIC_LABEL
-from filopy.store.api import encode_part_key
+from core.dataset import METRIC_COLUMN, LabelLimits
+from core.hashing import PROMETHEUS_METRIC_LABEL
 from ingest.batch import Labels, SampleBatch
+from store.api import encode_part_key
 
 
 class BadRecord(StrEnum):

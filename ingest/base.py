@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from filopy.config import Settings
-from filopy.dataset import Dataset
-from filopy.shard_status import ShardEvent
-from filopy.store import ColumnStore, MetaStore
+from core.config import Settings
+from core.dataset import Dataset
+from core.shard_status import ShardEvent
+from store import ColumnStore, MetaStore
 
 EventReporter = Callable[[ShardEvent], None]
 

@@ -59,8 +59,10 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from filopy.dataset import DatasetRef
-from filopy.store.api import (
+from core.dataset import DatasetRef
+from ingest.memstore import NONE_TS, SealedGroup, ShardMemstore
+from ingest.open_buffers import decode_open_buffers, encode_open_buffers
+from store.api import (
     INT64_MAX,
     INT64_MIN,
     ColumnStore,
@@ -68,8 +70,6 @@ from filopy.store.api import (
     StaleEpochError,
     StoreUnavailable,
 )
-from ingest.memstore import NONE_TS, SealedGroup, ShardMemstore
-from ingest.open_buffers import decode_open_buffers, encode_open_buffers
 
 DEFAULT_FLUSH_INTERVAL_S = 60.0
 DEFAULT_RETRY_INITIAL_S = 0.5

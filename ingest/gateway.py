@@ -31,9 +31,9 @@ import numpy as np
 import numpy.typing as npt
 from confluent_kafka import KafkaError, Message, Producer
 
-from filopy.dataset import Dataset
-from filopy.errors import Invalid, Unavailable
-from filopy.hashing import shard_for_series
+from core.dataset import Dataset
+from core.errors import Invalid, Unavailable
+from core.hashing import shard_for_series
 from ingest.bad_records import DEFAULT_TS_RANGE, SERIES_REASONS, BadRecord, series_problem
 from ingest.batch import IntKeyedBatch, KeyedBatch, Labels, SampleBatch
 from ingest.byte_table import new_slots

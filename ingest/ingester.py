@@ -40,21 +40,21 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from filopy.config import Settings
-from filopy.dataset import Dataset
-from filopy.shard_status import (
+from core.config import Settings
+from core.dataset import Dataset
+from core.shard_status import (
     IngestionDegraded,
     IngestionError,
     IngestionStarted,
     RecoveryInProgress,
     ShardEvent,
 )
-from filopy.store import ColumnStore, MetaStore, StaleEpochError, StoreUnavailable
 from ingest.base import EventReporter, ReportingIngester
 from ingest.flush import Flusher, read_merged, recover_shard
 from ingest.memstore import ShardMemstore
 from ingest.records import decoder_for
 from ingest.tenure import Tenure, note_release, noted_release, offsets_read_before, record
+from store import ColumnStore, MetaStore, StaleEpochError, StoreUnavailable
 
 log = logging.getLogger(__name__)
 

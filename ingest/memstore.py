@@ -40,9 +40,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from filopy.dataset import Dataset
-from filopy.hashing import partition_key_hash, shard_for_series
-from filopy.store.api import (
+from core.dataset import Dataset
+from core.hashing import partition_key_hash, shard_for_series
+from ingest.batch import KeyedBatch, Labels, SampleBatch
+from ingest.open_buffers import OpenBuffers
+from ingest.series_index import SeriesIndex
+from store.api import (
     INT64_MAX,
     INT64_MIN,
     ChunkRecord,
@@ -51,10 +54,7 @@ from filopy.store.api import (
     decode_part_key,
     encode_part_key,
 )
-from filopy.store.encoding import encode_chunks
-from ingest.batch import KeyedBatch, Labels, SampleBatch
-from ingest.open_buffers import OpenBuffers
-from ingest.series_index import SeriesIndex
+from store.encoding import encode_chunks
 
 I64 = np.int64
 F64 = np.float64

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import asyncio
 
-from filopy.config import Settings
-from filopy.dataset import Dataset
-from filopy.shard_status import IngestionError, IngestionStarted
-from filopy.store import ColumnStore, MetaStore, StoreError, StoreUnavailable
+from core.config import Settings
+from core.dataset import Dataset
+from core.shard_status import IngestionError, IngestionStarted
 from ingest.base import EventReporter, ReportingIngester
+from store import ColumnStore, MetaStore, StoreError, StoreUnavailable
 
 
 class EpochClaimingIngester(ReportingIngester):

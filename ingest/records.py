@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from filopy.dataset import Dataset, RecordFormat
+from core.dataset import Dataset, RecordFormat
 from ingest.bad_records import DEFAULT_TS_RANGE, Decoded, undecodable
 from ingest.wire.binary_format import SeriesTables, decode_binary
 from ingest.wire.line_protocol import decode_influx

@@ -25,8 +25,8 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from filopy.store.api import LabelMatcher, MatchOp, encode_part_key
 from ingest.batch import Labels
+from store.api import LabelMatcher, MatchOp, encode_part_key
 
 __all__ = ["SeriesIndex"]
 

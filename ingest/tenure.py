@@ -22,9 +22,9 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from filopy.dataset import DatasetRef
-from filopy.store import ColumnStore
-from filopy.store.api import INT32_MAX
+from core.dataset import DatasetRef
+from store import ColumnStore
+from store.api import INT32_MAX
 
 MAX_TENURES = 10_000  # per process; the oldest go first
 # Release notes live in the ColumnStore's open-snapshot table, under a flush group no flush uses

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic, OffsetSpec
 
-from filopy.dataset import Dataset
-from filopy.errors import Conflict, Unavailable
+from core.dataset import Dataset
+from core.errors import Conflict, Unavailable
 
 DEFAULT_TIMEOUT_S = 15.0
 _log = logging.getLogger("filopy.kafka")

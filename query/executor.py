@@ -17,10 +17,8 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from filopy.dataset import Dataset
-from filopy.errors import Unavailable
-from filopy.store import ColumnStore
-from filopy.store.api import INT64_MAX, INT64_MIN, LabelMatcher
+from core.dataset import Dataset
+from core.errors import Unavailable
 from ingest.flush import read_merged_batch
 from ingest.memstore import ShardMemstore
 from query.evaluator import eval_partial, eval_series_local
@@ -28,6 +26,8 @@ from query.functions import SampleBatch
 from query.promql import Aggregate, Expr
 from query.routing import PROMETHEUS_METRIC
 from query.values import SeriesData
+from store import ColumnStore
+from store.api import INT64_MAX, INT64_MIN, LabelMatcher
 
 
 @dataclass

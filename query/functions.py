@@ -22,7 +22,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from filopy.staleness import is_stale
+from core.staleness import is_stale
 from ingest.jit import float_kernel, kernel, warms
 
 F64 = npt.NDArray[np.float64]

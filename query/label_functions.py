@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from filopy.regex import compile_anchored
-from filopy.store.api import LabelMatcher, MatchOp
+from core.regex import compile_anchored
+from store.api import LabelMatcher, MatchOp
 
 __all__ = ["absent_labels", "compile_anchored", "expand", "label_join", "label_replace"]
 

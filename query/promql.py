@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import promql_parser as pp
 
-from filopy.errors import (
+from core.errors import (
     ExecutionFailed,
     FiloPyError,
     Invalid,
@@ -26,7 +26,7 @@ from filopy.errors import (
     Unsupported,
     category_of,
 )
-from filopy.store.api import LabelMatcher, MatchOp
+from store.api import LabelMatcher, MatchOp
 
 __all__ = [
     "ARITHMETIC_OPS",
@@ -204,7 +204,7 @@ _CARDS = {
 
 class QueryError(FiloPyError):
     """A query that cannot be answered; `kind` maps to the Prometheus API error type and to the
-    error's category (`filopy.errors`), so one class serves every construction site.
+    error's category (`core.errors`), so one class serves every construction site.
 
     "bad_data": not valid PromQL (`Invalid`). "unsupported": valid PromQL that FiloPy does not
     evaluate (`Unsupported`). "execution": evaluation failed on the data, e.g. many-to-many

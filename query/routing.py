@@ -14,9 +14,9 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from filopy.dataset import Dataset
-from filopy.hashing import check_spread, query_shards, shard_key_hash
-from filopy.store.api import LabelMatcher, MatchOp
+from core.dataset import Dataset
+from core.hashing import check_spread, query_shards, shard_key_hash
+from store.api import LabelMatcher, MatchOp
 
 PROMETHEUS_METRIC = "__name__"
 # Beyond this many shard key combinations, visiting every shard is cheaper than hashing them all.

@@ -21,10 +21,10 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from filopy.dataset import Dataset, DatasetRef
-from filopy.errors import Unavailable
-from filopy.hashing import check_spread
-from filopy.shard_status import (
+from core.dataset import Dataset, DatasetRef
+from core.errors import Unavailable
+from core.hashing import check_spread
+from core.shard_status import (
     Active,
     Degraded,
     Handoff,
@@ -32,7 +32,6 @@ from filopy.shard_status import (
     ShardMapState,
     ShardStatus,
 )
-from filopy.store.api import LabelMatcher
 from query.aggregate import Partial
 from query.evaluator import eval_partial, eval_range_vector, eval_series_local, evaluate
 from query.executor import NodeAnswer, NodeQuery, ShardsNotHere
@@ -54,6 +53,7 @@ from query.promql import (
 from query.pushdown import concat_matrices, is_pushable, is_series_local, merge_partials
 from query.routing import SelectorRoute, route
 from query.values import MemorySource, Scalar, SeriesData, StepMatrix, Value
+from store.api import LabelMatcher
 
 log = logging.getLogger("filopy.query")
 

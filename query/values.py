@@ -26,10 +26,10 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from filopy.store.api import LabelMatcher
 from query import aggregate as agg_mod
 from query.aggregate import LabelKey, label_key
 from query.promql import QueryError
+from store.api import LabelMatcher
 
 __all__ = [
     "F64",

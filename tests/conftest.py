@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-import filopy.testing  # binds Ray to loopback; must precede any `import ray`
+import coordinator.local_cluster  # binds Ray to loopback; must precede any `import ray`
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVICES = ROOT / "scripts" / "services.sh"
@@ -57,7 +57,7 @@ def cassandra_address() -> tuple[str, int]:
 @pytest.fixture
 def ray_cluster() -> Iterator[object]:
     """A real local Ray cluster (head only; tests add nodes), with this process as its driver."""
-    cluster = filopy.testing.LocalRayCluster()
+    cluster = coordinator.local_cluster.LocalRayCluster()
     try:
         yield cluster
     finally:

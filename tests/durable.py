@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from filopy.dataset import Dataset
-from filopy.store import ColumnStore, MetaStore
+from core.dataset import Dataset
 from ingest.flush import read_merged, recover_shard
 from ingest.memstore import ShardMemstore
+from store import ColumnStore, MetaStore
 
 
 def durable_series(

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from filopy.config import DEFAULT_CONFIG_FILE, load_settings
+from core.config import DEFAULT_CONFIG_FILE, load_settings
 
 
 def test_defaults_come_from_the_shipped_file(monkeypatch: pytest.MonkeyPatch) -> None:

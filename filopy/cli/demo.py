@@ -26,8 +26,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from filopy.config import Settings, load_settings
-from filopy.testing import LocalRayCluster
+from coordinator.local_cluster import LocalRayCluster
+from core.config import Settings, load_settings
 
 # isort: split
 import ray
@@ -35,9 +35,9 @@ import ray
 from coordinator.client import FiloPyClient
 from coordinator.cluster_actor import start_cluster_actor
 from coordinator.node_coordinator import NAME_LABEL
-from filopy.dataset import Dataset, SourceSettings
-from filopy.mapper import ShardMapper
-from filopy.shard_status import ShardEvent
+from core.dataset import Dataset, SourceSettings
+from core.mapper import ShardMapper
+from core.shard_status import ShardEvent
 from ingest.gateway import Gateway
 from ingest.workload import JOBS, SCRAPE_MS, scrapes
 

@@ -23,8 +23,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from filopy.errors import Unavailable
-from filopy.local_state import STATE_FILE, LocalCluster, alive, running, state_dir
+from core.errors import Unavailable
+from core.local_state import STATE_FILE, LocalCluster, alive, running, state_dir
 
 log = logging.getLogger("filopy.local")
 
@@ -114,15 +114,15 @@ def _service_running(name: str) -> bool:
 
 
 def _supervise(nodes: int, port: int) -> None:
-    from filopy.config import load_settings
-    from filopy.testing import LocalRayCluster  # sets Ray's loopback environment first
+    from coordinator.local_cluster import LocalRayCluster  # sets Ray's loopback environment first
+    from core.config import load_settings
 
     # isort: split
     import uvicorn
 
     from coordinator.client import FiloPyClient
     from coordinator.cluster_actor import start_cluster_actor
-    from filopy.heap import keep_long_lived_frozen
+    from core.heap import keep_long_lived_frozen
     from filopy.rest import create_app
 
     def stop(signum: int, _frame: object) -> None:

@@ -140,9 +140,9 @@ def serve(
     """Run the cluster singleton on a Ray cluster (if not running yet) and serve the REST API."""
     import ray
 
+    from coordinator import ray_env
     from coordinator.client import resolve_address
-    from filopy import ray_env
-    from filopy.config import load_settings
+    from core.config import load_settings
 
     settings = load_settings()
     ray_env.bind_loopback()  # Ray is imported by now: binding at connect time is what counts
@@ -160,7 +160,7 @@ def _serve_rest(settings: Any, host: str, port: int) -> None:
 
     from coordinator.client import FiloPyClient
     from coordinator.cluster_actor import start_cluster_actor
-    from filopy.heap import keep_long_lived_frozen
+    from core.heap import keep_long_lived_frozen
     from filopy.rest import create_app
 
     actor = start_cluster_actor(settings)
@@ -197,8 +197,8 @@ def head(
     --address HOST:PORT`. Stop it with SIGTERM or Ctrl-C."""
     import os
 
+    from core.config import load_settings
     from filopy.cli import raynode
-    from filopy.config import load_settings
 
     settings = load_settings()
     host, _ = raynode.split_address(f"{bind}:{port}")
@@ -263,12 +263,12 @@ def node_join(
     with SIGTERM or Ctrl-C; its shards move to the other nodes). The singleton gives it shards
     as rebalancing allows."""
     from coordinator.node_coordinator import NAME_LABEL
+    from core.config import load_settings
     from filopy.cli import raynode
-    from filopy.config import load_settings
 
     settings = load_settings()
     if address == "auto":
-        from filopy.local_state import running
+        from core.local_state import running
 
         local = running()
         if local is None:
@@ -315,8 +315,8 @@ def gateway(
     the settings' [gateway] section. See docs/ingestion-http.md."""
     import uvicorn
 
-    from filopy.config import load_settings
-    from filopy.heap import keep_long_lived_frozen
+    from core.config import load_settings
+    from core.heap import keep_long_lived_frozen
     from filopy.ingest_http import create_gateway_app
 
     settings = load_settings()
@@ -383,9 +383,9 @@ def watch(
     """Print the current snapshot, then every shard event as it happens (Ctrl-C to stop)."""
     import time
 
+    from core.mapper import ShardMapper
+    from core.shard_status import CurrentShardSnapshot
     from filopy.cli.views import shard_grid
-    from filopy.mapper import ShardMapper
-    from filopy.shard_status import CurrentShardSnapshot
 
     deadline = None if seconds is None else time.monotonic() + seconds
     client = _client(address)
@@ -435,7 +435,7 @@ def dataset_create(
     address: RayAddress = "auto",
 ) -> None:
     """SetupDataset: register a dataset and assign its shards (its Kafka topic is created)."""
-    from filopy.dataset import Dataset
+    from core.dataset import Dataset
 
     if from_json is not None:
         ds = Dataset.model_validate_json(from_json.read())

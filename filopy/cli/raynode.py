@@ -22,8 +22,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from filopy import ray_env
-from filopy.errors import Invalid, Unavailable
+from coordinator import ray_env
+from core.errors import Invalid, Unavailable
 
 log = logging.getLogger("filopy.node")
 

@@ -14,10 +14,10 @@ from typing import Any
 
 import httpx
 
-from filopy.errors import FiloPyError, Invalid, Unavailable
-from filopy.mapper import ShardMapper
+from core.errors import FiloPyError, Invalid, Unavailable
+from core.mapper import ShardMapper
+from core.shard_status import ShardMapState, ShardStatus
 from filopy.rest.errors import ANSWERS
-from filopy.shard_status import ShardMapState, ShardStatus
 
 TIMEOUT_S = 120.0  # above the query deadline: the server says when a query took too long
 CATEGORY_OF_STATUS = {status: category for category, (status, _) in ANSWERS.items()

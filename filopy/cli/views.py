@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from rich.console import Group
 from rich.text import Text
 
-from filopy.mapper import ShardMapper, shard_ranges
-from filopy.shard_status import (
+from core.mapper import ShardMapper, shard_ranges
+from core.shard_status import (
     Active,
     Assigned,
     Degraded,

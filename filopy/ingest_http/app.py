@@ -19,14 +19,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.routing import get_route_path
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from filopy.config import Settings
-from filopy.dataset import Dataset
+from core.config import Settings
+from core.dataset import Dataset
 from filopy.ingest_http.core import Ingestion
 from filopy.ingest_http.influx import influx_router
 from filopy.ingest_http.otlp import otlp_router
 from filopy.ingest_http.remote_write import remote_write_router
-from filopy.store import open_stores
 from ingest.jit import warm
+from store import open_stores
 
 Endpoint = Callable[[str, Request], Awaitable[Response]]
 

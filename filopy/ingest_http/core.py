@@ -32,9 +32,9 @@ from isal import isal_zlib
 from pydantic import BaseModel
 from starlette.datastructures import Headers, QueryParams
 
-from filopy.config import DEFAULT_CONFIG_FILE, GatewaySettings
-from filopy.dataset import Dataset, RecordFormat
-from filopy.errors import Conflict, FiloPyError, Invalid, NotFound, Unavailable
+from core.config import DEFAULT_CONFIG_FILE, GatewaySettings
+from core.dataset import Dataset, RecordFormat
+from core.errors import Conflict, FiloPyError, Invalid, NotFound, Unavailable
 from filopy.ingest_http.metrics import IngestMetrics
 from ingest.bad_records import (
     DEFAULT_TS_RANGE,

@@ -39,7 +39,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from filopy.errors import Unavailable
+from core.errors import Unavailable
 from filopy.ingest_http.core import (
     Ingestion,
     IngestProtocol,

@@ -23,10 +23,11 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from coordinator.client import FiloPyClient, Subscription
 from coordinator.cluster_queries import cluster_query_service
-from filopy.config import Settings
-from filopy.dataset import _NAME_RE, Dataset
+from core.config import Settings
+from core.dataset import _NAME_RE, Dataset
+from core.mapper import ShardEventError, ShardMapper, shard_ranges
+from core.shard_status import Active, CurrentShardSnapshot, Degraded, Error, Recovery
 from filopy.ingest_http import Ingestion, serve_ingestion
-from filopy.mapper import ShardEventError, ShardMapper, shard_ranges
 from filopy.rest.errors import (
     NOT_FOUND,
     UNAVAILABLE,
@@ -62,7 +63,6 @@ from filopy.rest.models import (
     snapshot_data,
 )
 from filopy.rest.promql import promql_router, serve_queries
-from filopy.shard_status import Active, CurrentShardSnapshot, Degraded, Error, Recovery
 
 R = TypeVar("R")
 

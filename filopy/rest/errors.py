@@ -1,6 +1,6 @@
 """Every failure as a JSON envelope with the right HTTP status and a message a human can act on.
 
-FiloPy's errors are answered by their category (`filopy.errors`), from one table (`ANSWERS`); an
+FiloPy's errors are answered by their category (`core.errors`), from one table (`ANSWERS`); an
 error may name a more specific errorType (a refused shard request names its reason). Exceptions
 raised inside the cluster reach us wrapped by Ray (`RayTaskError`, whose `str()` is a remote
 traceback): they are unwrapped to their cause first, so no stack trace ever reaches a client.
@@ -21,8 +21,8 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from filopy.dataset import _check_name
-from filopy.errors import (
+from core.dataset import _check_name
+from core.errors import (
     Conflict,
     ExecutionFailed,
     FiloPyError,

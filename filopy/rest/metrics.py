@@ -22,7 +22,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from coordinator.client import DatasetUnknownError, FiloPyClient
-from filopy.dataset import Dataset
+from core.dataset import Dataset
 from ingest.topics import KafkaUnavailable, admin_client, end_offsets
 
 log = logging.getLogger("filopy.rest")

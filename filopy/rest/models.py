@@ -12,15 +12,15 @@ from typing import Annotated, Any, Generic, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from coordinator.rebalance import Plan
-from filopy.mapper import ShardMapper
-from filopy.shard_status import (
+from core.mapper import ShardMapper
+from core.shard_status import (
     CurrentShardSnapshot,
     IngestionDegraded,
     IngestionError,
     RecoveryInProgress,
     ShardEvent,
 )
-from filopy.store.api import OwnershipChange
+from store.api import OwnershipChange
 
 T = TypeVar("T")
 

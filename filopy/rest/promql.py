@@ -39,10 +39,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from coordinator.client import FiloPyClient
 from filopy.rest.errors import BAD_DATA, UNSUPPORTED, ApiError, api_error, error_response
 from filopy.rest.models import ErrorBody
-from filopy.store.api import LabelMatcher
 from query.promql import QueryError, VectorSelector, depth_bound, parse
 from query.service import QueryResult, QueryService
 from query.values import RangeVector, Scalar, StepMatrix, String, Value
+from store.api import LabelMatcher
 
 R = TypeVar("R")
 # 400 bad query or parameter, 404 unknown dataset, 422 execution error, 501 valid PromQL

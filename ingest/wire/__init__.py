@@ -8,7 +8,7 @@ no HTTP, no Kafka. The HTTP endpoints (`filopy.ingest_http`) and the ingesters
 - `line_protocol`: Influx line protocol;
 - `binary_format`: FiloPy's own batch format, which the gateway writes to Kafka.
 
-A body that cannot be read at all raises `filopy.errors.Invalid` (the HTTP layer answers 400);
+A body that cannot be read at all raises `core.errors.Invalid` (the HTTP layer answers 400);
 anything less counts bad records per reason (`ingest.bad_records`). Each format has one
 reference decoder and at most one compiled fast path beside it, tested to give what the
 reference gives.

@@ -20,8 +20,8 @@ import numpy as np
 import numpy.typing as npt
 import zstandard
 
-from filopy.dataset import METRIC_COLUMN, LabelLimits
-from filopy.errors import Invalid
+from core.dataset import METRIC_COLUMN, LabelLimits
+from core.errors import Invalid
 from ingest.bad_records import (
     DEFAULT_LIMITS,
     DEFAULT_TS_RANGE,

@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from line_protocol_parser import LineFormatError, parse_line
 
-from filopy.dataset import METRIC_COLUMN, LabelLimits
+from core.dataset import METRIC_COLUMN, LabelLimits
 from ingest.bad_records import (
     DEFAULT_LIMITS,
     DEFAULT_TS_RANGE,

@@ -35,9 +35,9 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality, Metric
 
-from filopy.dataset import LabelLimits
-from filopy.errors import Invalid
-from filopy.staleness import STALE_NAN
+from core.dataset import LabelLimits
+from core.errors import Invalid
+from core.staleness import STALE_NAN
 from ingest.bad_records import (
     DEFAULT_TS_RANGE,
     BadRecord,

@@ -22,8 +22,8 @@ import numpy as np
 import numpy.typing as npt
 from google.protobuf.message import DecodeError
 
-from filopy.errors import Invalid
-from filopy.hashing import PROMETHEUS_METRIC_LABEL
+from core.errors import Invalid
+from core.hashing import PROMETHEUS_METRIC_LABEL
 from ingest.bad_records import Decoded, show_labels
 from ingest.batch import IntKeyedBatch, Labels, SampleBatch, new_series_key
 from ingest.byte_table import ByteTable, padded

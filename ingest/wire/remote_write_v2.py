@@ -27,9 +27,9 @@ import numpy.typing as npt
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
-from filopy.dataset import LabelLimits
-from filopy.errors import Invalid
-from filopy.hashing import PROMETHEUS_METRIC_LABEL
+from core.dataset import LabelLimits
+from core.errors import Invalid
+from core.hashing import PROMETHEUS_METRIC_LABEL
 from ingest.bad_records import Decoded, series_problem, show_labels
 from ingest.batch import KeyedBatch, Labels, SampleBatch, new_series_key
 from ingest.wire.prompb.write_v2_pb2 import Request

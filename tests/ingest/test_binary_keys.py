@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from filopy.dataset import Dataset, SpreadSettings
+from core.dataset import Dataset, SpreadSettings
 from ingest.batch import KeyedBatch, SampleBatch
 from ingest.memstore import ShardMemstore
 from ingest.wire.binary_format import decode_binary, encode_binary

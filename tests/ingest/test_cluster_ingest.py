@@ -20,14 +20,14 @@ from confluent_kafka import Producer
 
 from coordinator.client import FiloPyClient
 from coordinator.cluster_actor import start_cluster_actor
+from coordinator.local_cluster import LocalRayCluster
 from coordinator.names import node_actor_name
+from core.dataset import RecordFormat, SourceSettings
+from core.hashing import shard_for_series
 from filopy import Dataset
-from filopy.dataset import RecordFormat, SourceSettings
-from filopy.hashing import shard_for_series
-from filopy.store import encode_part_key, open_stores
-from filopy.testing import LocalRayCluster
 from ingest.batch import SampleBatch
 from ingest.gateway import Gateway
+from store import encode_part_key, open_stores
 from tests.runtime.conftest import FiloPyCluster, cluster_settings
 
 pytestmark = [pytest.mark.kafka, pytest.mark.ray]

@@ -21,8 +21,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from filopy.dataset import Dataset, DatasetRef
-from filopy.store import (
+from core.dataset import Dataset, DatasetRef
+from ingest.batch import SampleBatch
+from ingest.flush import Flusher, read_merged, recover_shard, replay_start
+from ingest.memstore import ShardMemstore
+from store import (
     INT64_MAX,
     INT64_MIN,
     ChunkRecord,
@@ -33,11 +36,8 @@ from filopy.store import (
     StoreUnavailable,
     encode_part_key,
 )
-from filopy.store.cassandra import open_cassandra_stores
-from filopy.store.sqlite import open_sqlite_stores
-from ingest.batch import SampleBatch
-from ingest.flush import Flusher, read_merged, recover_shard, replay_start
-from ingest.memstore import ShardMemstore
+from store.cassandra import open_cassandra_stores
+from store.sqlite import open_sqlite_stores
 
 from ..stores.support import MAX_CHUNK_SPAN_MS
 

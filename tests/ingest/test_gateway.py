@@ -13,8 +13,8 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from filopy.dataset import Dataset, SourceSettings, SpreadOverride, SpreadSettings
-from filopy.hashing import query_shards, shard_for_series, shard_key_hash
+from core.dataset import Dataset, SourceSettings, SpreadOverride, SpreadSettings
+from core.hashing import query_shards, shard_for_series, shard_key_hash
 from ingest.batch import SampleBatch
 from ingest.gateway import Gateway, GatewayError, GatewayProgress, InvalidSeries
 from ingest.topics import TopicMismatch, TopicMissing, ensure_topic

@@ -20,7 +20,7 @@ from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from filopy.dataset import Dataset, LabelLimits
+from core.dataset import Dataset, LabelLimits
 from ingest.bad_records import Decoded
 from ingest.batch import KeyedBatch, SampleBatch
 from ingest.gateway import Gateway

@@ -25,8 +25,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from filopy.dataset import Dataset, LabelLimits, SourceSettings
-from filopy.hashing import shard_for_series
+from core.dataset import Dataset, LabelLimits, SourceSettings
+from core.hashing import shard_for_series
 from ingest import byte_table, gateway
 from ingest.bad_records import Decoded
 from ingest.batch import IntKeyedBatch, KeyedBatch, SampleBatch, new_series_key

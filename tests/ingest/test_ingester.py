@@ -12,13 +12,13 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from filopy.config import load_settings
-from filopy.dataset import Dataset, SourceSettings, StoreOptions
-from filopy.shard_status import IngestionError, IngestionStarted, RecoveryInProgress, ShardEvent
-from filopy.store import open_stores
+from core.config import load_settings
+from core.dataset import Dataset, SourceSettings, StoreOptions
+from core.shard_status import IngestionError, IngestionStarted, RecoveryInProgress, ShardEvent
 from ingest.gateway import Gateway
 from ingest.ingester import KafkaShardIngester, is_transient
 from ingest.topics import ensure_topic
+from store import open_stores
 
 pytestmark = pytest.mark.kafka
 

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from numba.core.caching import CacheImpl
 
-from filopy.errors import Invalid
+from core.errors import Invalid
 from ingest import gateway
 from ingest.jit import kernel, warm
 from ingest.wire import line_protocol, remote_write_v1

@@ -24,12 +24,9 @@ from confluent_kafka.admin import AdminClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from filopy.config import Settings, load_settings
-from filopy.dataset import Dataset, LabelLimits, RecordFormat, SourceSettings, SpreadSettings
-from filopy.shard_status import IngestionError, IngestionStarted, ShardEvent
-from filopy.store import INT64_MAX, INT64_MIN, ColumnStore, MetaStore, open_stores
-from filopy.store.api import ChunkRecord, encode_part_key
-from filopy.store.cassandra import open_cassandra_stores
+from core.config import Settings, load_settings
+from core.dataset import Dataset, LabelLimits, RecordFormat, SourceSettings, SpreadSettings
+from core.shard_status import IngestionError, IngestionStarted, ShardEvent
 from ingest.bad_records import BadRecord, Decoded, series_problem
 from ingest.batch import SampleBatch
 from ingest.ingester import KafkaShardIngester
@@ -38,6 +35,9 @@ from ingest.records import decoder_for
 from ingest.topics import ensure_topic
 from ingest.wire.binary_format import HEADER, MAGIC, decode_binary, encode_binary
 from ingest.wire.line_protocol import decode_influx
+from store import INT64_MAX, INT64_MIN, ColumnStore, MetaStore, open_stores
+from store.api import ChunkRecord, encode_part_key
+from store.cassandra import open_cassandra_stores
 
 T0 = 1_700_000_000_000
 NS = 1_000_000

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from filopy.dataset import LabelLimits
+from core.dataset import LabelLimits
 from ingest import byte_table
 from ingest.bad_records import Decoded
 from ingest.batch import KeyedBatch

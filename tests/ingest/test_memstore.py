@@ -9,11 +9,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from filopy.dataset import Dataset
-from filopy.hashing import partition_key_hash
-from filopy.store import LabelMatcher, PartKeyRecord, decode_chunk, encode_part_key
+from core.dataset import Dataset
+from core.hashing import partition_key_hash
 from ingest.batch import SampleBatch
 from ingest.memstore import NONE_TS, ShardMemstore, chunk_cuts, flush_group_of
+from store import LabelMatcher, PartKeyRecord, decode_chunk, encode_part_key
 
 DS = Dataset(name="mem", num_shards=4)
 

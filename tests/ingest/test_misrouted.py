@@ -20,13 +20,13 @@ import numpy as np
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from filopy.dataset import Dataset, RecordFormat, SourceSettings, SpreadSettings
-from filopy.hashing import shard_for_series
-from filopy.store import open_stores
+from core.dataset import Dataset, RecordFormat, SourceSettings, SpreadSettings
+from core.hashing import shard_for_series
 from ingest.batch import SampleBatch
 from ingest.ingester import KafkaShardIngester
 from ingest.memstore import ShardMemstore
 from ingest.topics import ensure_topic
+from store import open_stores
 from tests.ingest.test_outages import _settings
 
 T0 = 1_700_000_000_000

@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from filopy.config import load_settings
-from filopy.dataset import Dataset, SourceSettings
-from filopy.store import open_stores
+from core.config import load_settings
+from core.dataset import Dataset, SourceSettings
 from ingest.flush import read_merged
 from ingest.gateway import Gateway
 from ingest.ingester import KafkaShardIngester
 from ingest.topics import ensure_topic
+from store import open_stores
 
 pytestmark = pytest.mark.kafka
 

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from filopy.store import encode_part_key
 from ingest.open_buffers import OpenBuffers, decode_open_buffers, encode_open_buffers
+from store import encode_part_key
 
 _SPECIAL = [
     float("nan"),

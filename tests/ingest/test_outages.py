@@ -23,15 +23,15 @@ import numpy as np
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from filopy.config import Settings, load_settings
-from filopy.dataset import Dataset, SourceSettings, SpreadSettings
-from filopy.shard_status import IngestionDegraded, IngestionStarted, ShardEvent
-from filopy.store import INT64_MAX, INT64_MIN, ColumnStore, MetaStore, open_stores
+from core.config import Settings, load_settings
+from core.dataset import Dataset, SourceSettings, SpreadSettings
+from core.shard_status import IngestionDegraded, IngestionStarted, ShardEvent
 from ingest.flush import read_merged, recover_shard
 from ingest.gateway import Gateway
 from ingest.ingester import KafkaShardIngester, stale_epoch_rejections
 from ingest.memstore import ShardMemstore
 from ingest.topics import ensure_topic
+from store import INT64_MAX, INT64_MIN, ColumnStore, MetaStore, open_stores
 from tests.ingest.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.kafka

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from filopy.dataset import Dataset, RecordFormat, SourceSettings
+from core.dataset import Dataset, RecordFormat, SourceSettings
 from ingest.bad_records import MAX_TIMESTAMP_MS
 from ingest.batch import SampleBatch
 from ingest.records import decoder_for

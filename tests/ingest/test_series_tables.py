@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from filopy.dataset import Dataset, LabelLimits, SpreadSettings
+from core.dataset import Dataset, LabelLimits, SpreadSettings
 from ingest.batch import SampleBatch
 from ingest.memstore import ShardMemstore
 from ingest.wire.binary_format import SeriesTables, decode_binary, encode_binary

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from filopy.dataset import Dataset, SourceSettings
+from core.dataset import Dataset, SourceSettings
 from ingest.topics import (
     KafkaUnavailable,
     TopicMismatch,

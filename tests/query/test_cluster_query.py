@@ -18,7 +18,7 @@ import ray
 
 from coordinator.cluster_queries import cluster_query_service
 from coordinator.names import node_actor_name
-from filopy.dataset import Dataset, SourceSettings, StoreOptions
+from core.dataset import Dataset, SourceSettings, StoreOptions
 from ingest.gateway import Gateway
 from query.evaluator import range_times
 from query.promql import parse, value_type

@@ -9,13 +9,13 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from filopy.staleness import STALE_NAN
-from filopy.store.api import LabelMatcher
+from core.staleness import STALE_NAN
 from query.aggregate import Partial
 from query.evaluator import LocalBackend, eval_series_local, evaluate, range_times
 from query.promql import Aggregate, Expr, QueryError, parse
 from query.pushdown import Backend, concat_matrices, is_pushable, is_series_local
 from query.values import MemorySource, Scalar, SeriesData, StepMatrix, String
+from store.api import LabelMatcher
 from tests.query.reference import Reference, RefError, key
 
 START = 1_700_000_000_000

@@ -8,7 +8,7 @@ import pickle
 
 import numpy as np
 
-from filopy.dataset import Dataset, DatasetRef, SpreadSettings
+from core.dataset import Dataset, DatasetRef, SpreadSettings
 from query.evaluator import LocalBackend, evaluate
 from query.executor import NodeQuery, run_node_query
 from query.promql import parse

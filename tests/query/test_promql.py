@@ -6,7 +6,6 @@ import pickle
 
 import pytest
 
-from filopy.store.api import LabelMatcher, MatchOp
 from query.promql import (
     Aggregate,
     Binary,
@@ -26,6 +25,7 @@ from query.promql import (
     value_type,
     walk,
 )
+from store.api import LabelMatcher, MatchOp
 
 NAME_FOO = LabelMatcher("__name__", MatchOp.EQ, "foo")
 FOO = VectorSelector("foo", (NAME_FOO,))

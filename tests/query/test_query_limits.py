@@ -15,7 +15,7 @@ import numpy as np
 import promql_parser as pp
 import pytest
 
-from filopy.dataset import Dataset
+from core.dataset import Dataset
 from query.evaluator import LocalBackend, evaluate
 from query.promql import MAX_QUERY_DEPTH, QueryError, depth_bound, format_expr, parse
 from query.values import Scalar, StepMatrix

@@ -6,10 +6,10 @@ import random
 
 import pytest
 
-from filopy.dataset import Dataset, SpreadOverride, SpreadSettings
-from filopy.hashing import shard_for_series
-from filopy.store.api import LabelMatcher, MatchOp
+from core.dataset import Dataset, SpreadOverride, SpreadSettings
+from core.hashing import shard_for_series
 from query.routing import literal_values, route, route_selector
+from store.api import LabelMatcher, MatchOp
 
 DS = Dataset(
     name="prom",

@@ -9,21 +9,21 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from filopy.dataset import Dataset, DatasetRef
-from filopy.mapper import ShardMapper
-from filopy.shard_status import (
+from core.dataset import Dataset, DatasetRef
+from core.mapper import ShardMapper
+from core.shard_status import (
     IngestionStarted,
     RecoveryInProgress,
     ShardAssignmentStarted,
     ShardDown,
     ShardMapState,
 )
-from filopy.store.api import LabelMatcher
 from query.evaluator import LocalBackend, evaluate
 from query.executor import NodeAnswer, NodeQuery, ScanStats, ShardsNotHere, run_node_query
 from query.promql import QueryError
 from query.service import NodeUnavailable, QueryService, ShardsUnavailable
 from query.values import MemorySource, RangeVector, Scalar, SeriesData, StepMatrix
+from store.api import LabelMatcher
 
 DS = Dataset(name="fake", num_shards=4)
 T = 1_700_000_000_000

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from filopy.shard_status import IngestionStarted, ShardAssignmentStarted, ShardMapState
+from core.shard_status import IngestionStarted, ShardAssignmentStarted, ShardMapState
 from query.service import MAP_CATCH_UP_S, QueryService, ShardsUnavailable
 from tests.query.test_service_fanout import DS, FakeMaps, FakeNodes, T, active_map
 

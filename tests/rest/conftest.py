@@ -21,11 +21,11 @@ import ray
 import uvicorn
 from confluent_kafka import Consumer, TopicPartition
 
-import filopy.testing  # binds Ray to loopback; must precede any `import ray` elsewhere
+import coordinator.local_cluster  # binds Ray to loopback; must precede any `import ray` elsewhere
 from coordinator.client import FiloPyClient
 from coordinator.cluster_actor import start_cluster_actor
-from filopy.config import Settings
-from filopy.dataset import Dataset
+from core.config import Settings
+from core.dataset import Dataset
 from filopy.rest import create_app
 from ingest.batch import SampleBatch
 from ingest.wire.binary_format import decode_binary
@@ -78,7 +78,7 @@ class Rest:
 
 
 def start_rest(tmp_path: Path, nodes: int, settings: Settings | None = None) -> Iterator[Rest]:
-    ray_cluster = filopy.testing.LocalRayCluster()
+    ray_cluster = coordinator.local_cluster.LocalRayCluster()
     try:
         settings = settings or cluster_settings(tmp_path)
         actor = start_cluster_actor(settings)

@@ -14,7 +14,7 @@ import httpx
 import pytest
 import ray
 
-from filopy.dataset import DatasetRef
+from core.dataset import DatasetRef
 from tests.rest.test_datasets import error_of
 
 pytestmark = pytest.mark.ray

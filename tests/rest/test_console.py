@@ -26,9 +26,9 @@ from playwright.sync_api import Page, sync_playwright
 
 from coordinator.client import FiloPyClient
 from coordinator.cluster_actor import start_cluster_actor
+from coordinator.local_cluster import LocalRayCluster
 from coordinator.node_coordinator import NAME_LABEL
 from filopy.rest.app import create_app
-from filopy.testing import LocalRayCluster
 from tests.rest.conftest import ServerThread
 from tests.runtime.conftest import FiloPyCluster, cluster_settings
 

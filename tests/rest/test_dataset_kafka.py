@@ -14,10 +14,10 @@ import pytest
 from confluent_kafka import Producer
 from typer.testing import CliRunner
 
+from core.dataset import DatasetRef, SourceSettings
 from filopy import Dataset
 from filopy.cli import app as cli
-from filopy.dataset import DatasetRef, SourceSettings
-from filopy.store import open_stores
+from store import open_stores
 from tests.rest.conftest import Rest, start_rest
 from tests.runtime.conftest import cluster_settings
 

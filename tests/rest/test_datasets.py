@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from filopy.dataset import Dataset, DatasetInvalid
+from core.dataset import Dataset, DatasetInvalid
 
 pytestmark = pytest.mark.ray
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import ray
 
-from filopy.dataset import DatasetRef
-from filopy.shard_status import IngestionDegraded, IngestionStarted
+from core.dataset import DatasetRef
+from core.shard_status import IngestionDegraded, IngestionStarted
 from tests.rest.test_cluster import EventStream
 
 pytestmark = pytest.mark.ray

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from fastapi import FastAPI
 
-from filopy.config import GatewaySettings
-from filopy.dataset import Dataset, SourceSettings
+from core.config import GatewaySettings
+from core.dataset import Dataset, SourceSettings
 from filopy.ingest_http import Ingestion
 from filopy.ingest_http.app import serve_ingestion
 from filopy.ingest_http.core import DEFAULT_SETTINGS

@@ -30,7 +30,7 @@ from influxdb_client import InfluxDBClient, Point, WriteOptions, WritePrecision
 from influxdb_client.client.exceptions import InfluxDBError
 from influxdb_client.client.write_api import SYNCHRONOUS
 
-from filopy.dataset import Dataset, SourceSettings
+from core.dataset import Dataset, SourceSettings
 from filopy.ingest_http import Ingestion, create_gateway_app, ingest_router
 from filopy.ingest_http.app import stored_datasets
 from filopy.ingest_http.core import DEFAULT_SETTINGS

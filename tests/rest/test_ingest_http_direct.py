@@ -15,7 +15,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from filopy.dataset import Dataset, SourceSettings
+from core.dataset import Dataset, SourceSettings
 from filopy.ingest_http import Ingestion, ingest_router
 from filopy.ingest_http.app import DirectWrites, serve_ingestion
 from filopy.ingest_http.core import DEFAULT_SETTINGS

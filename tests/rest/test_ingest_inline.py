@@ -17,7 +17,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from filopy.dataset import Dataset, SourceSettings
+from core.dataset import Dataset, SourceSettings
 from filopy.ingest_http import Ingestion, core
 from filopy.ingest_http.app import serve_ingestion
 from filopy.ingest_http.core import DEFAULT_SETTINGS, Definitions

@@ -15,9 +15,9 @@ import pytest
 from confluent_kafka import Producer
 from prometheus_client.parser import text_string_to_metric_families
 
+from core.dataset import RecordFormat, SourceSettings
+from core.hashing import shard_for_series
 from filopy import Dataset
-from filopy.dataset import RecordFormat, SourceSettings
-from filopy.hashing import shard_for_series
 from ingest.topics import ensure_topic
 from tests.rest.conftest import Rest, start_rest
 from tests.rest.test_cluster import all_active

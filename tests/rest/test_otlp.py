@@ -42,8 +42,8 @@ from opentelemetry.sdk.metrics import _Gauge as Gauge
 from opentelemetry.sdk.metrics.export import AggregationTemporality, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 
+from core.dataset import SourceSettings
 from filopy import Dataset
-from filopy.dataset import SourceSettings
 from filopy.ingest_http import Ingestion, ingest_router
 from filopy.ingest_http.core import DEFAULT_SETTINGS
 from tests.rest.conftest import Rest, ServerThread, start_rest

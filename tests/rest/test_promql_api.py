@@ -14,13 +14,13 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from filopy.dataset import Dataset, DatasetRef
+from core.dataset import Dataset, DatasetRef
 from filopy.rest.errors import install_handlers
 from filopy.rest.promql import promql_router
-from filopy.store.api import LabelMatcher
 from ingest.memstore import ShardMemstore
 from query.executor import NodeQuery, ShardsNotHere, ShardSource, run_node_query
 from query.service import QueryService
+from store.api import LabelMatcher
 from tests.ingest.test_memstore import batch
 from tests.query.test_service_fanout import (
     DS,

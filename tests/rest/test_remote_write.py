@@ -25,8 +25,8 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
+from core.dataset import SourceSettings
 from filopy import Dataset
-from filopy.dataset import SourceSettings
 from filopy.ingest_http import Ingestion, create_gateway_app, ingest_router
 from filopy.ingest_http.core import DEFAULT_SETTINGS
 from ingest.wire.prompb.remote_pb2 import WriteRequest

@@ -28,12 +28,12 @@ import httpx
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from filopy.config import Settings, load_settings
-from filopy.dataset import Dataset, SourceSettings
+from core.config import Settings, load_settings
+from core.dataset import Dataset, SourceSettings
 from filopy.ingest_http import create_gateway_app
-from filopy.store import open_stores
 from ingest.ingester import KafkaShardIngester
 from ingest.topics import ensure_topic
+from store import open_stores
 from tests.rest.conftest import ServerThread
 from tests.rest.test_remote_write import PROMETHEUS
 

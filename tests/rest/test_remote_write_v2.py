@@ -41,17 +41,17 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client import Counter as PromCounter
 
+from core.dataset import LabelLimits, SourceSettings
+from core.errors import Invalid
 from filopy import Dataset
-from filopy.dataset import LabelLimits, SourceSettings
-from filopy.errors import Invalid
 from filopy.ingest_http import Ingestion, create_gateway_app, ingest_router
 from filopy.ingest_http.core import DEFAULT_SETTINGS
-from filopy.store import open_stores
 from ingest.batch import KeyedBatch
 from ingest.topics import ensure_topic
 from ingest.wire import remote_write_v2
 from ingest.wire.prompb.remote_pb2 import WriteRequest
 from ingest.wire.prompb.write_v2_pb2 import Request
+from store import open_stores
 from tests.rest.conftest import Rest, ServerThread, start_rest, topic_batches
 from tests.rest.test_remote_write import free_port, held_counts, new_dataset
 from tests.rest.test_remote_write_kafka_outage import _settings

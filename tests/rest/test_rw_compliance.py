@@ -29,7 +29,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from filopy.dataset import Dataset
+from core.dataset import Dataset
 from tests.rest.test_remote_write_kafka_outage import _counter
 from tests.rest.test_remote_write_v2 import SCRIPT, gateway_on, topic_series
 

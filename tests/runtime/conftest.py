@@ -14,8 +14,8 @@ import ray
 
 from coordinator.client import FiloPyClient
 from coordinator.cluster_actor import start_cluster_actor
-from filopy.config import Settings, load_settings
-from filopy.testing import LocalRayCluster
+from coordinator.local_cluster import LocalRayCluster
+from core.config import Settings, load_settings
 
 
 @dataclass

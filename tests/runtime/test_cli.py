@@ -7,8 +7,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
+from core.dataset import Dataset
 from filopy.cli import app
-from filopy.dataset import Dataset
 
 pytestmark = pytest.mark.ray
 runner = CliRunner()

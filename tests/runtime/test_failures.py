@@ -15,7 +15,7 @@ import ray
 from coordinator.client import DatasetUnknownError, ShardRequestError
 from coordinator.names import node_actor_name
 from filopy import CurrentShardSnapshot, Dataset, ShardDown
-from filopy.store import StaleEpochError, open_stores
+from store import StaleEpochError, open_stores
 
 pytestmark = pytest.mark.ray
 
@@ -88,7 +88,7 @@ def test_subscriber_process_that_exits_is_dropped(filopy_cluster) -> None:
         import ray
         from coordinator.cluster_actor import cluster_actor
         from coordinator.client import FiloPyClient
-        from filopy.config import load_settings
+        from core.config import load_settings
         s = load_settings()
         ray.init(address={c.ray.address!r}, namespace=s.ray.namespace, logging_level="ERROR")
         sub = FiloPyClient(cluster_actor(s), s).subscribe("metrics")
@@ -219,7 +219,7 @@ def test_unreachable_store_at_start_is_a_clear_error_then_recovery_retries(
 ) -> None:
     from coordinator.client import FiloPyClient
     from coordinator.cluster_actor import start_cluster_actor
-    from filopy.store import StoreUnavailable
+    from store import StoreUnavailable
 
     from .conftest import cluster_settings
 

@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 import ray
 
+from coordinator.local_cluster import LocalRayCluster
 from coordinator.names import node_actor_name
+from core.dataset import SourceSettings
 from filopy import Dataset
-from filopy.dataset import SourceSettings
-from filopy.store import open_stores
-from filopy.testing import LocalRayCluster
 from ingest.gateway import Gateway
+from store import open_stores
 from tests.ingest.test_cluster_ingest import batches, expected, start_three, wait_exact
 from tests.runtime.conftest import FiloPyCluster, cluster_settings, on_backend, start_cluster
 

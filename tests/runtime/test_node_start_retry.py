@@ -25,12 +25,12 @@ import ray
 
 from coordinator.client import FiloPyClient
 from coordinator.cluster_actor import start_cluster_actor
+from coordinator.local_cluster import LocalRayCluster
 from coordinator.names import node_actor_name
-from filopy.dataset import Dataset, SourceSettings
-from filopy.shard_status import Active, Degraded
-from filopy.store import encode_part_key, open_stores
-from filopy.testing import LocalRayCluster
+from core.dataset import Dataset, SourceSettings
+from core.shard_status import Active, Degraded
 from ingest.gateway import Gateway
+from store import encode_part_key, open_stores
 from tests.durable import durable_series
 from tests.ingest.tcp_proxy import TcpProxy
 from tests.runtime.conftest import FiloPyCluster, cluster_settings

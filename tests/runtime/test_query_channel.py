@@ -23,11 +23,11 @@ from coordinator.cluster_queries import (
     SocketNodeCaller,
     cluster_query_service,
 )
+from coordinator.local_cluster import LocalRayCluster
 from coordinator.names import node_actor_name
 from coordinator.query_channel import QueryEndpoint
-from filopy.dataset import Dataset, DatasetRef, SourceSettings, StoreOptions
-from filopy.shard_status import ShardMapState
-from filopy.testing import LocalRayCluster
+from core.dataset import Dataset, DatasetRef, SourceSettings, StoreOptions
+from core.shard_status import ShardMapState
 from ingest.gateway import Gateway
 from query.executor import NodeQuery, ShardsNotHere
 from query.promql import parse

@@ -15,9 +15,9 @@ import pytest
 import ray
 
 from coordinator.cluster_queries import SocketNodeCaller
+from coordinator.local_cluster import LocalRayCluster
 from coordinator.names import node_actor_name
-from filopy.dataset import Dataset
-from filopy.testing import LocalRayCluster
+from core.dataset import Dataset
 from query.executor import NodeQuery, ShardsNotHere
 from query.promql import parse
 from query.service import NodeUnavailable

@@ -1,8 +1,8 @@
 """Ray binds to loopback whatever a process imported first (issue 11, item 1).
 
-The CLI's `filopy query` imported Ray (through the REST PromQL module) before `filopy.ray_env`,
+The CLI's `filopy query` imported Ray (through the REST PromQL module) before `coordinator.ray_env`,
 and failed on every fresh install; the suite missed it because pytest had imported
-`filopy.ray_env` long before and its subprocesses inherited Ray's switch. These run fresh
+`coordinator.ray_env` long before and its subprocesses inherited Ray's switch. These run fresh
 processes with an environment that has no trace of it.
 """
 
@@ -15,7 +15,7 @@ import textwrap
 
 import pytest
 
-from filopy.dataset import Dataset
+from core.dataset import Dataset
 
 pytestmark = pytest.mark.ray
 
@@ -36,7 +36,7 @@ def test_client_connects_on_loopback_after_ray_was_imported_first(filopy_cluster
     c.wait_for("a member", lambda: len(c.client.members()) == 1)
     script = textwrap.dedent(
         f"""
-        import ray.exceptions  # what filopy/rest/app.py did before filopy.ray_env
+        import ray.exceptions  # what filopy/rest/app.py did before coordinator.ray_env
         import filopy.rest.app
         import filopy
         from ray._private import ray_constants
@@ -70,7 +70,7 @@ def test_loopback_can_be_turned_off_for_a_multi_machine_cluster() -> None:
     script = textwrap.dedent(
         """
         import os, ray
-        from filopy import ray_env
+        from coordinator import ray_env
         ray_env.bind_loopback()
         from ray._private import ray_constants
         print(ray_constants.ENABLE_RAY_CLUSTER, os.environ.get(ray_env.RAY_SWITCH))

@@ -23,6 +23,7 @@ from coordinator.client import FiloPyClient
 from coordinator.cluster_actor import start_cluster_actor
 from coordinator.names import node_actor_name
 from coordinator.node_coordinator import VERSION_LABEL
+from core.dataset import SourceSettings
 from filopy import (
     Dataset,
     Handoff,
@@ -31,7 +32,6 @@ from filopy import (
     ShardEvent,
     ShardHandoffStarted,
 )
-from filopy.dataset import SourceSettings
 from ingest.gateway import Gateway
 from ingest.tenure import Tenure
 from tests.ingest.test_cluster_ingest import T0, batches, expected, wait_exact

@@ -28,13 +28,13 @@ import pytest
 import ray
 from confluent_kafka import Consumer, TopicPartition
 
+from coordinator.local_cluster import LocalRayCluster
 from coordinator.names import node_actor_name
+from core.dataset import SourceSettings
 from filopy import Dataset
-from filopy.dataset import SourceSettings
-from filopy.store import OwnershipChange, open_stores
-from filopy.testing import LocalRayCluster
 from ingest.gateway import Gateway
 from ingest.tenure import Tenure
+from store import OwnershipChange, open_stores
 from tests.ingest.test_cluster_ingest import batches
 from tests.runtime.conftest import FiloPyCluster, cluster_settings, start_cluster
 

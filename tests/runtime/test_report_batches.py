@@ -9,8 +9,8 @@ import ray
 
 from coordinator.messages import EventsApplied
 from coordinator.names import node_actor_name
+from core.shard_status import Active, Degraded, IngestionDegraded, IngestionStarted
 from filopy import Dataset
-from filopy.shard_status import Active, Degraded, IngestionDegraded, IngestionStarted
 from tests.runtime.conftest import FiloPyCluster
 
 SHARDS = 64

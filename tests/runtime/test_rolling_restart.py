@@ -12,8 +12,8 @@ import uuid
 
 import pytest
 
+from core.dataset import SourceSettings
 from filopy import Dataset
-from filopy.dataset import SourceSettings
 from ingest.gateway import Gateway
 from tests.ingest.test_cluster_ingest import batches, expected, kafka_cluster, wait_exact
 from tests.runtime.conftest import FiloPyCluster

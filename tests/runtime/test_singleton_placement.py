@@ -11,8 +11,8 @@ import ray
 from ray._private import state as ray_state
 
 from coordinator.cluster_actor import start_cluster_actor
+from coordinator.local_cluster import LocalRayCluster
 from coordinator.names import CLUSTER_ACTOR_NAME
-from filopy.testing import LocalRayCluster
 from tests.runtime.conftest import cluster_settings
 
 pytestmark = pytest.mark.ray

@@ -14,8 +14,8 @@ import ray
 
 from coordinator.client import FiloPyClient, ShardEventSink, Subscription
 from coordinator.inbox import Delivery
+from core.shard_status import IngestionStarted, ShardAssignmentStarted, Stopped
 from filopy import CurrentShardSnapshot, Dataset, ShardDown
-from filopy.shard_status import IngestionStarted, ShardAssignmentStarted, Stopped
 
 pytestmark = pytest.mark.ray
 

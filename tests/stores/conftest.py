@@ -8,10 +8,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from filopy.dataset import DatasetRef
-from filopy.store import ColumnStore, MetaStore
-from filopy.store.cassandra import open_cassandra_stores
-from filopy.store.sqlite import open_sqlite_stores
+from core.dataset import DatasetRef
+from store import ColumnStore, MetaStore
+from store.cassandra import open_cassandra_stores
+from store.sqlite import open_sqlite_stores
 
 from .support import MAX_CHUNK_SPAN_MS, Opener, Stores
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from filopy.store import LabelMatcher, MatchOp, PartKeyRecord, decode_part_key, encode_part_key
+from store import LabelMatcher, MatchOp, PartKeyRecord, decode_part_key, encode_part_key
 
 
 def test_part_keys_are_canonical_and_decodable() -> None:

@@ -10,17 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from filopy.config import load_settings
-from filopy.dataset import Dataset, DatasetRef
-from filopy.store import (
+from core.config import load_settings
+from core.dataset import Dataset, DatasetRef
+from store import (
     PartKeyRecord,
     StoreError,
     StoreTimeout,
     StoreUnavailable,
     open_stores,
 )
-from filopy.store.cassandra import CassandraColumnStore, CassandraMetaStore, open_cassandra_stores
-from filopy.store.sqlite import SqliteColumnStore, SqliteMetaStore, open_sqlite_stores
+from store.cassandra import CassandraColumnStore, CassandraMetaStore, open_cassandra_stores
+from store.sqlite import SqliteColumnStore, SqliteMetaStore, open_sqlite_stores
 
 
 def _unused_port() -> int:

@@ -10,8 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from filopy.dataset import Dataset, DatasetRef
-from filopy.store import (
+from core.dataset import Dataset, DatasetRef
+from store import (
     INT64_MAX,
     INT64_MIN,
     ChunkRecord,

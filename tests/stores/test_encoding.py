@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from filopy.store import ChunkRecord, decode_chunk, encode_chunk, encoding
+from store import ChunkRecord, decode_chunk, encode_chunk, encoding
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 U64_MAX = (1 << 64) - 1

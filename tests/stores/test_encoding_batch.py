@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from filopy.store import encoding
-from filopy.store.encoding import decode_chunk, decode_chunks, encode_chunk, encode_chunks
+from store import encoding
+from store.encoding import decode_chunk, decode_chunks, encode_chunk, encode_chunks
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 U64_MAX = (1 << 64) - 1

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pickle
 
-from filopy.dataset import Dataset
-from filopy.store import DatasetConflict, StaleEpochError
+from core.dataset import Dataset
 from ingest.topics import TopicMismatch, TopicMissing
+from store import DatasetConflict, StaleEpochError
 
 
 def test_errors_round_trip_with_their_fields_and_message() -> None:
@@ -28,8 +28,8 @@ def test_a_dropped_cassandra_connection_is_an_outage_not_a_failure() -> None:
     import pytest
     from cassandra.connection import ConnectionShutdown
 
-    from filopy.store import StoreUnavailable
-    from filopy.store.cassandra import _translate
+    from store import StoreUnavailable
+    from store.cassandra import _translate
 
     with pytest.raises(StoreUnavailable, match="connection lost"), _translate("writing chunks"):
         raise ConnectionShutdown("Connection to 127.0.0.1:9042 was closed")

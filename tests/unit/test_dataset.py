@@ -8,14 +8,14 @@ import pickle
 import pytest
 from pydantic import ValidationError
 
-from filopy.dataset import (
+from core.dataset import (
     MAX_LABELS_PER_SERIES,
     MAX_SERIES_KEY_BYTES,
     Dataset,
     DatasetRef,
     LabelLimits,
 )
-from filopy.store.cassandra import _max_part_key_bytes
+from store.cassandra import _max_part_key_bytes
 
 
 def test_default_limits_are_part_of_the_definition_and_round_trip() -> None:

@@ -20,8 +20,8 @@ import ray.exceptions
 from coordinator.client import NodeUnknownError, ShardRequestError
 from coordinator.membership import IllegalTransition, NodeState
 from coordinator.messages import RejectReason, ShardRequestRejected
-from filopy.dataset import Dataset, DatasetInvalid, DatasetRef
-from filopy.errors import (
+from core.dataset import Dataset, DatasetInvalid, DatasetRef
+from core.errors import (
     CATEGORIES,
     Conflict,
     DatasetUnknownError,
@@ -34,16 +34,16 @@ from filopy.errors import (
     Unsupported,
     category_of,
 )
-from filopy.mapper import ShardEventError
+from core.mapper import ShardEventError
+from core.shard_status import IngestionStarted
 from filopy.rest.errors import ANSWERS, ApiError, api_error
-from filopy.shard_status import IngestionStarted
-from filopy.store.api import DatasetConflict, StaleEpochError, StoreError, StoreUnavailable
 from ingest.topics import KafkaUnavailable, TopicMismatch, TopicMissing, TopicSetupError
 from query.executor import ShardsNotHere
 from query.promql import QUERY_ERROR_CATEGORIES, QueryError
 from query.service import ShardsUnavailable
+from store.api import DatasetConflict, StaleEpochError, StoreError, StoreUnavailable
 
-PACKAGES = ("filopy", "coordinator", "ingest", "query")
+PACKAGES = ("core", "store", "ingest", "query", "coordinator", "filopy")
 ROOT = Path(__file__).resolve().parents[2]
 
 # Exceptions of FiloPy's packages that are not FiloPy errors, and why.
@@ -184,21 +184,21 @@ def test_invalid_errors_are_still_value_errors() -> None:
 
 def test_old_import_paths_still_work() -> None:
     import coordinator.client
-    import filopy.dataset
-    import filopy.store
+    import core.dataset
     import ingest.gateway
     import query.service
+    import store
 
     assert coordinator.client.FiloPyError is FiloPyError
     assert coordinator.client.DatasetUnknownError is DatasetUnknownError
-    assert filopy.store.DatasetConflict is DatasetConflict
-    assert filopy.store.StaleEpochError is StaleEpochError
-    assert filopy.store.StoreError is StoreError
-    assert issubclass(filopy.store.StoreTimeout, filopy.store.StoreUnavailable)
+    assert store.DatasetConflict is DatasetConflict
+    assert store.StaleEpochError is StaleEpochError
+    assert store.StoreError is StoreError
+    assert issubclass(store.StoreTimeout, store.StoreUnavailable)
     assert issubclass(KafkaUnavailable, TopicSetupError)
     for cls in (
         coordinator.client.ShardRequestError,
-        filopy.dataset.DatasetInvalid,
+        core.dataset.DatasetInvalid,
         ingest.gateway.GatewayError,
         ingest.gateway.InvalidSeries,
         query.service.NodeUnavailable,
@@ -207,8 +207,8 @@ def test_old_import_paths_still_work() -> None:
 
 
 def test_the_error_tree_is_the_ground_floor() -> None:
-    """filopy/errors.py imports nothing of FiloPy, so every layer can raise its errors."""
-    tree = ast.parse((ROOT / "filopy" / "errors.py").read_text())
+    """core/errors.py imports nothing of FiloPy, so every layer can raise its errors."""
+    tree = ast.parse((ROOT / "core" / "errors.py").read_text())
     imported = {
         (node.module or "") if isinstance(node, ast.ImportFrom) else alias.name
         for node in ast.walk(tree)

@@ -6,9 +6,8 @@ import numpy as np
 import pytest
 import xxhash
 
-from filopy import Dataset, partition_key_hash, shard_key_hash
-from filopy.dataset import SpreadOverride, SpreadSettings
-from filopy.hashing import (
+from core.dataset import SpreadOverride, SpreadSettings
+from core.hashing import (
     HASH_SEED,
     combine_hash,
     hash32,
@@ -20,6 +19,7 @@ from filopy.hashing import (
     shards_for_query,
     strip_metric_suffix,
 )
+from filopy import Dataset, partition_key_hash, shard_key_hash
 
 from .support import java_string_hash, to_int32, xxh32_reference
 

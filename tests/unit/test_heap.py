@@ -1,4 +1,4 @@
-"""The long-lived heap policy (filopy/heap.py): when it freezes and sweeps, with a fake
+"""The long-lived heap policy (core/heap.py): when it freezes and sweeps, with a fake
 collector and clock; and with Python's own collector, that frozen garbage waits for the sweep
 and nothing else is lost."""
 
@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from filopy.heap import LongLivedHeap
+from core.heap import LongLivedHeap
 from tests.unit.support import Clock
 
 

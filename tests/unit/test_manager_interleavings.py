@@ -37,8 +37,7 @@ from coordinator.messages import (
     SubscriberMessage,
     SubscriptionsChanged,
 )
-from filopy import Dataset, ShardMapper
-from filopy.shard_status import (
+from core.shard_status import (
     CurrentShardSnapshot,
     IngestionDegraded,
     IngestionError,
@@ -47,6 +46,7 @@ from filopy.shard_status import (
     RecoveryInProgress,
     ShardEvent,
 )
+from filopy import Dataset, ShardMapper
 
 from .support import dataset
 

@@ -6,6 +6,7 @@ import pickle
 
 import pytest
 
+from core.shard_status import ShardMapState
 from filopy import (
     Active,
     Assigned,
@@ -25,7 +26,6 @@ from filopy import (
     Stopped,
     Unassigned,
 )
-from filopy.shard_status import ShardMapState
 
 from .support import ref
 

@@ -14,14 +14,14 @@ import pytest
 
 from coordinator.messages import NodeShardMap
 from coordinator.node_coordinator import NAME_ENV, NAME_LABEL, NodeCoordinator, node_name
-from filopy import Dataset, IngestionStarted, IngestionStopped, ShardMapper
-from filopy.config import load_settings
-from filopy.shard_status import (
+from core.config import load_settings
+from core.shard_status import (
     ShardAssignmentStarted,
     ShardDrained,
     ShardEvent,
     ShardHandoffStarted,
 )
+from filopy import Dataset, IngestionStarted, IngestionStopped, ShardMapper
 
 DS = Dataset(name="m", num_shards=4, min_num_nodes=1)
 

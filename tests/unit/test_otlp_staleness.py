@@ -8,8 +8,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 
-from filopy.dataset import LabelLimits
-from filopy.staleness import STALE_NAN_BITS, is_stale
+from core.dataset import LabelLimits
+from core.staleness import STALE_NAN_BITS, is_stale
 from ingest.wire.otlp import NO_RECORDED_VALUE, decode
 
 T_NS = 1_700_000_000_000_000_000

@@ -19,6 +19,14 @@ from coordinator.messages import (
     SubscriberMessage,
 )
 from coordinator.strategy import max_shards_per_node
+from core.dataset import SpreadSettings
+from core.hashing import (
+    ingestion_shard,
+    query_shards,
+    shard_for_series,
+    shards_for_query,
+    strip_metric_suffix,
+)
 from filopy import (
     CurrentShardSnapshot,
     Dataset,
@@ -36,14 +44,6 @@ from filopy import (
     ShardMapState,
     Stopped,
     Unassigned,
-)
-from filopy.dataset import SpreadSettings
-from filopy.hashing import (
-    ingestion_shard,
-    query_shards,
-    shard_for_series,
-    shards_for_query,
-    strip_metric_suffix,
 )
 from tests.unit.support import Clock
 

@@ -8,10 +8,10 @@ import sys
 
 PURE = [
     "filopy",
-    "filopy.hashing",
-    "filopy.mapper",
-    "filopy.shard_status",
-    "filopy.dataset",
+    "core.hashing",
+    "core.mapper",
+    "core.shard_status",
+    "core.dataset",
     "coordinator.manager",
     "coordinator.strategy",
     "coordinator.rebalance",

@@ -25,7 +25,7 @@ from coordinator.query_channel import (
     _mac,
     request_payload,
 )
-from filopy.dataset import DatasetRef
+from core.dataset import DatasetRef
 from query.executor import NodeAnswer, NodeQuery, ShardsNotHere
 from query.promql import QueryError
 

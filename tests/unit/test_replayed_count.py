@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from filopy.dataset import DatasetRef
-from filopy.store.sqlite import open_sqlite_stores
+from core.dataset import DatasetRef
 from ingest.tenure import RELEASE_GROUP, note_release, noted_release, offsets_read_before
+from store.sqlite import open_sqlite_stores
 
 GROUPS_AT_99 = dict.fromkeys(range(4), 99)
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from core.errors import NotFound, Unavailable
+from core.shard_status import Active, Degraded, Down, Recovery
 from filopy.cli.rest_client import RestClient
-from filopy.errors import NotFound, Unavailable
-from filopy.shard_status import Active, Degraded, Down, Recovery
 
 STATUS = [
     {"shard": 1, "status": "Recovery(40)", "address": "n2", "node": "beta"},

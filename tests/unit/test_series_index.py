@@ -6,8 +6,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from filopy.store.api import LabelMatcher, encode_part_key
 from ingest.series_index import SeriesIndex
+from store.api import LabelMatcher, encode_part_key
 
 NAMES = ["a", "b", "c"]
 VALUES = ["", "x", "y", "xy"]

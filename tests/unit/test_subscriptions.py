@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from coordinator.messages import SubscriptionsChanged
 from coordinator.subscriptions import ShardSubscriptions
-from filopy.dataset import DatasetRef
+from core.dataset import DatasetRef
 
 A, B = DatasetRef(name="a"), DatasetRef(name="b")
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from filopy.cli.views import STYLES, shard_grid
-from filopy.dataset import DatasetRef
-from filopy.mapper import ShardMapper
-from filopy.shard_status import (
+from core.dataset import DatasetRef
+from core.mapper import ShardMapper
+from core.shard_status import (
     Active,
     Degraded,
     Down,
@@ -21,6 +20,7 @@ from filopy.shard_status import (
     ShardDown,
     ShardStatus,
 )
+from filopy.cli.views import STYLES, shard_grid
 
 
 def _mapper() -> ShardMapper:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from filopy import ray_env
+from coordinator import ray_env
 
 # isort: split
 import ray

@@ -3,8 +3,8 @@ chunks), on SQLite (embedded default) or Cassandra (production). See docs/storag
 
 from __future__ import annotations
 
-from filopy.config import Settings
-from filopy.store.api import (
+from core.config import Settings
+from store.api import (
     INT64_MAX,
     INT64_MIN,
     ChunkRecord,
@@ -23,7 +23,7 @@ from filopy.store.api import (
     decode_part_key,
     encode_part_key,
 )
-from filopy.store.encoding import decode_chunk, encode_chunk
+from store.encoding import decode_chunk, encode_chunk
 
 __all__ = [
     "INT64_MAX",
@@ -56,14 +56,14 @@ def open_stores(settings: Settings) -> tuple[MetaStore, ColumnStore]:
     backend cannot be reached within its connect timeout."""
     store = settings.store
     if store.backend == "sqlite":
-        from filopy.store.sqlite import open_sqlite_stores
+        from store.sqlite import open_sqlite_stores
 
         return open_sqlite_stores(
             store.sqlite_path,
             busy_timeout_s=store.sqlite_busy_timeout_s,
             max_chunk_span_ms=store.max_chunk_span_ms,
         )
-    from filopy.store.cassandra import open_cassandra_stores  # imports the driver only if used
+    from store.cassandra import open_cassandra_stores  # imports the driver only if used
 
     c = settings.cassandra
     return open_cassandra_stores(

@@ -17,10 +17,10 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Mapping
 
-from filopy.dataset import DatasetRef
-from filopy.errors import Invalid
-from filopy.hashing import ingestion_shard, log2_shards, query_shards
-from filopy.shard_status import (
+from core.dataset import DatasetRef
+from core.errors import Invalid
+from core.hashing import ingestion_shard, log2_shards, query_shards
+from core.shard_status import (
     ACTIVE,
     ASSIGNED,
     DOWN,

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
-from filopy.errors import Invalid
+from core.errors import Invalid
 
 DEFAULT_SHARD_KEY_COLUMNS: tuple[str, ...] = ("_ws_", "_ns_", "_metric_")
 METRIC_COLUMN = "_metric_"

@@ -24,7 +24,7 @@ Errors, and what the ingester does about them:
   it to the caller.
 * Any other `StoreError` (or `ValueError` for bad arguments) is a bug or corruption: fail loudly.
 
-In FiloPy's error tree (`filopy.errors`) a `StoreError` is `Unavailable` (REST answers 503: the
+In FiloPy's error tree (`core.errors`) a `StoreError` is `Unavailable` (REST answers 503: the
 store failed), while `StaleEpochError` and `DatasetConflict` are `Conflict`s, not `StoreError`s:
 the store answered, and the answer is that someone else's state wins.
 """
@@ -44,10 +44,10 @@ from typing import Any, Self
 import numpy as np
 import numpy.typing as npt
 
-from filopy.dataset import Dataset, DatasetRef
-from filopy.errors import Conflict, Unavailable
-from filopy.regex import compile_anchored
-from filopy.store import encoding
+from core.dataset import Dataset, DatasetRef
+from core.errors import Conflict, Unavailable
+from core.regex import compile_anchored
+from store import encoding
 
 INT64_MIN = -(1 << 63)
 INT64_MAX = (1 << 63) - 1

@@ -6,7 +6,7 @@ would dial the host's IP and hang. With Ray's cluster switch off, Ray resolves i
 loopback.
 
 `bind_loopback()` turns the switch off, whatever was imported before: every place FiloPy starts
-or joins a Ray cluster (`filopy.connect`, `filopy serve`, `filopy.testing.LocalRayCluster`) calls
+or joins a Ray cluster (`filopy.connect`, `filopy serve`, `local_cluster.LocalRayCluster`) calls
 it right before, so no import order can get it wrong. Ray reads the switch into a module constant
 when it is imported and looks the constant up each time it resolves an address, so the function
 sets both the constant (for this process) and the environment variable (for the Ray processes

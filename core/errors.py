@@ -13,7 +13,7 @@ Every error FiloPy raises descends from `FiloPyError` and from exactly one categ
 | `Internal`        | a broken invariant: a bug in FiloPy, not the caller's   | 500 `internal`    |
 
 The REST layer answers by category in one table (`filopy/rest/errors.py`). Concrete errors live
-next to the code that raises them (the store's in `filopy/store/api.py`, Kafka's in
+next to the code that raises them (the store's in `store/api.py`, Kafka's in
 `ingest/topics.py`, ...), each subclassing its category; this module holds the root, the
 categories and the errors of the vocabulary that have no better home. It is the ground floor:
 it imports nothing of FiloPy.

@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from filopy.dataset import Dataset
-from filopy.store.api import (
+from core.dataset import Dataset
+from store.api import (
     DEFAULT_MAX_CHUNK_SPAN_MS,
     ChunkRecord,
     ColumnStore,

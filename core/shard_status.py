@@ -13,7 +13,7 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from filopy.dataset import DatasetRef
+from core.dataset import DatasetRef
 
 __all__ = [
     "ACTIVE",

@@ -52,8 +52,8 @@ from cassandra.query import (
     tuple_factory,
 )
 
-from filopy.dataset import Dataset
-from filopy.store.api import (
+from core.dataset import Dataset
+from store.api import (
     DEFAULT_MAX_CHUNK_SPAN_MS,
     ChunkRecord,
     ColumnStore,

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 
 import xxhash
 
-from filopy.dataset import DEFAULT_SHARD_KEY_COLUMNS, METRIC_COLUMN, Dataset
+from core.dataset import DEFAULT_SHARD_KEY_COLUMNS, METRIC_COLUMN, Dataset
 
 HASH_SEED = 0x9747B28C
 HASH_INIT = 7
