@@ -56,10 +56,10 @@ from core.shard_status import (
 )
 from ingest import tenure
 from ingest.base import EventReporter, IngesterFactory, ShardIngester
+from ingest.dry_run import EpochClaimingIngester
 from ingest.ingester import KafkaShardIngester, stale_epoch_rejections
 from ingest.jit import warm
 from ingest.memstore import ShardMemstore
-from ingest.placeholder import EpochClaimingIngester
 from ingest.tenure import Tenure
 from query.executor import NodeAnswer, NodeQuery, ShardsNotHere, ShardSource, run_node_query
 from store import ColumnStore, MetaStore, StoreUnavailable, open_stores
