@@ -51,7 +51,7 @@ from filopy.store.api import (
     decode_part_key,
     encode_part_key,
 )
-from filopy.store.encoding import encode_chunks
+from filopy.store.encoding_fast import encode_chunks
 from ingest.batch import KeyedBatch, Labels, SampleBatch
 from ingest.open_buffers import OpenBuffers
 from ingest.series_index import SeriesIndex
