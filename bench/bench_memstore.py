@@ -115,11 +115,11 @@ def flush_to_sqlite(mem: ShardMemstore) -> tuple[float, float, list[FlushResult]
     seal_s = 0.0
     seal = mem.seal_group
 
-    def timed_seal(group: int) -> SealedGroup:
+    def timed_seal(group: int, *, complete_only: bool = False) -> SealedGroup:
         nonlocal seal_s
         t = time.perf_counter()
         try:
-            return seal(group)
+            return seal(group, complete_only=complete_only)
         finally:
             seal_s += time.perf_counter() - t
 

@@ -44,6 +44,7 @@ from coordinator.query_channel import QueryEndpoint, QueryServer
 from core.config import Settings
 from core.dataset import Dataset, DatasetRef
 from core.heap import keep_long_lived_frozen
+from core.jit import warm
 from core.shard_status import (
     Assigned,
     Handoff,
@@ -58,7 +59,6 @@ from ingest import tenure
 from ingest.base import EventReporter, IngesterFactory, ShardIngester
 from ingest.dry_run import EpochClaimingIngester
 from ingest.ingester import KafkaShardIngester, stale_epoch_rejections
-from ingest.jit import warm
 from ingest.memstore import ShardMemstore
 from ingest.tenure import Tenure
 from query.executor import NodeAnswer, NodeQuery, ShardsNotHere, ShardSource, run_node_query

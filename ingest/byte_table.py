@@ -4,7 +4,7 @@ once, among the byte strings met before, each to an entry id.
 The gateway's decoders see the same series request after request, as the same bytes: line
 protocol's series key texts, remote write's label sections. A dict costs a slice, a hash and a
 lookup per series in Python; `ByteTable.find` does a whole request's in one compiled kernel
-(`ingest.jit`, without the GIL): each text's 8-byte words times a constant of their place,
+(`core.jit`, without the GIL): each text's 8-byte words times a constant of their place,
 summed, give its hash; an open-addressing table of hashes (`Slots`, also the gateway's table of
 series keys) gives a candidate entry; the candidate's stored words are compared with the text's,
 so a hash is only a hint: a collision costs speed, never exactness. Texts the slots cannot hold
@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from ingest.jit import kernel, warms
+from core.jit import kernel, warms
 
 ROW_WORDS = 64  # zero words in front of a table's stored words
 PAD = (

@@ -34,10 +34,10 @@ from confluent_kafka import KafkaError, Message, Producer
 from core.dataset import Dataset
 from core.errors import Invalid, Unavailable
 from core.hashing import shard_for_series
+from core.jit import kernel, warms
 from ingest.bad_records import DEFAULT_TS_RANGE, SERIES_REASONS, BadRecord, series_problem
 from ingest.batch import IntKeyedBatch, KeyedBatch, Labels, SampleBatch
 from ingest.byte_table import new_slots
-from ingest.jit import kernel, warms
 from ingest.topics import DEFAULT_TIMEOUT_S, check_topic
 from ingest.wire.binary_format import (
     DEFAULT_COMPRESSION_LEVEL,

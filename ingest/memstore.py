@@ -54,7 +54,7 @@ from store.api import (
     decode_part_key,
     encode_part_key,
 )
-from store.encoding import encode_chunks
+from store.encoding_fast import encode_chunks
 
 I64 = np.int64
 F64 = np.float64

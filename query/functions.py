@@ -22,8 +22,8 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from core.jit import float_kernel, kernel, warms
 from core.staleness import is_stale
-from ingest.jit import float_kernel, kernel, warms
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]

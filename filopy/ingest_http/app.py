@@ -21,11 +21,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from core.config import Settings
 from core.dataset import Dataset
+from core.jit import warm
 from filopy.ingest_http.core import Ingestion
 from filopy.ingest_http.influx import influx_router
 from filopy.ingest_http.otlp import otlp_router
 from filopy.ingest_http.remote_write import remote_write_router
-from ingest.jit import warm
 from store import open_stores
 
 Endpoint = Callable[[str, Request], Awaitable[Response]]

@@ -22,6 +22,7 @@ import zstandard
 
 from core.dataset import METRIC_COLUMN, LabelLimits
 from core.errors import Invalid
+from core.jit import kernel, warms
 from ingest.bad_records import (
     DEFAULT_LIMITS,
     DEFAULT_TS_RANGE,
@@ -32,7 +33,6 @@ from ingest.bad_records import (
 )
 from ingest.batch import KeyedBatch, SampleBatch
 from ingest.byte_table import words_at
-from ingest.jit import kernel, warms
 
 MAGIC = b"FPB"
 VERSION = 1

@@ -9,7 +9,7 @@ for the gateway) is kept across messages, bounded by `CACHE_SIZE`.
 
 One fast path: whole messages of one-field lines (`key name=float timestamp`, as scrapes are
 sent) skip the per-line parse. `_decode_columns` works on the message's bytes in compiled
-kernels without the GIL (`ingest.jit`: lines framed, timestamps and plain decimal values read
+kernels without the GIL (`core.jit`: lines framed, timestamps and plain decimal values read
 from the bytes, series key texts found in a hash table, `_SeriesTable`) and NumPy. It steps
 aside at the first doubt, and the reference decides; every message decodes as the reference
 decodes it (tests/ingest/test_line_protocol_columns.py).
@@ -26,6 +26,7 @@ import numpy as np
 from line_protocol_parser import LineFormatError, parse_line
 
 from core.dataset import METRIC_COLUMN, LabelLimits
+from core.jit import kernel, warms
 from ingest.bad_records import (
     DEFAULT_LIMITS,
     DEFAULT_TS_RANGE,
@@ -39,7 +40,6 @@ from ingest.bad_records import (
 )
 from ingest.batch import IntKeyedBatch, KeyedBatch, Labels, SampleBatch, new_series_key
 from ingest.byte_table import ByteTable, TableView, padded
-from ingest.jit import kernel, warms
 
 _TS_UNITS_PER_MS: dict[str, tuple[int, int]] = {
     # precision -> (divide by, multiply by) to get milliseconds

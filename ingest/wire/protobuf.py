@@ -4,7 +4,7 @@ Remote write bodies are protobuf: a request of series, each series its labels (1
 messages; 2.0: packed refs into the request's symbol table), float samples (`value` fixed64,
 `timestamp` varint; 2.0 also `start_timestamp`) and, in 2.0, metadata and an old sender's
 `created_timestamp`. `walk_v1` and `walk_v2` read every series of a body in one pass of plain
-loops, compiled (`ingest.jit`, without the GIL), over the same varint, length and sample
+loops, compiled (`core.jit`, without the GIL), over the same varint, length and sample
 readers, and say where each series' label bytes are (1.0) or its label refs (2.0), and its
 samples. It takes only what senders write, in the order they write
 it; anything else (histograms, exemplars, fields out of order, unknown fields, a truncated or
@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from ingest.jit import kernel
+from core.jit import kernel
 
 # Field tags (field number << 3 | wire type) of the messages walked.
 LEN_1, LEN_2, LEN_5 = 0x0A, 0x12, 0x2A  # length-delimited fields 1, 2, 5

@@ -24,10 +24,10 @@ from google.protobuf.message import DecodeError
 
 from core.errors import Invalid
 from core.hashing import PROMETHEUS_METRIC_LABEL
+from core.jit import kernel, warms
 from ingest.bad_records import Decoded, show_labels
 from ingest.batch import IntKeyedBatch, Labels, SampleBatch, new_series_key
 from ingest.byte_table import ByteTable, padded
-from ingest.jit import kernel, warms
 from ingest.wire.prompb.remote_pb2 import TimeSeries, WriteRequest
 from ingest.wire.protobuf import VARINT_2, field_bounds, series_index, walk_v1
 

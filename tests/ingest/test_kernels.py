@@ -1,4 +1,4 @@
-"""The compiled kernels (`ingest.jit`) decide exactly as their references: remote write 1.0's
+"""The compiled kernels (`core.jit`) decide exactly as their references: remote write 1.0's
 fast path (the protobuf walker, `ingest.wire.protobuf`) as the full upb parse, on generated
 requests and adversarial bytes: truncated bodies, lengths as longer varints than needed, other
 fields, bytes flipped or cut anywhere, tails that almost look like a sample. The gateway's
@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from numba.core.caching import CacheImpl
 
 from core.errors import Invalid
+from core.jit import kernel, warm
 from ingest import gateway
-from ingest.jit import kernel, warm
 from ingest.wire import line_protocol, remote_write_v1
 from ingest.wire.binary_format import encode_bodies, encode_checked, finish
 from ingest.wire.prompb.remote_pb2 import WriteRequest

@@ -89,20 +89,27 @@ def test_scrape_like_samples_round_trip_bit_exactly(chunk: tuple[np.ndarray, np.
 
 @settings(max_examples=400, deadline=None)
 @given(st.one_of(arbitrary_chunks(), scrape_like_chunks()).filter(lambda c: len(c[0]) < 8))
-def test_small_chunks_round_trip_and_are_no_larger_than_the_numpy_encoding(
+def test_small_chunks_round_trip_and_take_the_smallest_difference_order(
     chunk: tuple[np.ndarray, np.ndarray],
 ) -> None:
-    """Below 8 samples (a minute's flush of 15 s scrapes) the encoder writes the same layout
-    from Python ints: any such chunk decodes bit-exactly, and never takes more bytes than the
-    vectorised encoder would."""
-    small = _assert_round_trip(*chunk)
-    threshold = encoding._SMALL
-    try:
-        encoding._SMALL = 0  # the vectorised encoder, for comparison
-        vectorised = _assert_round_trip(*chunk)
-    finally:
-        encoding._SMALL = threshold
-    assert len(small) <= len(vectorised)
+    """Below 8 samples (a minute's flush of 15 s scrapes) the encoder writes every difference
+    order and keeps the shortest: any such chunk decodes bit-exactly, and its timestamps take no
+    more bytes than either order would."""
+    data = _assert_round_trip(*chunk)
+    ts = chunk[0]
+    for order in (1, 2):
+        alone = bytearray((order,))
+        encoding._put_diffs(ts, order, alone)
+        assert data.startswith(bytes((1, len(ts)))) and len(alone) >= _timestamps_size(data)
+
+
+def _timestamps_size(data: bytes) -> int:
+    """Bytes of a small chunk's timestamp section: what the decoder reads after the header."""
+    r = encoding._Reader(data)
+    r.take(2)  # version, n (one byte below 128)
+    order = r.u8()
+    encoding._get_diffs(r, data[1], order)
+    return r.pos - 2
 
 
 def test_special_values_and_extreme_timestamps() -> None:

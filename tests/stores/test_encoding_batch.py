@@ -1,17 +1,17 @@
-"""The batch chunk encoder: many chunks in one vectorised pass, each decoding bit-exactly with
-`decode_chunk` and equal, byte for byte, to what `encode_chunk` writes for it alone."""
+"""The batch chunk encoder (the compiled fast path of encoding_fast.py): many chunks at once,
+each decoding bit-exactly with `decode_chunk` and equal, byte for byte, to what the reference
+`encode_chunk` writes for it alone."""
 
 from __future__ import annotations
-
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from store import encoding
-from store.encoding import decode_chunk, decode_chunks, encode_chunk, encode_chunks
+from store import encoding_fast
+from store.encoding import decode_chunk, encode_chunk
+from store.encoding_fast import encode_chunks
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 U64_MAX = (1 << 64) - 1
@@ -38,17 +38,6 @@ KINDS = [
     "special",
     "huge-and-tiny",
 ]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _always_vectorised() -> Iterator[None]:
-    """Small batches normally go chunk by chunk (`encode_chunk`, `decode_chunk`); here every
-    batch takes the vectorised path, so the comparison with the single-chunk codec means
-    something."""
-    saved = encoding._FEW_CHUNKS, encoding._FEW_DECODES
-    encoding._FEW_CHUNKS = encoding._FEW_DECODES = 0
-    yield
-    encoding._FEW_CHUNKS, encoding._FEW_DECODES = saved
 
 
 def _timestamps(rng: np.random.Generator, n: int, style: str) -> np.ndarray:
@@ -128,12 +117,6 @@ def _check(chunks: list[tuple[np.ndarray, np.ndarray]]) -> list[bytes]:
         np.testing.assert_array_equal(ts2, ts)
         np.testing.assert_array_equal(x2.view(np.uint64), x.view(np.uint64))
         assert blob == encode_chunk(ts, x)  # the same choices, hence the same bytes
-    ts, x, bounds = decode_chunks(blobs)
-    for j, (ts1, x1) in enumerate(chunks):
-        np.testing.assert_array_equal(ts[bounds[j] : bounds[j + 1]], ts1)
-        np.testing.assert_array_equal(
-            x[bounds[j] : bounds[j + 1]].view(np.uint64), x1.view(np.uint64)
-        )
     return blobs
 
 
@@ -143,16 +126,6 @@ def test_batches_round_trip_bit_exactly_and_equal_encode_chunk(
     chunks: list[tuple[np.ndarray, np.ndarray]],
 ) -> None:
     _check(chunks)
-
-
-@settings(max_examples=60, deadline=None)
-@given(batches(max_chunks=40))
-def test_batch_decoder_returns_every_chunk(chunks: list[tuple[np.ndarray, np.ndarray]]) -> None:
-    ts, x, bounds = _flatten(chunks)
-    ts2, x2, bounds2 = decode_chunks(encode_chunks(ts, x, bounds))
-    np.testing.assert_array_equal(bounds2, bounds)
-    np.testing.assert_array_equal(ts2, ts)
-    np.testing.assert_array_equal(x2.view(np.uint64), x.view(np.uint64))
 
 
 def test_small_chunks_and_single_samples() -> None:
@@ -205,94 +178,30 @@ def test_bounds_and_timestamps_are_validated() -> None:
         encode_chunks(np.array([1, 1 << 63], dtype=np.uint64), [1.0, 2.0], [0, 2])
 
 
-def test_batch_decoder_rejects_corrupt_chunks() -> None:
-    blob = encode_chunks(np.arange(20), np.arange(20) / 10, [0, 20])[0]
-    with pytest.raises(ValueError):
-        decode_chunks([blob, blob[:-1]])
-    with pytest.raises(ValueError):
-        decode_chunks([blob + b"\0"])
-    ts, x, bounds = decode_chunks([])
-    assert len(ts) == len(x) == 0 and bounds.tolist() == [0]
-
-
-def test_a_few_chunks_go_chunk_by_chunk_with_the_same_result(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(encoding, "_FEW_CHUNKS", 100)
-    calls: list[int] = []
-    real = encoding.encode_chunk
-
-    def counted(ts: np.ndarray, x: np.ndarray) -> bytes:
-        calls.append(len(ts))
-        return real(ts, x)
-
-    monkeypatch.setattr(encoding, "encode_chunk", counted)
-    rng = np.random.default_rng(3)
-    chunks = [(_timestamps(rng, n, "scrape"), _values(rng, n, "counter")) for n in (120, 5, 40)]
-    few = encode_chunks(*_flatten(chunks))
-    assert calls == [120, 5, 40]
-    monkeypatch.setattr(encoding, "_FEW_CHUNKS", 0)
-    assert encode_chunks(*_flatten(chunks)) == few
-    assert calls == [120, 5, 40]
-    monkeypatch.setattr(encoding, "_FEW_CHUNKS", 100)
-    with pytest.raises(ValueError, match=r"increasing: ts\[1\]=20 after ts\[0\]=20 in chunk 1"):
-        encode_chunks(np.array([1, 20, 20]), np.zeros(3), [0, 1, 3])
-
-
-@settings(max_examples=40, deadline=None)
-@given(batches(max_chunks=30), st.integers(1, 600))
-def test_large_batches_are_cut_into_blocks_of_whole_chunks(
-    chunks: list[tuple[np.ndarray, np.ndarray]], block: int
-) -> None:
-    saved = encoding._BLOCK
-    encoding._BLOCK = block  # a few hundred samples per vectorised pass, chunks of up to 500
-    try:
-        _check(chunks)
-    finally:
-        encoding._BLOCK = saved
-
-
-@settings(max_examples=200, deadline=None)
-@given(batches(max_chunks=3), st.data())
-def test_batch_decoder_agrees_with_decode_chunk_on_garbled_chunks(
-    chunks: list[tuple[np.ndarray, np.ndarray]], data: st.DataObject
-) -> None:
-    """Truncated, garbled or extended chunks: decode_chunks rejects exactly what decode_chunk
-    rejects (ValueError), and otherwise returns the same samples, next to intact chunks."""
-    blobs = encode_chunks(*_flatten(chunks))
-    i = data.draw(st.integers(0, len(blobs) - 1))
-    g = bytearray(blobs[i])
-    how = data.draw(st.sampled_from(["truncate", "garble", "extend"]))
-    if how == "truncate":
-        g = g[: data.draw(st.integers(0, len(g) - 1))]
-    elif how == "garble":
-        for _ in range(data.draw(st.integers(1, 3))):
-            g[data.draw(st.integers(0, len(g) - 1))] ^= data.draw(st.integers(1, 255))
-    else:
-        g += bytes([data.draw(st.integers(0, 255))])
-    blobs[i] = bytes(g)
-    try:
-        expected = [decode_chunk(b) for b in blobs]
-    except ValueError:
-        with pytest.raises(ValueError):
-            decode_chunks(blobs)
-        return
-    ts, x, bounds = decode_chunks(blobs)
-    for j, (ts1, x1) in enumerate(expected):
-        np.testing.assert_array_equal(ts[bounds[j] : bounds[j + 1]], ts1)
-        np.testing.assert_array_equal(
-            x[bounds[j] : bounds[j + 1]].view(np.uint64), x1.view(np.uint64)
-        )
+def test_chunks_the_kernels_leave_to_the_reference_are_the_same() -> None:
+    """Where the reference tries zstd (a byte-aligned int stream of 24+ bytes; XOR values) the
+    fast path hands the chunk or its values to the reference: the bytes are still the same."""
+    rng = np.random.default_rng(4)
+    n = 120
+    ts = _timestamps(rng, n, "scrape")
+    chunks = [
+        (ts, rng.integers(0, 256, n).astype(np.float64)),  # 8-bit values: a zstd candidate
+        (ts, _values(rng, n, "random-bits")),  # XOR, zstd tried
+        (ts[:2], _values(rng, 2, "full-precision")),  # XOR, too short for zstd
+        (ts, _values(rng, n, "counter")),
+    ]
+    flat = _flatten(chunks)
+    _, _, _, flags = encoding_fast._encode_all(*flat, np.empty(0, np.uint8))
+    assert flags.tolist() == [encoding_fast._REFERENCE, 1, 1, 0]
+    _check(chunks)
 
 
 def test_a_zstd_frame_declaring_a_huge_size_is_refused_not_allocated() -> None:
     """python-zstandard allocates the content size a frame header declares (MemoryError for
-    a garbled one); chunk frames never declare it, so both decoders refuse such a frame."""
+    a garbled one); chunk frames never declare it, so the decoder refuses such a frame."""
     garbled = bytes.fromhex(
         "010801ac8aadfef96204a8ea010a090209010128f0001d0100d8ffff010101010000ffff000fff0008f8f008"
         "00007f00007f7f808002002b1808c00b"
     )
     with pytest.raises(ValueError, match="corrupt"):
         decode_chunk(garbled)
-    with pytest.raises(ValueError, match="corrupt"):
-        decode_chunks([garbled])
