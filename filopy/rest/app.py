@@ -11,18 +11,29 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
+from fastapi.routing import APIRoute
 from prometheus_client import CollectorRegistry
 
 from coordinator.client import FiloPyClient
 from coordinator.cluster_queries import cluster_query_service
 from filopy.config import Settings
 from filopy.ingest_http import Ingestion, serve_ingestion
-from filopy.rest import datasets, events, nodes, operations, rebalancing, shards
+from filopy.rest import (
+    datasets,
+    events,
+    nodes,
+    operations,
+    promql_queries,
+    promql_status,
+    rebalancing,
+    shards,
+)
 from filopy.rest.console import mount_console
 from filopy.rest.deps import Cluster
 from filopy.rest.errors import install_handlers
 from filopy.rest.metrics import ClusterCollector
-from filopy.rest.promql import promql_router, serve_queries
+from filopy.rest.promql_state import PromQL, query_latency
+from query.service import QueryService
 
 
 def create_app(client: FiloPyClient, settings: Settings) -> FastAPI:
@@ -42,7 +53,7 @@ def create_app(client: FiloPyClient, settings: Settings) -> FastAPI:
     app.state.registry = registry
     install_handlers(app, timeout_s)
     queries = cluster_query_service(client, timeout_s)
-    serve_queries(app, promql_router(client, queries, registry))  # docs/query.md
+    serve_promql(app, client, queries, registry)  # docs/query.md
     ingestion = Ingestion(client.datasets, settings.gateway)  # docs/ingestion-http.md
     serve_ingestion(app, ingestion)  # docs/ingestion-http.md
     registry.register(ingestion.metrics.registry)
@@ -52,6 +63,27 @@ def create_app(client: FiloPyClient, settings: Settings) -> FastAPI:
         app.include_router(resource.router)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
+
+
+def serve_promql(
+    app: FastAPI,
+    client: FiloPyClient,
+    service: QueryService,
+    registry: CollectorRegistry | None = None,
+) -> None:
+    """Prometheus' query API on `app` (docs/query.md), answered by `service`: every endpoint
+    under /api/v1 (the dataset a parameter) and under /promql/{dataset}/api/v1; `query` and
+    `query_range` called directly (`DirectQueries`)."""
+    app.state.promql = PromQL(client, service, query_latency(registry or CollectorRegistry()))
+    for prefix, where in (("/api/v1", "param"), ("/promql/{dataset}/api/v1", "path")):
+
+        def operation_id(route: APIRoute, where: str = where) -> str:
+            (method,) = route.methods
+            return f"promql_{route.name}_{where}_{method.lower()}"
+
+        for router in (promql_queries.router, promql_status.router):
+            app.include_router(router, prefix=prefix, generate_unique_id_function=operation_id)
+    app.add_middleware(promql_queries.DirectQueries)
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:
