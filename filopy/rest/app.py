@@ -55,10 +55,11 @@ def create_app(client: FiloPyClient, settings: Settings) -> FastAPI:
     queries = cluster_query_service(client, timeout_s)
     serve_promql(app, client, queries, registry)  # docs/query.md
     ingestion = Ingestion(client.datasets, settings.gateway)  # docs/ingestion-http.md
-    serve_ingestion(app, ingestion)  # docs/ingestion-http.md
+    serve_ingestion(app, ingestion)  # write POSTs called directly: docs/ingestion-http.md
     registry.register(ingestion.metrics.registry)
     app.router.add_event_handler("shutdown", queries.close)  # stop following maps before Ray goes
     mount_console(app)
+    # In this order, the OpenAPI document lists the paths as it always has.
     for resource in (datasets, shards, rebalancing, nodes, events, operations):
         app.include_router(resource.router)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
@@ -75,6 +76,7 @@ def serve_promql(
     under /api/v1 (the dataset a parameter) and under /promql/{dataset}/api/v1; `query` and
     `query_range` called directly (`DirectQueries`)."""
     app.state.promql = PromQL(client, service, query_latency(registry or CollectorRegistry()))
+    # Each router under both prefixes, its operations named `promql_{endpoint}_{where}_{method}`.
     for prefix, where in (("/api/v1", "param"), ("/promql/{dataset}/api/v1", "path")):
 
         def operation_id(route: APIRoute, where: str = where) -> str:
