@@ -15,8 +15,8 @@ import pytest
 from fastapi import FastAPI
 
 from core.dataset import Dataset, DatasetRef
+from filopy.rest.app import serve_promql
 from filopy.rest.errors import install_handlers
-from filopy.rest.promql import promql_router
 from ingest.memstore import ShardMemstore
 from query.executor import NodeQuery, ShardsNotHere, ShardSource, run_node_query
 from query.service import QueryService
@@ -92,7 +92,7 @@ def api() -> Api:
     app = FastAPI()
     install_handlers(app, FakeClient.timeout_s)
     service = QueryService(FakeMaps(active_map().snapshot()), BoundedNodes(NODES))
-    app.include_router(promql_router(FakeClient(), service))  # type: ignore[arg-type]
+    serve_promql(app, FakeClient(), service)  # type: ignore[arg-type]
     return Api(app)
 
 

@@ -1,5 +1,5 @@
-"""`query` and `query_range` called directly (`filopy.rest.promql.DirectQueries`, as `filopy
-serve` answers them) answer exactly as through FastAPI's routing: every status, body and
+"""`query` and `query_range` called directly (`filopy.rest.promql_queries.DirectQueries`, as
+`filopy serve` answers them) answer exactly as through FastAPI's routing: every status, body and
 content type, good requests and bad ones, GET and POST, both URL forms; other endpoints and
 methods still reach the routes. The query service is a real one over fake nodes
 (tests/query/test_service_fanout.py), so no cluster is needed."""
@@ -12,10 +12,11 @@ from typing import Any
 import httpx
 import pytest
 from fastapi import FastAPI
+from fastapi.routing import APIRoute
 
-from filopy.rest import promql
+from filopy.rest.app import serve_promql
 from filopy.rest.errors import install_handlers
-from filopy.rest.promql import DirectQueries, promql_router, serve_queries
+from filopy.rest.promql_queries import DirectQueries
 from query.service import QueryService
 from tests.query.test_service_fanout import DS, NODES, FakeMaps, FakeNodes, T, active_map
 from tests.rest.conftest import ServerThread
@@ -32,11 +33,9 @@ def _app(direct: bool) -> FastAPI:
     app = FastAPI()
     install_handlers(app, 5.0)
     service = QueryService(FakeMaps(active_map().snapshot()), FakeNodes(NODES))
-    router = promql_router(FakeClient(), service)  # type: ignore[arg-type]
-    if direct:
-        serve_queries(app, router)
-    else:
-        app.include_router(router)
+    serve_promql(app, FakeClient(), service)  # type: ignore[arg-type]
+    if not direct:  # the reference: FastAPI's routes alone
+        app.user_middleware = [m for m in app.user_middleware if m.cls is not DirectQueries]
     return app
 
 
@@ -105,13 +104,13 @@ def test_the_query_endpoints_skip_the_router_and_the_others_do_not(
 
     monkeypatch.setattr(DirectQueries, "__call__", spy)
     routed: list[str] = []
-    endpoint_of = promql.APIRoute.handle
+    endpoint_of = APIRoute.handle
 
     async def handle(self: Any, scope: Any, receive: Any, send: Any) -> None:
         routed.append(scope["path"])
         await endpoint_of(self, scope, receive, send)
 
-    monkeypatch.setattr(promql.APIRoute, "handle", handle)
+    monkeypatch.setattr(APIRoute, "handle", handle)
     with ServerThread(_app(direct=True)) as url, httpx.Client(base_url=url) as http:
         assert http.get("/api/v1/query", params={"query": "sum(a)"}).status_code == 200
         assert http.post(f"/promql/{DS.name}/api/v1/query_range", data={"query": "a", **RANGE})
