@@ -13,6 +13,7 @@ PURE = [
     "filopy.shard_status",
     "filopy.dataset",
     "coordinator.manager",
+    "coordinator.moves",
     "coordinator.strategy",
     "coordinator.rebalance",
     "coordinator.failure_detector",
