@@ -46,6 +46,7 @@ __all__ = [
     "ShardMoves",
     "Step",
     "handoff_report",
+    "is_target_report",
 ]
 
 DEFAULT_DRAIN_TIMEOUT = 60.0  # seconds a handoff waits for the old owner's drain
