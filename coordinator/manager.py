@@ -14,6 +14,10 @@ a report costs O(1) here, whatever the number of shards (65536 at most).
 Subscribers get a ``CurrentShardSnapshot`` when they subscribe and then every ``ShardEvent``.
 Guardians (``subscribe_all``) also get ``SubscriptionsChanged`` so a restarted singleton can
 rebuild its subscriber lists from them (``recover_subscriptions``).
+
+Planned moves (handoffs, operator drains, rebalancing) are decided in ``coordinator.moves``,
+which keeps their bookkeeping; the manager applies what it decides, so membership, datasets,
+start/stop and publishing stay here, and the move workflow can be read (and tested) alone.
 """
 
 from __future__ import annotations
@@ -52,13 +56,25 @@ from coordinator.messages import (
     SubscriptionsChanged,
     Unsubscribed,
 )
-from coordinator.rebalance import Plan, evacuation_moves, plan_moves, version_key
-from coordinator.strategy import DefaultShardAssignmentStrategy, ShardAssignmentStrategy
+from coordinator.moves import (
+    DEFAULT_DRAIN_TIMEOUT,
+    DEFAULT_MAX_CONCURRENT_MOVES,
+    DEFAULT_MOVE_COOLDOWN,
+    Action,
+    ShardMoves,
+    handoff_report,
+    is_target_report,
+)
+from coordinator.rebalance import Plan
+from coordinator.strategy import (
+    DefaultShardAssignmentStrategy,
+    ShardAssignmentStrategy,
+    assignment_order,
+)
 from coordinator.subscriptions import ShardSubscriptions
 from core.dataset import Dataset, DatasetRef
 from core.mapper import ShardMapper
 from core.shard_status import (
-    Active,
     CurrentShardSnapshot,
     Handoff,
     IngestionDegraded,
@@ -72,6 +88,7 @@ from core.shard_status import (
     ShardEvent,
     ShardHandoffStarted,
     ShardMapState,
+    ShardStatus,
     Stopped,
 )
 from store.api import OwnershipChange
@@ -80,9 +97,6 @@ __all__ = ["DEFAULT_REASSIGNMENT_MIN_INTERVAL", "ErrorReassignmentStats", "Shard
 
 Clock = Callable[[], float]
 DEFAULT_REASSIGNMENT_MIN_INTERVAL = 2 * 60 * 60.0  # seconds
-DEFAULT_DRAIN_TIMEOUT = 60.0  # seconds a handoff waits for the old owner's drain
-DEFAULT_MAX_CONCURRENT_MOVES = 4  # handoffs in flight, per dataset and cluster-wide
-DEFAULT_MOVE_COOLDOWN = 300.0  # seconds a moved shard stays put before a rebalance moves it again
 
 
 @dataclass(slots=True)
@@ -135,15 +149,15 @@ class ShardManager:
         self._retired_versions: dict[DatasetRef, int] = {}
         self._pending: dict[DatasetRef, _Pending] = {}
         self._direct: list[Message] = []
-        self._drain_timeout = float(drain_timeout)
-        self._cooldown = float(move_cooldown)
-        self._moved_at: dict[tuple[DatasetRef, int], float] = {}  # when its last move ended
-        self._max_moves = max(0, int(max_concurrent_moves))
         self._versions: dict[str, str] = {}  # member -> the version its node advertises
-        self._draining_nodes: set[str] = set()  # members an operator is emptying
-        # Handoffs in flight: (dataset, shard) -> when it began (clock seconds).
-        self._handoffs: dict[tuple[DatasetRef, int], float] = {}
-        self._move_reasons: dict[tuple[DatasetRef, int], str] = {}  # of handoffs in flight
+        # The move workflow (handoffs, drains, rebalancing): reads these maps, never writes them.
+        self._moves = ShardMoves(
+            self._mappers,
+            clock,
+            drain_timeout=drain_timeout,
+            max_concurrent_moves=max_concurrent_moves,
+            move_cooldown=move_cooldown,
+        )
         # Ownership history: why the current call changes owners, the changes waiting for
         # their new owner's epoch (reported when it goes live), and those ready to record.
         self._why = ""
@@ -194,7 +208,7 @@ class ShardManager:
 
     def handoffs(self) -> dict[tuple[DatasetRef, int], float]:
         """Planned moves in flight: (dataset, shard) -> when each began."""
-        return dict(self._handoffs)
+        return self._moves.handoffs()
 
     def error_reassignments(self, ref: DatasetRef) -> ErrorReassignmentStats:
         s = self._error_stats.get(ref, ErrorReassignmentStats())
@@ -233,13 +247,13 @@ class ShardManager:
             return Result(reply=MemberRemoved(node, ()))
         self._members.pop(node, None)
         self._versions.pop(node, None)
-        self._draining_nodes.discard(node)
+        self._moves.undrain(node)
         freed = self._remove_node(node)
         return self._finish(MemberRemoved(node, freed))
 
     def _remove_node(self, node: str) -> tuple[tuple[DatasetRef, tuple[int, ...]], ...]:
         freed = []
-        for ref, shard in [k for k in self._handoffs if self._handoff_target(*k) == node]:
+        for ref, shard in self._moves.targeting(node):
             # The move's target left: the shard stays with its owner, which runs it again.
             owner = self._mappers[ref].owner(shard)
             self._begin(ref)
@@ -325,8 +339,7 @@ class ShardManager:
         had_subscribers = bool(self._subs.subscribers(ref))
         self._subs = self._subs.without_dataset(ref)
         self._error_stats.pop(ref, None)
-        for key in [k for k in self._handoffs if k[0] == ref]:
-            del self._handoffs[key]
+        self._moves.forget_dataset(ref)
         self._reassigned_at = {k: v for k, v in self._reassigned_at.items() if k[0] != ref}
         if had_subscribers:
             messages += self._subscriptions_changed()
@@ -443,14 +456,7 @@ class ShardManager:
         mapper.advance_version(mapper.version + 1)
         prior = current.all_nodes() if current is not None else frozenset()
         self._install(definition, mapper)
-        # Handoffs in the recovered map go on (their owners re-report drained, or the drain
-        # timeout forces them), timed from now.
-        now = self._clock()
-        for key in [k for k in self._handoffs if k[0] == ref]:
-            del self._handoffs[key]
-        for shard, st in enumerate(mapper.statuses):
-            if isinstance(st, Handoff):
-                self._handoffs[(ref, shard)] = now
+        self._moves.restart_clocks(ref, mapper)
         pending = self._begin(ref)
         pending.prior_owners |= prior
         pending.snapshot_to_subscribers = True
@@ -502,15 +508,9 @@ class ShardManager:
         if owner is None:
             return EventIgnored(event, f"shard {shard} is not assigned to any node")
         status = mapper.status(shard)
-        if (
-            isinstance(status, Handoff)
-            and status.drained
-            and status.target == sender
-            and owner != sender
-            and event.node == sender
-        ):
-            return self._warming_up(ref, shard, sender, event)
         if owner != sender:
+            if is_target_report(status, sender, event):
+                return self._handoff_report(status, owner, sender, event)
             return EventIgnored(event, f"shard {shard} is owned by {owner}, not by {sender}")
         if isinstance(event, _OWNER_SETTING) and event.node != sender:
             return EventIgnored(event, f"event names node {event.node} but came from {sender}")
@@ -519,20 +519,8 @@ class ShardManager:
             # run nothing, so this report is about an ingester it is stopping. Only an
             # operator's start brings a stopped shard back.
             return EventIgnored(event, f"shard {shard} is stopped; start it to run it again")
-        if isinstance(event, ShardDrained):
-            if not isinstance(status, Handoff) or status.drained or event.node != sender:
-                return EventIgnored(event, f"shard {shard} is not being handed off by {sender}")
-            self._begin(ref)
-            if status.target in self._members:
-                # The target starts the shard now (new epoch, from the checkpoints just written)
-                # while the old owner keeps answering queries; it takes over once live.
-                self._apply(ref, event)
-            else:
-                self._hand_over(ref, shard, sender, status.target, "target gone")
-            return None
-        if isinstance(status, Handoff) and not isinstance(event, IngestionError):
-            # The old owner's reports while it drains: the shard stays in Handoff until drained.
-            return EventIgnored(event, f"shard {shard} is being handed off to {status.target}")
+        if isinstance(status, Handoff) or isinstance(event, ShardDrained):
+            return self._handoff_report(status, owner, sender, event)
         if isinstance(event, IngestionStopped):
             # A node stops an ingester only when a map no longer has it running the shard (or
             # when it drains). Every map since the shard's current assignment to this node says
@@ -562,29 +550,32 @@ class ShardManager:
         else:
             stats.skipped += 1
 
-    # ----- planned moves (handoffs) -------------------------------------------------------------
+    # ----- planned moves (handoffs): decided by ShardMoves, applied here ------------------------
 
-    def _handoff_target(self, ref: DatasetRef, shard: int) -> str | None:
-        status = self._mappers[ref].status(shard)
-        return status.target if isinstance(status, Handoff) else None
-
-    def _warming_up(
-        self, ref: DatasetRef, shard: int, target: str, event: ShardEvent
+    def _handoff_report(
+        self, status: ShardStatus, owner: str, sender: str, event: ShardEvent
     ) -> EventIgnored | None:
-        """A report from a handoff's target while it starts the drained shard: live means the
-        move is done (the target becomes the owner, Active); an error ends the move as any
-        ingestion error does; progress before that changes nothing (the old owner still
-        answers queries, so they never wait on the target's start)."""
-        if isinstance(event, IngestionStarted):
-            self._begin(ref)
-            self._apply(ref, event)
+        """Apply a report about a shard in handoff as `handoff_report` says (the old owner's
+        progress while it drains, or the target's while it starts the drained shard, changes
+        nothing: the old owner answers queries until the target is live)."""
+        action = handoff_report(status, owner, sender, event)
+        if isinstance(action, str):
+            return EventIgnored(event, action)
+        ref, shard = event.ref, event.shard
+        self._begin(ref)
+        if action is Action.DRAINED:
+            assert isinstance(status, Handoff)
+            if status.target in self._members:
+                # The target starts the shard now (new epoch, from the checkpoints just written)
+                # while the old owner keeps answering queries; it takes over once live.
+                self._apply(ref, event)
+            else:
+                self._hand_over(ref, shard, sender, status.target, "target gone")
             return None
-        if isinstance(event, IngestionError):
-            self._begin(ref)
-            self._apply(ref, event)
-            self._reassign_after_error(ref, shard, target)
-            return None
-        return EventIgnored(event, f"shard {shard} is still served by its old owner until live")
+        self._apply(ref, event)
+        if action is Action.FAILED:
+            self._reassign_after_error(ref, shard, sender)
+        return None
 
     def _hand_over(self, ref: DatasetRef, shard: int, source: str, target: str, why: str) -> None:
         """Give a handed-off shard to its target; if the target left meanwhile, to whoever the
@@ -605,47 +596,21 @@ class ShardManager:
         drain_nodes: Sequence[str] = (),
         budget: int | None = None,
     ) -> Plan | DatasetUnknown:
-        """What a rebalance would do now, or after `add_nodes` new nodes joined (of the newest
-        version) and `remove_nodes` left, without applying anything: the same planner the
-        periodic rebalance runs. Shards a leaving node frees are first placed as a leave places
-        them (the strategy), then balanced; `drain_nodes` are emptied first (as `drain_node`
-        does). `budget` None: no throttle."""
+        """What a rebalance would do now, or after `add_nodes` new nodes joined and
+        `remove_nodes` left, without applying anything (`ShardMoves.plan`)."""
         mapper = self._mappers.get(ref)
         if mapper is None:
             return DatasetUnknown(ref)
-        mapper = mapper.copy()
-        dataset = self._datasets[ref]
-        nodes = self.versions()
-        newest = max(nodes.values(), key=version_key, default="")
-        for i in range(add_nodes):
-            nodes[f"new-{i + 1}"] = newest
-        for node in remove_nodes:
-            nodes.pop(node, None)
-            mapper.remove_node(node)
-        order = self._assignment_order(nodes)
-        for node in order:
-            shards = self._strategy.shard_assignments(node, dataset, mapper)
-            for shard in shards:
-                mapper.update_from_event(ShardAssignmentStarted(ref, shard, node))
-        limit = 1 << 30 if budget is None else budget
-        # A shard in a handoff counts where it is going.
-        owners = [
-            st.target if isinstance(st, Handoff) else o
-            for o, st in zip(mapper.owners, mapper.statuses, strict=True)
-        ]
-        movable = [isinstance(st, Active) for st in mapper.statuses]
-        leaving = set(drain_nodes) | (self._draining_nodes & set(nodes))
-        evacuate = evacuation_moves(owners, movable, leaving, nodes, limit)
-        for m in evacuate:
-            owners[m.shard], movable[m.shard] = m.target, False
-        staying = {n: v for n, v in nodes.items() if n not in leaving}
-        plan = plan_moves(owners, movable, staying, limit - len(evacuate))
-        before = {n: float(mapper.num_shards_for_node(n)) for n in nodes}
-        after = dict.fromkeys(nodes, 0.0)
-        for owner in plan.owners:
-            if owner in after:
-                after[owner] += 1
-        return Plan(evacuate + plan.moves, plan.owners, before, after, plan.held_back)
+        return self._moves.plan(
+            mapper,
+            self._datasets[ref],
+            self.versions(),
+            self._strategy,
+            add_nodes=add_nodes,
+            remove_nodes=remove_nodes,
+            drain_nodes=drain_nodes,
+            budget=budget,
+        )
 
     def rebalance(
         self,
@@ -663,59 +628,33 @@ class ShardManager:
         started: list[tuple[DatasetRef, int, str, str]] = []
         held: list[tuple[DatasetRef, str]] = []
         nodes = self.versions()
-        staying = {n: v for n, v in nodes.items() if n not in self._draining_nodes}
         for ref in refs if refs is not None else list(self._datasets):
             mapper = self._mappers.get(ref)
             if mapper is None:
                 continue
-            in_flight = sum(1 for r, _ in self._handoffs if r == ref)
-            budget = max(0, min(self._max_moves - in_flight, self._max_moves - len(self._handoffs)))
-            # A shard in a handoff counts where it is going (as in `plan`): counted at its old
-            # owner, the next rounds would move more off that node than the balance needs and
-            # then move them back.
-            owners = [
-                st.target if isinstance(st, Handoff) else o
-                for o, st in zip(mapper.owners, mapper.statuses, strict=True)
-            ]
-            now = self._clock()
-            active = [
-                isinstance(st, Active) and o in nodes
-                for o, st in zip(owners, mapper.statuses, strict=True)
-            ]
-            # The cooldown keeps balancing from chasing a moved shard's noisy load; an
-            # operator's drain waits for none (it empties the node as fast as the throttle lets).
-            movable = [
-                a and now - self._moved_at.get((ref, s), -self._cooldown) >= self._cooldown
-                for s, a in enumerate(active)
-            ]
-            moves = list(evacuation_moves(owners, active, self._draining_nodes, nodes, budget))
-            for m in moves:
-                owners[m.shard], movable[m.shard] = m.target, False
-            if balance:
-                weights = _weights(mapper.num_shards, (loads or {}).get(ref))
-                # Measured loads are noisy (a shard catching up after a move reads hot): nodes
-                # within 25% of the mean node load count as even.
-                noise = 0.25 * sum(weights) / max(1, len(staying)) if weights else 0.0
-                plan = plan_moves(owners, movable, staying, budget - len(moves), weights, noise)
-                moves += plan.moves
-                held.append((ref, plan.held_back))
+            # One dataset at a time, each applied before the next is planned: the moves it
+            # starts take throttle slots from the next.
+            moves, held_back = self._moves.next_moves(
+                ref, mapper, nodes, balance=balance, load=(loads or {}).get(ref)
+            )
+            if held_back is not None:
+                held.append((ref, held_back))
             if moves:
                 self._begin(ref)
-            for m in moves:
-                why = "drain" if m.source in self._draining_nodes else "rebalance"
-                self._apply(ref, ShardHandoffStarted(ref, m.shard, m.source, m.target, why))
-                started.append((ref, m.shard, m.source, m.target))
+            for move, why in moves:
+                event = ShardHandoffStarted(ref, move.shard, move.source, move.target, why)
+                self._apply(ref, event)
+                started.append((ref, move.shard, move.source, move.target))
         return self._finish(MovesStarted(tuple(started), tuple(held)))
 
     def free_move_slots(self, ref: DatasetRef) -> int:
         """How many handoffs of `ref` the throttle allows to start now."""
-        in_flight = sum(1 for r, _ in self._handoffs if r == ref)
-        return max(0, min(self._max_moves - in_flight, self._max_moves - len(self._handoffs)))
+        return self._moves.free_slots(ref)
 
     @property
     def draining_nodes(self) -> frozenset[str]:
         """Members an operator is emptying (`drain_node`)."""
-        return frozenset(self._draining_nodes)
+        return self._moves.draining
 
     def drain_node(self, node: str, *, cancel: bool = False) -> Result:
         """An operator empties `node` for maintenance: its shards move off through handoffs
@@ -724,38 +663,19 @@ class ShardManager:
         if node not in self._members:
             return Result(reply=NodeUnknown(node, tuple(self._members)))
         if cancel:
-            self._draining_nodes.discard(node)
+            self._moves.undrain(node)
             return Result(reply=MovesStarted(()))
-        self._draining_nodes.add(node)
+        self._moves.drain(node)
         return self.rebalance(balance=False)
 
     def expire_handoffs(self) -> Result:
         """Force the handoffs whose old owner did not report drained within the drain timeout:
         the target takes the shard anyway, with a new epoch that fences the old owner off the
         store, and the event says so."""
-        now = self._clock()
         forced: list[tuple[DatasetRef, int, str, str]] = []
-        for (ref, shard), began in list(self._handoffs.items()):
-            if now - began < self._drain_timeout:
-                continue
-            mapper = self._mappers[ref]
-            source, target = mapper.owner(shard), self._handoff_target(ref, shard)
-            if source is None or target is None:
-                continue
-            status = mapper.status(shard)
-            late = (
-                f"{target} did not go live within {self._drain_timeout:g} s of the drain"
-                if isinstance(status, Handoff) and status.drained
-                else f"{source} did not drain within {self._drain_timeout:g} s"
-            )
+        for ref, shard, source, target, why in self._moves.overdue():
             self._begin(ref)
-            self._hand_over(
-                ref,
-                shard,
-                source,
-                target,
-                f"rebalance: {late}, move forced (epoch fencing keeps {source} from writing)",
-            )
+            self._hand_over(ref, shard, source, target, why)
             forced.append((ref, shard, source, target))
         return self._finish(MovesForced(tuple(forced)))
 
@@ -856,19 +776,14 @@ class ShardManager:
 
     # ----- internals --------------------------------------------------------------------------
 
-    def _assignment_order(self, nodes: dict[str, str]) -> list[str]:
-        """Who is offered free shards first: the newest version, then the newest member."""
-        newest_first = list(reversed(nodes))
-        return sorted(newest_first, key=lambda n: version_key(nodes[n]), reverse=True)
-
     def _assign_unowned(self, ref: DatasetRef, exclude: str | None = None) -> dict[str, list[int]]:
         """Offer unowned shards to members, newest version and newest member first, applying
         each answer before the next."""
         mapper = self._mappers[ref]
         dataset = self._datasets[ref]
         assignments: dict[str, list[int]] = {}
-        candidates = {n: v for n, v in self.versions().items() if n not in self._draining_nodes}
-        for node in self._assignment_order(candidates):
+        candidates = {n: v for n, v in self.versions().items() if not self._moves.is_draining(n)}
+        for node in assignment_order(candidates):
             if mapper.num_assignable_shards == 0:
                 break
             if node == exclude:
@@ -898,16 +813,8 @@ class ShardManager:
             return
         pending.events.append((event, mapper.version))
         new_status = mapper.status(shard)
-        key = (ref, shard)
         self._note_ownership(ref, shard, owner, mapper.owner(shard), event)
-        if isinstance(new_status, Handoff):
-            self._handoffs.setdefault(key, self._clock())
-            if isinstance(event, ShardHandoffStarted):
-                self._move_reasons[key] = event.reason or "rebalance"
-        else:
-            if self._handoffs.pop(key, None) is not None:
-                self._moved_at[key] = self._clock()
-            self._move_reasons.pop(key, None)
+        self._moves.track(ref, shard, new_status, event)
         # Only a change to what some node must run needs the full map (O(N) to build and
         # ship): an owner change, a shard starting or stopping ingestion, or any step of a
         # handoff. Progress such as Assigned -> Recovery -> Active or Degraded does not.
@@ -945,7 +852,7 @@ class ShardManager:
         elif isinstance(event, IngestionError):
             why = f"error: {event.message}" if event.message else "error"
         elif started is not None:
-            why = self._move_reasons.get(key, self._why)
+            why = self._moves.reason(ref, shard, self._why)
         else:
             why = self._why
         change = OwnershipChange(
@@ -1012,17 +919,3 @@ def _with_epoch(change: OwnershipChange, started: IngestionStarted) -> Ownership
         started.epoch,
         started.replayed_offsets,
     )
-
-
-def _weights(num_shards: int, load: Mapping[int, float] | None) -> list[float] | None:
-    """Per-shard weights for the planner from measured samples/s, or None (count shards) when
-    nothing was measured. A shard with no measurement weighs the mean of the measured ones,
-    so an unmeasured shard (just moved, or starting) is neither free nor heavy."""
-    if not load:
-        return None
-    measured = [max(0.0, float(v)) for v in load.values()]
-    total = sum(measured)
-    if total <= 0:
-        return None
-    mean = total / len(measured)
-    return [max(0.0, float(load[s])) if s in load else mean for s in range(num_shards)]

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Protocol, runtime_checkable
 
+from coordinator.rebalance import version_key
 from core.dataset import Dataset
 from core.mapper import ShardMapper
 
-__all__ = ["DefaultShardAssignmentStrategy", "ShardAssignmentStrategy", "max_shards_per_node"]
+__all__ = [
+    "DefaultShardAssignmentStrategy",
+    "ShardAssignmentStrategy",
+    "assignment_order",
+    "max_shards_per_node",
+]
 
 
 @runtime_checkable
@@ -21,6 +28,14 @@ class ShardAssignmentStrategy(Protocol):
     def remaining_capacity(self, node: str, dataset: Dataset, mapper: ShardMapper) -> int:
         """How many more shards ``node`` may take now."""
         ...
+
+
+def assignment_order(nodes: Mapping[str, str]) -> list[str]:
+    """Who is offered free shards first, of `nodes` (name -> version, oldest member first): the
+    newest version, then the newest member (deployment order is join order, which suits rolling
+    upgrades)."""
+    newest_first = list(reversed(nodes))
+    return sorted(newest_first, key=lambda n: version_key(nodes[n]), reverse=True)
 
 
 def max_shards_per_node(dataset: Dataset) -> int:

@@ -13,6 +13,7 @@ PURE = [
     "core.shard_status",
     "core.dataset",
     "coordinator.manager",
+    "coordinator.moves",
     "coordinator.strategy",
     "coordinator.rebalance",
     "coordinator.failure_detector",
