@@ -285,12 +285,15 @@ class Bed:
     def _iptables(self, host: str, *args: str) -> None:
         run(["ip", "netns", "exec", self.ns(host), "iptables", "-w", *args])
 
-    def partition(self, a: str, b: str, *, one_way: bool = False) -> None:
-        """Cut the link between hosts `a` and `b`; with `one_way`, only packets from `a` to `b`
-        are dropped (`b` still reaches `a`, though no TCP connection completes either way)."""
-        self._iptables(a, "-A", CHAIN, "-d", self.ip(b), "-j", "DROP")
+    def partition(self, a: str, *others: str, one_way: bool = False) -> None:
+        """Cut the links between host `a` and each of `others`, all at once (one rule naming
+        them all: cut one by one, the first could fail over before the last is cut on a busy
+        machine); with `one_way`, only packets from `a` to them are dropped (they still reach
+        `a`, though no TCP connection completes either way)."""
+        addresses = ",".join(self.ip(b) for b in others)
+        self._iptables(a, "-A", CHAIN, "-d", addresses, "-j", "DROP")
         if not one_way:
-            self._iptables(a, "-A", CHAIN, "-s", self.ip(b), "-j", "DROP")
+            self._iptables(a, "-A", CHAIN, "-s", addresses, "-j", "DROP")
 
     def isolate(self, host: str) -> None:
         """Cut `host` off from every other host (its own loopback keeps working)."""

@@ -38,8 +38,7 @@ def test_the_head_cut_off_from_every_node_moves_nothing_and_loses_nothing(
                                    "http://head:8080/__health"], check=False)  # fmt: skip
         return "failover held back" in health.stdout
 
-    for node in NODES:
-        c.bed.partition("head", node)
+    c.bed.partition("head", *NODES)
     try:
         wait_for("the singleton holding failover back", held_back, 60)
         acked = len(c.acked(out)["acked_ts"])
