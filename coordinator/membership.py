@@ -142,15 +142,21 @@ class Membership:
 
     def tick(self) -> list[Change]:
         """Once per ping round: members silent past the timeout are quarantined, unless more
-        are silent than answer (then the singleton suspects itself: `suspect_self`)."""
+        are silent than answer within half the timeout (then the singleton suspects itself:
+        `suspect_self`)."""
         self._detector.tick()
         members = self.members
         silent = list(self._detector.failed(among=members))
-        if silent and len(silent) > len(members) - len(silent):
+        # Answering means heard within half the timeout. Members cut off at one instant cross
+        # the timeout one by one (each was last heard at its own point of the ping round), so
+        # one that is merely on its way to the timeout is not counted as answering.
+        recent = self._detector.timeout_s / 2
+        answering = [n for n in members if n not in silent and self.silent_for(n) <= recent]
+        if silent and len(silent) > len(answering):
             self.suspect_self = (
-                f"{len(silent)} of {len(members)} members silent past the failure timeout: "
-                "the singleton is more likely cut off than they; no shard moves until more "
-                "answer than are silent"
+                f"{len(silent)} of {len(members)} members silent past the failure timeout, "
+                f"{len(answering)} answering: the singleton is more likely cut off than they; "
+                "no shard moves until more answer than are silent"
             )
             return []
         if self.suspect_self is not None:

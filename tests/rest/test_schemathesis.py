@@ -72,7 +72,8 @@ def narrowed(raw: dict[str, Any], datasets: list[str], nodes: list[str]) -> dict
     c = schema["components"]["schemas"]
     props = c["Dataset"]["properties"]
     props["name"]["enum"] = [*generated, datasets[0]]
-    props["num_shards"] = {"type": "integer", "enum": [1, 2, 4, 8]}  # small and valid
+    shard_counts = [1, 2, 4, 8]  # small and valid
+    props["num_shards"] = {"type": "integer", "enum": shard_counts}
     # At most the cluster's store.max_chunk_span_ms (a runtime limit the schema cannot state).
     c["StoreOptions"]["properties"]["chunk_span_ms"] = {
         "anyOf": [{"type": "integer", "minimum": 1, "maximum": 86_400_000}, {"type": "null"}]
@@ -80,7 +81,9 @@ def narrowed(raw: dict[str, Any], datasets: list[str], nodes: list[str]) -> dict
     c["StartShardsRequest"]["properties"]["address"]["enum"] = [*nodes, "nobody"]
     for request in ("StartShardsRequest", "StopShardsRequest"):
         shard_list = c[request]["properties"]["shardList"]
-        shard_list["items"]["maximum"] = 4
+        # Past the last shard of the largest dataset generated: invalid for every dataset (a
+        # smaller bound would call a valid shard of a larger generated dataset invalid).
+        shard_list["items"]["maximum"] = max(shard_counts) - 1
         shard_list["maxItems"] = 2
     return schema
 

@@ -207,3 +207,42 @@ def test_random_event_sequences_only_take_allowed_moves(events) -> None:
                 assert c.after in TRANSITIONS[c.before]
         assert set(m.members) <= m.known()
         assert all(m.state(n) is not NodeState.GONE for n in m.known())
+
+
+def test_members_cut_off_at_once_but_heard_at_different_times_quarantine_no_one() -> None:
+    """A cut catches members at different points of the ping round, so they cross the timeout
+    one by one. The first to cross is not quarantined alone: the others, on their way to the
+    timeout, do not count as answering."""
+    clock = Clock()
+    m = Membership(4.0, 0.5, clock)
+    for n in "abc":
+        member(m, n)
+    clock.now += 0.5
+    m.answered("b")
+    m.answered("c")
+    m.tick()
+    clock.now += 0.5
+    m.answered("c")  # the cut: a last heard at 0 s, b at 0.5 s, c at 1 s
+    m.tick()
+    changes = []
+    for _ in range(12):
+        clock.now += 0.5
+        changes += m.tick()
+    assert changes == [] and m.suspect_self is not None
+    assert m.members == ["a", "b", "c"]
+
+
+def test_one_failed_member_is_quarantined_while_the_others_answer_late() -> None:
+    """The others answer, if slowly (within half the timeout): the one silent member moves."""
+    clock = Clock()
+    m = Membership(4.0, 0.5, clock)
+    for n in "abc":
+        member(m, n)
+    changes = []
+    for i in range(12):
+        clock.now += 0.5
+        if i % 3 == 0:  # b and c answer every 1.5 s, a never
+            m.answered("b")
+            m.answered("c")
+        changes += m.tick()
+    assert [(c.node, c.after) for c in changes] == [("a", NodeState.QUARANTINED)]
