@@ -576,7 +576,7 @@ class NodeClusterActor:
         that missed nothing drops it. One snapshot per dataset, shared by its audience.
 
         Receivers sent nothing since the last resync they took are skipped: they missed nothing,
-        so an idle cluster sends no snapshots (a 65536-shard one pickles to 130 KB in ~0.1 s)."""
+        so an idle cluster sends no snapshots (a big dataset's is costly: docs/architecture.md)."""
         stale = {
             sub
             for sub in self._subscribers
