@@ -52,6 +52,7 @@ from coordinator.node_coordinator import NodeCoordinator, NodeInfo
 from coordinator.rebalance import Plan
 from core.config import Settings
 from core.dataset import Dataset, DatasetInvalid, DatasetRef
+from core.errors import Unavailable
 from core.shard_status import ShardEvent, ShardMapState
 from ingest.topics import ensure_topic
 from store import MetaStore, OwnershipChange, StoreUnavailable, open_stores
@@ -576,7 +577,7 @@ class NodeClusterActor:
         that missed nothing drops it. One snapshot per dataset, shared by its audience.
 
         Receivers sent nothing since the last resync they took are skipped: they missed nothing,
-        so an idle cluster sends no snapshots (a 65536-shard one pickles to 130 KB in ~0.1 s)."""
+        so an idle cluster sends no snapshots (a big dataset's is costly: docs/architecture.md)."""
         stale = {
             sub
             for sub in self._subscribers
@@ -761,6 +762,14 @@ def _head_node() -> dict[str, Any] | None:
 # How long a singleton Ray restarts (its head died and came back) may take to be created
 # before `start_cluster_actor` creates it anew here (see there).
 RESTART_GRACE_S = 5.0
+# How long Ray may take to free the name of a singleton ended for being stuck in its restart.
+NAME_RELEASE_TIMEOUT_S = 60.0
+
+
+class SingletonUnavailable(Unavailable):
+    """The cluster singleton could not be created: the name of the one Ray failed to restart
+    stayed taken, and a handle by that name would reach the ended one. Nothing else changed:
+    starting again once Ray's control store answers may succeed."""
 
 
 def start_cluster_actor(
@@ -783,7 +792,8 @@ def start_cluster_actor(
     checks fail (a minute; see `filopy head`). A singleton found not created within
     `restart_grace_s` is therefore ended and created anew from here: a creation's request goes
     through the creator's node, this head. Ending it loses nothing (it never ran), and Ray frees
-    its name before the new one takes it, so there is never a second singleton.
+    its name before the new one takes it, so there is never a second singleton; if Ray does not
+    free it within `NAME_RELEASE_TIMEOUT_S`, `SingletonUnavailable`.
     """
     try:
         restarting: ActorHandle | None = cluster_actor(settings)
@@ -802,14 +812,18 @@ def start_cluster_actor(
         restart_grace_s,
     )
     ray.kill(restarting, no_restart=True)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + NAME_RELEASE_TIMEOUT_S
     while time.monotonic() < deadline:
         try:
             cluster_actor(settings)
         except ValueError:
-            break  # the name is free
+            return _create_cluster_actor(settings)  # the name is free
         time.sleep(0.2)
-    return _create_cluster_actor(settings)
+    raise SingletonUnavailable(
+        f"the cluster singleton could not be created: Ray did not free the name "
+        f"{CLUSTER_ACTOR_NAME!r} within {NAME_RELEASE_TIMEOUT_S:.0f} s of ending the singleton it "
+        "failed to restart; try again once Ray's control store answers"
+    )
 
 
 def _create_cluster_actor(settings: Settings) -> ActorHandle:
@@ -844,6 +858,7 @@ def cluster_actor(settings: Settings) -> ActorHandle:
 
 __all__ = [
     "NodeClusterActor",
+    "SingletonUnavailable",
     "cluster_actor",
     "start_cluster_actor",
 ]

@@ -1,14 +1,13 @@
 """Python's cyclic garbage collector kept off the query path of long-lived processes.
 
-Why: a full collection visits every object the collector tracks, and on this machine that is
-memory-latency bound: a node holding a memstore (~150k tracked objects, most of them its
-modules' functions and types and its chunks) takes ~50 ms per full collection. Python runs one
-whenever a quarter more objects have survived since the last, which queries reading the
-ColumnStore cause every second or so: each of those queries that met one took 50 ms more
-(300 histogram queries two hours back: p99 85 ms, 36 ms with the heap frozen; docs/query.md).
+Why: a full collection visits every object the collector tracks, which is memory-latency bound,
+and a node holding a memstore tracks many (most of them its modules' functions and types and
+its chunks). Python runs one whenever a quarter more objects have survived since the last,
+which queries reading the ColumnStore cause often: each query that meets one waits for it, and
+those waits were the p99 of queries that decode chunks (measured in docs/query.md).
 
 The policy: objects that have survived a collection and lived `freeze_every_s` are frozen
-(`gc.freeze`): automatic collections scan only the younger ones, and take under a millisecond.
+(`gc.freeze`): automatic collections scan only the younger ones, a small fraction.
 A cycle among frozen objects that later becomes garbage is not collected until the next sweep:
 every `sweep_every_s` everything is unfrozen and collected once (one full collection, at a
 known rate), then frozen again, and at once when a caller lets go of much (`sweep_soon`: a

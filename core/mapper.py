@@ -1,12 +1,12 @@
 """One dataset's shard map: who owns each shard and in what state.
 
 Ownership and status follow a small set of rules so that any reachable state can be rebuilt
-from events (``minimal_events``): an owned shard is Assigned, Active, Recovery, Degraded,
-Handoff or Stopped; an unowned one is Unassigned, Error, Stopped or Down. Indexes (shards per
-node, unowned shards, shards free for automatic assignment) are kept up to date in O(log N) per
-change: the shard
-manager applies one event per shard report and asks the assignment strategy about hundreds of
-nodes per change, so nothing on those paths may scan or copy all N shards (65536 at most).
+from events (tests/unit/test_properties.py rebuilds every map it reaches): an owned shard is
+Assigned, Active, Recovery, Degraded, Handoff or Stopped; an unowned one is Unassigned, Error,
+Stopped or Down. Indexes (shards per node, unowned shards, shards free for automatic assignment)
+are kept up to date in O(log N) per change: the shard manager applies one event per shard report
+and asks the assignment strategy about hundreds of nodes per change, so nothing on those paths
+may scan or copy all N shards (65536 at most).
 
 A Stopped shard is never handed out automatically (``assignable_shards``): it stays stopped until
 an operator starts it, owned or not.
@@ -17,9 +17,8 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Mapping
 
-from core.dataset import DatasetRef
 from core.errors import Invalid
-from core.hashing import ingestion_shard, log2_shards, query_shards
+from core.hashing import log2_shards
 from core.shard_status import (
     ACTIVE,
     ASSIGNED,
@@ -29,7 +28,6 @@ from core.shard_status import (
     Active,
     Assigned,
     Degraded,
-    Down,
     Error,
     Handoff,
     IngestionDegraded,
@@ -46,13 +44,11 @@ from core.shard_status import (
     ShardMapState,
     ShardStatus,
     Stopped,
-    Unassigned,
     canonical,
 )
 
 __all__ = ["ShardEventError", "ShardMapper"]
 
-_UNOWNED_ONLY = (Unassigned, Error, Down)  # statuses that imply "nobody ingests this shard"
 # statuses that imply "some node ingests this shard"
 _OWNED_ONLY = (Assigned, Active, Recovery, Degraded, Handoff)
 
@@ -248,10 +244,6 @@ class ShardMapper:
             self._assignable.discard(shard)
         return True
 
-    def _check_shard(self, shard: int) -> None:
-        if not 0 <= shard < self.num_shards:
-            raise ValueError(f"invalid shard {shard}: valid shards are 0..{self.num_shards - 1}")
-
     # ----- updates ------------------------------------------------------------------------
 
     def update_from_event(self, event: ShardEvent) -> bool:
@@ -302,24 +294,6 @@ class ShardMapper:
             raise ShardEventError(event, f"{type(event).__name__} must name the owning node")
         return node
 
-    def register_node(self, shards: Iterable[int], node: str) -> None:
-        """Make ``node`` the owner of ``shards``; a shard that was idle becomes Assigned."""
-        changed = False
-        for shard in shards:
-            self._check_shard(shard)
-            status = self._statuses[shard]
-            if isinstance(status, _UNOWNED_ONLY):
-                status = ASSIGNED
-            changed |= self._set(shard, node, status)
-        if changed:
-            self._changed()
-
-    def unassign_shard(self, shard: int) -> None:
-        """Clear the owner; a shard that was being ingested becomes Unassigned."""
-        self._check_shard(shard)
-        if self._unassign(shard):
-            self._changed()
-
     def _unassign(self, shard: int) -> bool:
         status = self._statuses[shard]
         if isinstance(status, _OWNED_ONLY):
@@ -334,44 +308,6 @@ class ShardMapper:
         if freed:
             self._changed()
         return freed
-
-    def minimal_events(self, ref: DatasetRef) -> list[ShardEvent]:
-        """The shortest event list that rebuilds this state on a fresh mapper."""
-        events: list[ShardEvent] = []
-        for shard, (owner, status) in enumerate(zip(self._owners, self._statuses, strict=True)):
-            match status:
-                case Unassigned():
-                    pass
-                case Assigned():
-                    events.append(ShardAssignmentStarted(ref, shard, owner))
-                case Active():
-                    events.append(IngestionStarted(ref, shard, owner))
-                case Recovery(progress_pct=pct):
-                    events.append(RecoveryInProgress(ref, shard, owner, pct))
-                case Degraded(message=message):
-                    events.append(IngestionDegraded(ref, shard, owner, message))
-                case Error(message=message):
-                    events.append(IngestionError(ref, shard, None, message))
-                case Stopped():
-                    if owner is not None:
-                        events.append(ShardAssignmentStarted(ref, shard, owner))
-                    events.append(IngestionStopped(ref, shard, owner))
-                case Down():
-                    events.append(ShardDown(ref, shard, None))
-                case Handoff(target=target, drained=drained):
-                    events.append(ShardAssignmentStarted(ref, shard, owner))
-                    events.append(ShardHandoffStarted(ref, shard, owner, target))
-                    if drained:
-                        events.append(ShardDrained(ref, shard, owner))
-        return events
-
-    def merge_from(self, other: ShardMapper, ref: DatasetRef) -> ShardMapper:
-        """Adopt every shard of ``other`` that is not plain Unassigned (FiloDB's mergeFrom)."""
-        if other.num_shards != self.num_shards:
-            raise ValueError(f"cannot merge {other.num_shards} shards into {self.num_shards}")
-        for event in other.minimal_events(ref):
-            self.update_from_event(event)
-        return self
 
     # ----- queries ------------------------------------------------------------------------
 
@@ -426,10 +362,6 @@ class ShardMapper:
         """Whether the map has the shard's owner running it (owned, status ``ingesting``)."""
         return self._owners[shard] is not None and self._statuses[shard].ingesting
 
-    @property
-    def num_assigned_shards(self) -> int:
-        return self.num_shards - len(self._free)
-
     def active_shards(self) -> list[int]:
         return [s for s, st in enumerate(self._statuses) if isinstance(st, Active)]
 
@@ -440,20 +372,6 @@ class ShardMapper:
     def is_healthy(self) -> bool:
         """Every shard is Active."""
         return all(isinstance(st, Active) for st in self._statuses)
-
-    def active_bitmap(self) -> bytes:
-        """One bit per shard, set when Active; shard 0 is the high bit of byte 0 (as FiloDB)."""
-        out = bytearray((self.num_shards + 7) // 8)
-        for shard, st in enumerate(self._statuses):
-            if isinstance(st, Active):
-                out[shard >> 3] |= 0x80 >> (shard & 7)
-        return bytes(out)
-
-    def ingestion_shard(self, shard_key_hash: int, partition_hash: int, spread: int) -> int:
-        return ingestion_shard(shard_key_hash, partition_hash, spread, self.num_shards)
-
-    def query_shards(self, shard_key_hash: int, spread: int) -> list[int]:
-        return query_shards(shard_key_hash, spread, self.num_shards)
 
     # ----- rendering ----------------------------------------------------------------------
 

@@ -72,9 +72,14 @@ __all__ = [
 
 
 def __getattr__(name: str) -> object:
-    # `filopy.connect` brings in Ray; importing `filopy` for hashing or mappers must not.
+    # `filopy.connect` brings in Ray, `filopy.load_settings` pydantic-settings and the config
+    # files; importing `filopy` for hashing or mappers must not.
     if name == "connect":
         from coordinator.client import connect
 
         return connect
+    if name == "load_settings":
+        from core.config import load_settings
+
+        return load_settings
     raise AttributeError(f"module 'filopy' has no attribute {name!r}")

@@ -13,8 +13,8 @@ keeps its per-series sample state in arrays and lists indexed by them. The index
 * an inverted index label -> value -> ids: compact arrays of int32 ids, ascending (ids only
   grow), which answers PromQL's label matchers with NumPy set operations.
 
-Its size is what a series costs in memory beyond its samples: about 480 bytes for a 7-label
-series (`bench/bench_series_memory.py`). Not thread-safe: the memstore calls it under its lock.
+Its size is what a series costs in memory beyond its samples (`bench/bench_series_memory.py`,
+figures in docs/memstore.md). Not thread-safe: the memstore calls it under its lock.
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ class SeriesIndex:
                 continue
             sid = cache.get(h)
             if sid is not None:
-                flat = self._labels[sid]  # a hash is no proof: check the labels (~0.5 us)
+                flat = self._labels[sid]  # a hash is no proof: check the labels
                 if key == tuple(zip(flat[0], flat[1:], strict=True)) or self._same(sid, labels):
                     out[i] = sid
                     continue

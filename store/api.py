@@ -230,7 +230,8 @@ class ChunkRecord:
 # Decoded chunks, most recently used first: dashboards ask for the same recent windows again and
 # again, and decoding is most of a query's time on a node (bench/bench_promql.py, profiled).
 # Keyed by the chunk's bytes (a chunk never changes once encoded; a bytes object hashes once).
-# At most ingest.max_chunk_samples (120 by default) samples of 16 bytes each: ~16 MB per process.
+# Bounded in entries, each at most ingest.max_chunk_samples samples of 16 bytes (the memory this
+# bounds per process: docs/storage.md).
 DECODED_CHUNKS_CACHED = 8192
 
 

@@ -1,10 +1,10 @@
 """The chunk codec's fast path: `encode_chunks` as compiled loops (numba), one chunk after another.
 
-A flush encodes thousands of chunks, and the reference (`encoding.encode_chunk`) costs 30-400 us
-per chunk whatever its size: hundreds of NumPy calls on small arrays. Here each step of the
-reference runs as a plain loop over one chunk's samples, compiled, and writes the same bytes;
-each function names the reference function it follows. zstd cannot run in compiled code, so
-the two places where the reference tries it are finished in Python:
+A flush encodes thousands of chunks, and the reference (`encoding.encode_chunk`) costs much the
+same per chunk whatever its size: hundreds of NumPy calls on small arrays (bench/bench_codec.py).
+Here each step of the reference runs as a plain loop over one chunk's samples, compiled, and
+writes the same bytes; each function names the reference function it follows. zstd cannot run
+in compiled code, so the two places where the reference tries it are finished in Python:
 
 * values that fit decimals poorly (more than 4 bytes a sample) are also tried as XOR by the
   reference's `_put_xor` (zstd included), and the smaller kept;

@@ -175,8 +175,8 @@ def decompress(body: bytes, encoding: str, limit: int) -> bytes:
                 400, "bad_data", f"the body is not snappy-compressed (block format): {e}"
             ) from None
     if encoding in ("gzip", "deflate"):  # deflate: a zlib stream, as OTel SDKs send it
-        # ISA-L's inflate: zlib's API and answers, 3x as fast (0.064 against 0.196 ms for a
-        # line protocol request of 2,000 lines), without the GIL
+        # ISA-L's inflate: zlib's API and answers, faster, and without the GIL
+        # (docs/ingestion-http.md)
         if not _has_header(body, encoding):  # (ISA-L would wait for more bytes of a short one)
             raise Refused(400, "bad_data", f"the body is not {encoding}-compressed: no header")
         d = isal_zlib.decompressobj(wbits=16 + MAX_WBITS if encoding == "gzip" else MAX_WBITS)
@@ -213,26 +213,23 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 
 # How long the producer waits to fill a batch. A request is answered only once Kafka acked its
-# messages, so the wait is every request's latency: with one connection, remote write went from
-# ~150 k samples/s with 5 ms (the Gateway's default, for bulk loads) to ~260 k with 1 or 2 ms.
-# With 4 connections 1 ms did worse than 2 (medians of 6 runs: 410 k, 580 k; 5 ms 520 k):
-# each produce() wakes librdkafka's broker thread more often, and costs 2-4x as much.
+# messages, so the wait is every request's latency: shorter than the Gateway's default (for bulk
+# loads), but not the shortest, as each produce() then wakes librdkafka's broker thread more
+# often and costs more (docs/ingestion-http.md, "Linger 2 ms").
 LINGER_MS = 2
 
 # Requests are handled on the event loop itself when nothing in them can wait (`Ingestion.
-# _inline`): a body of at most INLINE_BYTES decompressed is ~1-5 ms of CPU (2,000 samples:
-# ~300 KB), and a thread per request cost more than the work: the event loop and the request
-# threads took turns on the GIL at every hand-over (one gateway process, 4 connections, 2,000
-# samples a request, A/B in one window: remote write 1.21 -> 1.42-1.47 M samples/s, line
-# protocol 0.86-0.96 -> 1.10-1.15 M). Anything larger, or that could wait, goes to a thread.
+# _inline`): a body of at most INLINE_BYTES decompressed is a few ms of CPU at most, and a
+# thread per request cost more than the work: the event loop and the request threads took turns
+# on the GIL at every hand-over (docs/ingestion-http.md, "Requests on the event loop").
+# Anything larger, or that could wait, goes to a thread.
 INLINE_BYTES = 1 << 20
 INLINE_BACKLOG = 10_000  # messages queued for Kafka past which a send could block
 
 # [gateway] kafka_compression -> the producer's settings. The gateway leaves the record format's
 # bodies uncompressed and librdkafka compresses each partition's batch in its own threads, without
-# the GIL: ~0.2 ms of each 2,000-sample request off the event loop (Gateway.send_batch on one
-# thread: 600-625 -> 385-420 us). Bulk loads keep `Gateway`'s own zstd: their messages are
-# large, and there is no event loop to free.
+# the GIL, off the event loop (docs/ingestion-http.md, "Kafka compression"). Bulk loads keep
+# `Gateway`'s own zstd: their messages are large, and there is no event loop to free.
 PRODUCER_COMPRESSION: dict[str, dict[str, object]] = {
     "none": {"compression.type": "none"},
     "gzip": {"compression.type": "gzip", "compression.level": 1},

@@ -163,9 +163,10 @@ QueryEndpoint = Callable[[Request, str | None], Awaitable[Any]]
 class DirectQueries:
     """ASGI middleware: `query` and `query_range` (what dashboards call, again and again) call
     their endpoint function directly, without FastAPI's routing through every route of the app,
-    dependency solving and exception middleware (bench/results/rest_dispatch.txt: ~150-250 us
-    of CPU per query). The endpoints parse their own parameters and answer a `Response`; an
-    `ApiError` is answered as the app's handler answers it. Anything else goes to the app."""
+    dependency solving and exception middleware, a large share of a small query's CPU
+    (bench/results/rest_dispatch.txt). The endpoints parse their own parameters and answer a
+    `Response`; an `ApiError` is answered as the app's handler answers it. Anything else goes to
+    the app."""
 
     _PATH = re.compile(r"/promql/(?P<dataset>[^/]+)(?P<rest>/api/v1/.*)")
     ENDPOINTS: dict[tuple[str, str], QueryEndpoint] = {

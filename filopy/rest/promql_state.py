@@ -25,8 +25,8 @@ R = TypeVar("R")
 
 # Queries run on threads of their own, so the event loop keeps serving while one waits on the
 # nodes: a plain executor (its threads start as queries need them), shared by the process's
-# apps, bounded as anyio's worker threads are (40), at ~15 us less per call (no capacity
-# limiter, run vars or cancel scopes on the way).
+# apps, bounded as anyio's worker threads are, and cheaper per call (no capacity limiter, run
+# vars or cancel scopes on the way: docs/query.md).
 QUERY_THREADS = 40
 _QUERY_EXECUTOR = ThreadPoolExecutor(QUERY_THREADS, thread_name_prefix="query")
 

@@ -5,7 +5,7 @@ back to it); every other label is kept as is. Exemplars and metadata are dropped
 histogram samples are counted as refused ("unsupported"): FiloPy stores float samples only.
 
 The reference is upb's full parse (`to_batch(parse(raw))`), which has the last word. Building a
-Python object per label costs ~15 us per series, the whole budget of a fast gateway, so requests
+Python object per label costs a fast gateway's whole budget per series, so requests
 of the shape Prometheus and vmagent send take one fast path (`decode_fast`): the shared
 protobuf walker (`ingest.wire.protobuf`, compiled, without the GIL) finds each series' label
 bytes and reads its samples, and each series' label bytes are found among those met before

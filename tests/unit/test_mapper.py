@@ -1,4 +1,5 @@
-"""ShardMapper: event rules, queries, minimal events, bitmap, rendering, snapshots."""
+"""ShardMapper: event rules, queries, rendering, snapshots; and the test helpers built on it
+(tests/mapper_helpers.py: register/unassign, minimal events, merge, bitmap)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,14 @@ from filopy import (
     Stopped,
     Unassigned,
 )
+from tests.mapper_helpers import (
+    active_bitmap,
+    merge_from,
+    minimal_events,
+    num_assigned_shards,
+    register_node,
+    unassign_shard,
+)
 
 from .support import ref
 
@@ -41,7 +50,7 @@ def test_num_shards_must_be_a_power_of_two(num_shards: int) -> None:
 def test_new_mapper_is_all_unassigned() -> None:
     m = ShardMapper(8)
     assert all(m.owner(s) is None and m.status(s) == Unassigned() for s in range(8))
-    assert m.num_assigned_shards == 0
+    assert num_assigned_shards(m) == 0
     assert m.unassigned_shards() == list(range(8))
     assert not m.is_healthy()
 
@@ -94,18 +103,18 @@ def test_filodb_status_filtering_scenario() -> None:
     assert m.active_or_recovering_shards([1, 5, 10]) == []
     m.update_from_event(ShardAssignmentStarted(R, 2, "ref1"))
     m.update_from_event(IngestionStarted(R, 2, "ref1"))
-    assert m.num_assigned_shards == 1
+    assert num_assigned_shards(m) == 1
     m.update_from_event(RecoveryInProgress(R, 4, "ref1", 0))
-    assert m.num_assigned_shards == 2
+    assert num_assigned_shards(m) == 2
     assert m.active_or_recovering_shards([1, 2, 3, 4]) == [2, 4]
     m.update_from_event(ShardAssignmentStarted(R, 3, "ref2"))
     m.update_from_event(IngestionStarted(R, 3, "ref2"))
     assert m.active_or_recovering_shards([1, 2, 3, 4]) == [2, 3, 4]
     assert m.active_shards() == [2, 3]
-    assert m.num_assigned_shards == 3
+    assert num_assigned_shards(m) == 3
     m.update_from_event(ShardDown(R, 4, "ref1"))
     assert m.active_or_recovering_shards() == [2, 3]
-    assert m.num_assigned_shards == 2
+    assert num_assigned_shards(m) == 2
     assert m.owner(4) is None
     assert m.all_nodes() == {"ref1", "ref2"}
     assert m.assigned_shards() == [2, 3]
@@ -123,17 +132,17 @@ def test_healthy_only_when_every_shard_is_active() -> None:
 
 def test_register_unassign_and_remove_node() -> None:
     m = ShardMapper(32)
-    m.register_node([0, 1], "c1")
-    m.register_node([0, 1], "c1")  # idempotent
+    register_node(m, [0, 1], "c1")
+    register_node(m, [0, 1], "c1")  # idempotent
     assert m.shards_for_node("c1") == [0, 1]
     assert m.status(0) == Assigned()
-    assert m.num_assigned_shards == 2
-    m.register_node([1], "c2")  # a shard moves
+    assert num_assigned_shards(m) == 2
+    register_node(m, [1], "c2")  # a shard moves
     assert m.shards_for_node("c1") == [0]
     assert m.shards_for_node("c2") == [1]
-    m.register_node([2, 3], "c2")
+    register_node(m, [2, 3], "c2")
     m.update_from_event(IngestionStarted(R, 3, "c2"))
-    m.unassign_shard(3)
+    unassign_shard(m, 3)
     assert m.owner(3) is None and m.status(3) == Unassigned()
     assert m.remove_node("nobody") == []
     assert m.remove_node("c2") == [1, 2]
@@ -145,16 +154,16 @@ def test_register_unassign_and_remove_node() -> None:
 def test_register_keeps_a_stopped_shard_stopped() -> None:
     m = ShardMapper(4)
     m.update_from_event(IngestionStopped(R, 1, None))
-    m.register_node([1], "a")
+    register_node(m, [1], "a")
     assert (m.owner(1), m.status(1)) == ("a", Stopped())
     m.update_from_event(IngestionError(R, 2, "x", "bad"))
-    m.register_node([2], "a")
+    register_node(m, [2], "a")
     assert m.status(2) == Assigned()
 
 
 def test_unassigned_limit_returns_lowest_first() -> None:
     m = ShardMapper(16)
-    m.register_node([0, 2, 3], "a")
+    register_node(m, [0, 2, 3], "a")
     assert m.unassigned_shards(limit=3) == [1, 4, 5]
     assert m.unassigned_shards(limit=0) == []
     m.remove_node("a")
@@ -191,8 +200,8 @@ def test_version_grows_with_every_change_only() -> None:
     m.update_from_event(RecoveryInProgress(R, 1, "a", 10))
     m.update_from_event(RecoveryInProgress(R, 1, "a", 20))
     assert m.version == v + 3
-    m.register_node([2], "b")
-    m.unassign_shard(2)
+    register_node(m, [2], "b")
+    unassign_shard(m, 2)
     m.remove_node("a")
     assert m.version == v + 6
 
@@ -213,7 +222,7 @@ def test_minimal_events_rebuild_an_equal_mapper() -> None:
         IngestionStopped(R, 9, None),
     ]:
         m.update_from_event(e)
-    events = m.minimal_events(R)
+    events = minimal_events(m, R)
     rebuilt = ShardMapper(32)
     for e in events:
         rebuilt.update_from_event(e)
@@ -230,40 +239,40 @@ def test_merge_from_adopts_other_non_unassigned_shards() -> None:
     mine.update_from_event(IngestionStarted(R, 1, "a"))
     other.update_from_event(IngestionStarted(R, 1, "b"))
     other.update_from_event(ShardDown(R, 2, None))
-    assert mine.merge_from(other, R) is mine
+    assert merge_from(mine, other, R) is mine
     assert [mine.owner(s) for s in range(3)] == ["a", "b", None]
     assert mine.status(2) == Down()
     with pytest.raises(ValueError, match="cannot merge"):
-        mine.merge_from(ShardMapper(16), R)
+        merge_from(mine, ShardMapper(16), R)
 
 
 def test_active_bitmap_filodb_vectors() -> None:
     m = ShardMapper(32)
-    assert m.active_bitmap() == bytes(4)
-    m.register_node(range(32), "n")
-    assert m.active_bitmap() == bytes(4)  # assigned is not active
+    assert active_bitmap(m) == bytes(4)
+    register_node(m, range(32), "n")
+    assert active_bitmap(m) == bytes(4)  # assigned is not active
     for s in [*range(8), *range(24, 32)]:
         m.update_from_event(IngestionStarted(R, s, "n"))
-    assert m.active_bitmap() == bytes([0xFF, 0x00, 0x00, 0xFF])
+    assert active_bitmap(m) == bytes([0xFF, 0x00, 0x00, 0xFF])
 
     big = ShardMapper(256)
     for s in range(256):
         big.update_from_event(IngestionStarted(R, s, "n"))
-    assert big.active_bitmap() == b"\xff" * 32
+    assert active_bitmap(big) == b"\xff" * 32
     for s in range(60, 64):
         big.update_from_event(RecoveryInProgress(R, s, "n", 50))
     for s in range(64, 68):
         big.update_from_event(ShardDown(R, s, "n"))
-    bits = big.active_bitmap()
+    bits = active_bitmap(big)
     assert bits[:7] == b"\xff" * 7 and bits[7] == 0xF0 and bits[8] == 0x0F
     assert bits[9:] == b"\xff" * 23
 
     two = ShardMapper(2)
     for s in range(2):
         two.update_from_event(IngestionStarted(R, s, "n"))
-    assert two.active_bitmap() == bytes([0xC0])
+    assert active_bitmap(two) == bytes([0xC0])
     two.update_from_event(ShardDown(R, 1, "n"))
-    assert two.active_bitmap() == bytes([0x80])
+    assert active_bitmap(two) == bytes([0x80])
 
 
 def test_render_grid_has_sixteen_shards_per_row() -> None:
@@ -324,12 +333,6 @@ def test_snapshots_and_events_pickle() -> None:
     e = IngestionError(R, 3, "n1", "boom")
     assert pickle.loads(pickle.dumps(e)) == e
     assert pickle.loads(pickle.dumps(m)) == m
-
-
-def test_mapper_delegates_routing() -> None:
-    m = ShardMapper(64)
-    assert m.ingestion_shard(0x111FCDDB, 0x9D3D772F, 1) == 0x3B
-    assert m.query_shards(0x111FCDDB, 2) == [0x0B, 0x1B, 0x2B, 0x3B]
 
 
 @pytest.mark.parametrize(

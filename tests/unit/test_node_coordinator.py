@@ -22,6 +22,7 @@ from core.shard_status import (
     ShardHandoffStarted,
 )
 from filopy import Dataset, IngestionStarted, IngestionStopped, ShardMapper
+from tests.mapper_helpers import unassign_shard
 
 DS = Dataset(name="m", num_shards=4, min_num_nodes=1)
 
@@ -75,7 +76,7 @@ def test_converges_ignores_stale_and_rereports_lost_events(tmp_path: Path) -> No
 
         # Shard 1 moves away: it is stopped and reported stopped, and its memory swept soon.
         assert sweeps == []
-        mapper.unassign_shard(1)
+        unassign_shard(mapper, 1)
         assert await node.apply_map(_map(mapper))
         assert await node.running_shards() == {"m": [0]}
         assert events == [IngestionStopped(DS.ref, 1, "n1")]

@@ -45,6 +45,7 @@ from filopy import (
     Stopped,
     Unassigned,
 )
+from tests.mapper_helpers import minimal_events, num_assigned_shards, register_node, unassign_shard
 from tests.unit.support import Clock
 
 from .support import dataset, ref
@@ -152,7 +153,7 @@ def check_mapper(m: ShardMapper) -> None:
         else:
             assert not isinstance(m.status(s), Unassigned | Error | Down)
     rebuilt = ShardMapper(m.num_shards)
-    for e in m.minimal_events(R):
+    for e in minimal_events(m, R):
         rebuilt.update_from_event(e)
     assert rebuilt == m
     assert ShardMapper.from_state(m.snapshot()) == m
@@ -168,9 +169,9 @@ def test_mapper_stays_consistent_and_minimal_events_round_trip(ops) -> None:
         if isinstance(op, ShardEvent):
             m.update_from_event(op)
         elif op[0] == "register":
-            m.register_node(op[1], op[2])
+            register_node(m, op[1], op[2])
         elif op[0] == "unassign":
-            m.unassign_shard(op[1])
+            unassign_shard(m, op[1])
         else:
             m.remove_node(op[1])
         assert (m.version > version) == (m != before)
@@ -211,7 +212,7 @@ class ManagerMachine(RuleBasedStateMachine):
         return [d for d in DATASETS if self.mgr.dataset(d.ref) is not None]
 
     def datasets_with_owners(self) -> list[Dataset]:
-        return [d for d in self.datasets() if self.mapper(d).num_assigned_shards]
+        return [d for d in self.datasets() if num_assigned_shards(self.mapper(d))]
 
     def consume(self, result: Result) -> Result:
         """Check what a call sent, and play the guardian: mirror maps from its messages only."""

@@ -7,6 +7,7 @@ import pytest
 from coordinator import DefaultShardAssignmentStrategy, ShardAssignmentStrategy
 from coordinator.strategy import max_shards_per_node
 from filopy import IngestionError, ShardDown, ShardMapper
+from tests.mapper_helpers import num_assigned_shards, register_node
 
 from .support import dataset, ref
 
@@ -20,7 +21,7 @@ def assign_in_order(num_shards: int, min_nodes: int, nodes: int) -> list[list[in
     result = []
     for i in range(nodes):
         shards = STRATEGY.shard_assignments(f"n{i}", ds, m)
-        m.register_node(shards, f"n{i}")
+        register_node(m, shards, f"n{i}")
         result.append(shards)
     return result
 
@@ -57,8 +58,8 @@ def test_node_with_shards_counts_itself() -> None:
     # 8 shards, 2 nodes: a holds 0-3, b held 4-7 but lost 4 and 5.
     ds = dataset(num_shards=8, min_num_nodes=2)
     m = ShardMapper(8)
-    m.register_node([0, 1, 2, 3], "a")
-    m.register_node([6, 7], "b")
+    register_node(m, [0, 1, 2, 3], "a")
+    register_node(m, [6, 7], "b")
     # b: U=2, A=2, C=2 -> want ceil(4/1)=4 -> capacity 2.
     assert STRATEGY.remaining_capacity("b", ds, m) == 2
     assert STRATEGY.shard_assignments("b", ds, m) == [4, 5]
@@ -72,15 +73,15 @@ def test_denominator_is_guarded_when_enough_nodes_already_hold_shards() -> None:
     # the formula's divisor (2 - 2) + 0 would be 0.
     ds = dataset(num_shards=4, min_num_nodes=2)
     m = ShardMapper(4)
-    m.register_node([0, 1], "a")
-    m.register_node([2], "b")
+    register_node(m, [0, 1], "a")
+    register_node(m, [2], "b")
     assert STRATEGY.remaining_capacity("c", ds, m) == 1
     assert STRATEGY.shard_assignments("c", ds, m) == [3]
     # A > min_num_nodes: the divisor would be negative.
     ds8 = dataset(num_shards=8, min_num_nodes=2)
     m2 = ShardMapper(8)
     for shard, node in enumerate("abc"):
-        m2.register_node([shard], node)
+        register_node(m2, [shard], node)
     assert STRATEGY.remaining_capacity("d", ds8, m2) == 4
     assert STRATEGY.shard_assignments("d", ds8, m2) == [3, 4, 5, 6]
 
@@ -88,7 +89,7 @@ def test_denominator_is_guarded_when_enough_nodes_already_hold_shards() -> None:
 def test_down_and_error_shards_count_as_unassigned() -> None:
     ds = dataset(num_shards=4, min_num_nodes=2)
     m = ShardMapper(4)
-    m.register_node([0, 1, 2, 3], "a")
+    register_node(m, [0, 1, 2, 3], "a")
     m.update_from_event(ShardDown(ref(), 1, "a"))
     m.update_from_event(IngestionError(ref(), 3, "a", "boom"))
     assert STRATEGY.shard_assignments("b", ds, m) == [1, 3]
@@ -97,7 +98,7 @@ def test_down_and_error_shards_count_as_unassigned() -> None:
 def test_no_unassigned_shards_means_no_capacity() -> None:
     ds = dataset(num_shards=4, min_num_nodes=2)
     m = ShardMapper(4)
-    m.register_node([0, 1, 2, 3], "a")
+    register_node(m, [0, 1, 2, 3], "a")
     assert STRATEGY.remaining_capacity("b", ds, m) == 0
     assert STRATEGY.remaining_capacity("a", ds, m) == 0
 
@@ -108,7 +109,7 @@ def test_strategy_is_stateless() -> None:
     first = STRATEGY.shard_assignments("x", ds, m)
     assert STRATEGY.shard_assignments("x", ds, m) == first
     assert DefaultShardAssignmentStrategy().shard_assignments("x", ds, m) == first
-    assert m.num_assigned_shards == 0
+    assert num_assigned_shards(m) == 0
 
 
 def test_default_strategy_satisfies_the_protocol() -> None:

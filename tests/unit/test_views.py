@@ -21,13 +21,14 @@ from core.shard_status import (
     ShardStatus,
 )
 from filopy.cli.views import STYLES, shard_grid
+from tests.mapper_helpers import merge_from, register_node
 
 
 def _mapper() -> ShardMapper:
     ref = DatasetRef(name="prom")
     m = ShardMapper(64)
-    m.register_node(range(0, 20), "node-a")
-    m.register_node([20, 21, 22, 23, 30, 31], "node-b")
+    register_node(m, range(0, 20), "node-a")
+    register_node(m, [20, 21, 22, 23, 30, 31], "node-b")
     for s in range(0, 10):
         m.update_from_event(IngestionStarted(ref, s, "node-a"))
     m.update_from_event(RecoveryInProgress(ref, 10, "node-a", 40))
@@ -90,6 +91,6 @@ def test_degraded_is_an_ingesting_status_that_parses_and_survives_the_wire_forma
     state = pickle.loads(pickle.dumps(m.snapshot()))
     assert state.status(11) == st and 11 in state.ingesting_shards("node-a")
     # A fresh mapper rebuilt from the minimal events (singleton recovery) keeps it too.
-    again = ShardMapper(64).merge_from(m, ref)
+    again = merge_from(ShardMapper(64), m, ref)
     assert again.status(11) == st and again.owner(11) == "node-a"
     assert "!" in m.render()
