@@ -25,6 +25,7 @@ from coordinator.query_channel import (
     QueryEndpoint,
     request_payload,
 )
+from core.backoff import Backoff
 from core.dataset import Dataset, DatasetRef
 from core.errors import DatasetUnknownError
 from core.mapper import ShardMapper
@@ -226,7 +227,8 @@ class SocketNodeCaller:
         self._ray = ray_caller or RayNodeCaller(namespace)
         self._lock = threading.Lock()
         self._pools: dict[str, ChannelPool] = {}
-        self._ray_until: dict[str, tuple[float, float]] = {}  # node -> (retry at, backoff)
+        # node -> when its channel is tried again (`retry_at`), asked through Ray until then
+        self._ray_until: dict[str, Backoff] = {}
         self.fallbacks = 0  # parts sent through Ray because the channel could not be used
 
     def forget(self, node: str) -> None:
@@ -273,7 +275,8 @@ class SocketNodeCaller:
             pool = self._pools.get(node)
             if pool is not None:
                 return pool
-            if node in self._ray_until and time.monotonic() < self._ray_until[node][0]:
+            until = self._ray_until.get(node)
+            if until is not None and not until.ready(time.monotonic()):
                 return None
         endpoint = self._endpoint(node)
         if endpoint is None:
@@ -314,14 +317,13 @@ class SocketNodeCaller:
 
     def _use_ray(self, node: str, why: str) -> None:
         with self._lock:
-            _, last = self._ray_until.get(node, (0.0, 0.0))
-            backoff = min(2 * last, CHANNEL_RETRY_MAX_S) if last else CHANNEL_RETRY_S
-            self._ray_until[node] = (time.monotonic() + backoff, backoff)
+            until = self._ray_until.setdefault(node, Backoff(CHANNEL_RETRY_S, CHANNEL_RETRY_MAX_S))
+            delay = until.fail(time.monotonic())
         log.warning(
             "node %s: query channel unusable (%s); querying it through Ray for %.0f s",
             node,
             why,
-            backoff,
+            delay,
         )
 
 

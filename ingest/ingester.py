@@ -40,6 +40,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from core.backoff import Backoff
 from core.config import Settings
 from core.dataset import Dataset
 from core.shard_status import (
@@ -588,7 +589,7 @@ class KafkaShardIngester(ReportingIngester):
         """`call()`, retried with backoff while it fails with a transient Kafka error; quietly
         for `kafka_retry_timeout_s`, then reporting the shard Degraded until it succeeds. Raises
         `_Stopped` if told to stop meanwhile, and non-transient errors at once."""
-        delay = 0.05
+        backoff = Backoff(0.05, 2.0)
         try:
             while True:
                 try:
@@ -604,16 +605,15 @@ class KafkaShardIngester(ReportingIngester):
                         "%s shard %d: %s: %s; retrying", self.dataset.name, self.shard, what, err
                     )
                     self._report_health()
-                if self._stopping.wait(delay):
+                if self._stopping.wait(backoff.next()):
                     raise _Stopped
-                delay = min(delay * 2, 2.0)
         finally:
             self._kafka_since = self._kafka_error = None
 
     def _store_retrying(self, what: str, call: Callable[[], T]) -> T:
         """`call()`, retried with backoff while the store is out, reporting the shard Degraded
         meanwhile. Raises `_Stopped` if told to stop while waiting."""
-        delay = self._ingest.store_retry_initial_s
+        backoff = Backoff(self._ingest.store_retry_initial_s, self._ingest.store_retry_max_s)
         since = time.monotonic()
         try:
             while True:
@@ -628,9 +628,8 @@ class KafkaShardIngester(ReportingIngester):
                         "%s shard %d: %s", self.dataset.name, self.shard, self._store_problem
                     )
                     self._report_health()
-                if self._stopping.wait(delay):
+                if self._stopping.wait(backoff.next()):
                     raise _Stopped
-                delay = min(delay * 2, max(self._ingest.store_retry_max_s, delay))
         finally:
             self._store_problem = None
 
