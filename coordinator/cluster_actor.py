@@ -50,6 +50,7 @@ from coordinator.names import (
 )
 from coordinator.node_coordinator import NodeCoordinator, NodeInfo
 from coordinator.rebalance import Plan
+from core.backoff import Backoff
 from core.config import Settings
 from core.dataset import Dataset, DatasetInvalid, DatasetRef
 from core.errors import Unavailable
@@ -349,7 +350,7 @@ class NodeClusterActor:
     async def _write_history(self) -> None:
         """Write queued ownership changes in batches; a store error is retried with backoff."""
         retention_ms = int(self._settings.store.history_retention_days * 86_400_000)
-        delay = RECOVERY_RETRY_MIN_S
+        backoff = Backoff(RECOVERY_RETRY_MIN_S, RECOVERY_RETRY_MAX_S)
         while True:
             await self._history_ready.wait()
             self._history_ready.clear()
@@ -358,15 +359,15 @@ class NodeClusterActor:
                 try:
                     await asyncio.to_thread(self._store().record_ownership, batch, retention_ms)
                 except Exception as e:
+                    delay = backoff.next()
                     log.warning(
                         "ownership history: writing failed (%s); retrying in %.1f s", e, delay
                     )
                     await asyncio.sleep(delay)
-                    delay = min(delay * 2, RECOVERY_RETRY_MAX_S)
                     continue
                 for _ in batch:
                     self._history_queue.popleft()
-                delay = RECOVERY_RETRY_MIN_S
+                backoff.reset()
 
     async def history(
         self, ref: DatasetRef, shard: int | None = None, limit: int = 100
@@ -595,17 +596,17 @@ class NodeClusterActor:
     # ----- loops and recovery ----------------------------------------------------------------
 
     async def _main(self) -> None:
-        delay = RECOVERY_RETRY_MIN_S
+        backoff = Backoff(RECOVERY_RETRY_MIN_S, RECOVERY_RETRY_MAX_S)
         while True:
             try:
                 datasets = await self._load_datasets()
                 break
             except Exception as e:  # the store is down or unreachable: retry, do not give up
                 self._recovery_error = f"{type(e).__name__}: {e}"
+                delay = backoff.next()
                 log.warning("singleton recovery failed (%s); retrying in %.1f s", e, delay)
                 self._first_attempt.set()
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, RECOVERY_RETRY_MAX_S)
         try:
             await self._recover(datasets)
         except Exception:

@@ -25,10 +25,12 @@ from coordinator.query_channel import (
     QueryEndpoint,
     request_payload,
 )
+from core.backoff import Backoff
 from core.dataset import Dataset, DatasetRef
 from core.errors import DatasetUnknownError
 from core.mapper import ShardMapper
 from core.shard_status import CurrentShardSnapshot, ShardEvent, ShardMapState
+from core.worker import Worker
 from query.executor import NodeAnswer, NodeQuery, ShardsNotHere
 from query.service import NodeCaller, NodeUnavailable, PendingAnswer, QueryService
 
@@ -38,25 +40,29 @@ if TYPE_CHECKING:  # the client builds on this module, not the other way round
 log = logging.getLogger("filopy.query")
 
 
-class _MapWatch:
+class _MapWatch(Worker):
     """A dataset's shard map kept current by a subscription, on a daemon thread.
 
     Queries read the map's immutable snapshot (`ShardMapState`, rebuilt at most once per change
     and shared), never a copy of the mapper: O(1) per query even for 65536 shards."""
 
     def __init__(self, client: FiloPyClient, name: str) -> None:
+        super().__init__(f"map-{name}")
         self._sub: Subscription = client.subscribe(name)
         first = self._sub.next(timeout_s=30)
         assert isinstance(first, CurrentShardSnapshot)
         self._mapper = ShardMapper.from_state(first.state)
         self._lock = threading.Lock()
-        self.closed = False
-        self._thread = threading.Thread(target=self._follow, name=f"map-{name}", daemon=True)
-        self._thread.start()
+        self.start()
 
-    def _follow(self) -> None:
+    @property
+    def closed(self) -> bool:
+        """Not following any more: closed, or the subscription ended."""
+        return self.stopping
+
+    def _run(self) -> None:
         try:
-            while not self.closed:
+            while not self.stopping:
                 try:
                     update = self._sub.next(timeout_s=self._sub.POLL_S)
                 except TimeoutError:
@@ -70,7 +76,7 @@ class _MapWatch:
                         self._mapper.update_from_event(update)
         except (Exception, SystemExit) as e:  # Ray raises SystemExit when the driver shuts down
             log.info("shard map subscription ended (%s); the next query re-subscribes", e)
-        self.closed = True
+        self._stop.set()  # closed: the next query subscribes afresh
 
     def state(self) -> ShardMapState:
         with self._lock:
@@ -78,8 +84,7 @@ class _MapWatch:
 
     def close(self) -> None:
         """Stop following (within one poll) and unsubscribe; call before Ray shuts down."""
-        self.closed = True
-        self._thread.join(timeout=self._sub.POLL_S + 5)
+        self.stop(timeout=self._sub.POLL_S + 5)
         with contextlib.suppress(Exception):  # the cluster may be gone already
             self._sub.unsubscribe()
 
@@ -226,7 +231,8 @@ class SocketNodeCaller:
         self._ray = ray_caller or RayNodeCaller(namespace)
         self._lock = threading.Lock()
         self._pools: dict[str, ChannelPool] = {}
-        self._ray_until: dict[str, tuple[float, float]] = {}  # node -> (retry at, backoff)
+        # node -> when its channel is tried again (`retry_at`), asked through Ray until then
+        self._ray_until: dict[str, Backoff] = {}
         self.fallbacks = 0  # parts sent through Ray because the channel could not be used
 
     def forget(self, node: str) -> None:
@@ -273,7 +279,8 @@ class SocketNodeCaller:
             pool = self._pools.get(node)
             if pool is not None:
                 return pool
-            if node in self._ray_until and time.monotonic() < self._ray_until[node][0]:
+            until = self._ray_until.get(node)
+            if until is not None and not until.ready(time.monotonic()):
                 return None
         endpoint = self._endpoint(node)
         if endpoint is None:
@@ -314,14 +321,13 @@ class SocketNodeCaller:
 
     def _use_ray(self, node: str, why: str) -> None:
         with self._lock:
-            _, last = self._ray_until.get(node, (0.0, 0.0))
-            backoff = min(2 * last, CHANNEL_RETRY_MAX_S) if last else CHANNEL_RETRY_S
-            self._ray_until[node] = (time.monotonic() + backoff, backoff)
+            until = self._ray_until.setdefault(node, Backoff(CHANNEL_RETRY_S, CHANNEL_RETRY_MAX_S))
+            delay = until.fail(time.monotonic())
         log.warning(
             "node %s: query channel unusable (%s); querying it through Ray for %.0f s",
             node,
             why,
-            backoff,
+            delay,
         )
 
 

@@ -41,6 +41,7 @@ from coordinator.inbox import Delivery, OrderedInbox
 from coordinator.messages import NodeShardMap
 from coordinator.names import CLUSTER_ACTOR_NAME
 from coordinator.query_channel import QueryEndpoint, QueryServer
+from core.backoff import Backoff
 from core.config import Settings
 from core.dataset import Dataset, DatasetRef
 from core.heap import keep_long_lived_frozen
@@ -198,13 +199,14 @@ class ReportSender:
 
     def _send(self, batch: list[tuple[ShardEvent, int]]) -> None:
         give_up = time.monotonic() + REPORT_RETRY_FOR_S
-        delay = 0.05
+        backoff = Backoff(0.05, 2.0)
         while True:
             why = self._call(batch)
             if why is None:
                 self.calls += 1
                 self.sent += len(batch)
                 return
+            delay = backoff.next()
             if time.monotonic() + delay > give_up:
                 self.dropped += len(batch)
                 log.warning(
@@ -216,7 +218,6 @@ class ReportSender:
                 )
                 return
             time.sleep(delay)
-            delay = min(delay * 2, 2.0)
 
     def _call(self, batch: list[tuple[ShardEvent, int]]) -> str | None:
         """One attempt; None if the singleton took the batch, else why not. A batch sent again
@@ -293,8 +294,9 @@ class NodeCoordinator:
         self._converge_lock = asyncio.Lock()
         # Shards to run that could not be started yet, retried together with backoff.
         self._pending: dict[tuple[DatasetRef, int], _PendingStart] = {}
-        self._retry_at = 0.0  # monotonic time of the next attempt
-        self._retry_delay = 0.0  # wait after the next failure (0: the first one)
+        self._retry = Backoff(
+            settings.ingest.store_retry_initial_s, settings.ingest.store_retry_max_s
+        )
         self._retry_task: asyncio.Task[None] | None = None
         self._draining = False
         self._queried: Counter[tuple[str, int]] = Counter()
@@ -618,7 +620,7 @@ class NodeCoordinator:
         if failed:
             self._start_failed(failed)
         elif not self._pending:
-            self._retry_delay = 0.0
+            self._retry.reset()
 
     async def _start(
         self, ref: DatasetRef, dataset: Dataset, shards: list[int], store_error: str | None
@@ -681,9 +683,7 @@ class NodeCoordinator:
         backoff, or, at `ingest.start_max_attempts`, report IngestionError and let it go (the
         singleton moves it to another node if one can take it)."""
         cfg = self._settings.ingest
-        delay = self._retry_delay or cfg.store_retry_initial_s
-        self._retry_at = time.monotonic() + delay
-        self._retry_delay = min(delay * 2, max(cfg.store_retry_max_s, cfg.store_retry_initial_s))
+        delay = self._retry.fail(time.monotonic())
         by_reason: dict[tuple[str, str], list[int]] = {}
         for ref, dataset, shard, why in failed:
             by_reason.setdefault((ref.name, why), []).append(shard)
@@ -732,7 +732,7 @@ class NodeCoordinator:
         """Attempt the pending starts when the backoff says, until none is left. The store is
         opened outside the converge lock, so maps keep being applied while it is tried."""
         while self._pending and not self._draining:
-            await asyncio.sleep(max(0.0, self._retry_at - time.monotonic()))
+            await asyncio.sleep(max(0.0, self._retry.retry_at - time.monotonic()))
             error: str | None = None
             try:
                 await self._open_stores()

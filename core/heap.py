@@ -24,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.worker import Worker
+
 log = logging.getLogger("filopy.heap")
 
 FREEZE_EVERY_S = 60.0
@@ -75,8 +77,8 @@ class LongLivedHeap:
         self.frozen = self.collector.get_freeze_count()
         self._next_freeze = now + self.freeze_every_s
 
-    def start(self, name: str = "heap") -> threading.Thread:
-        """Tick on a daemon thread, for the rest of the process."""
+    def start(self, name: str = "heap") -> Worker:
+        """Tick on a daemon thread for the rest of the process (servers never stop the worker)."""
 
         def run() -> None:
             while True:
@@ -84,11 +86,12 @@ class LongLivedHeap:
                     self.tick()
                 except Exception:  # never let the policy take the process down
                     log.exception("heap policy: a tick failed")
-                time.sleep(min(self.freeze_every_s, 1.0))
+                if worker.wait(min(self.freeze_every_s, 1.0)):
+                    return
 
-        thread = threading.Thread(target=run, name=name, daemon=True)
-        thread.start()
-        return thread
+        worker = Worker(name, run)
+        worker.start()
+        return worker
 
 
 _started: LongLivedHeap | None = None

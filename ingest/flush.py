@@ -59,6 +59,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from core.backoff import Backoff
 from core.dataset import DatasetRef
 from ingest.memstore import NONE_TS, SealedGroup, ShardMemstore
 from ingest.open_buffers import decode_open_buffers, encode_open_buffers
@@ -226,8 +227,7 @@ class Flusher:
         # While the store is out: the last error, since when, and when the next retry is due.
         self.store_error: str | None = None
         self.failing_since: float | None = None
-        self._backoff = retry_initial_s
-        self._retry_at = 0.0
+        self._retry = Backoff(retry_initial_s, retry_max_s)
         self.outages = 0  # store outages ridden out (each ended by a successful catch-up)
 
     def flush_group(self, group: int, *, everything: bool = False) -> FlushResult:
@@ -357,7 +357,7 @@ class Flusher:
         piled up in memory is written and checkpointed in one round. A store error stops the
         round and backs off further; it is kept in `store_error`, not raised."""
         now = self._clock() if now is None else now
-        if self.store_error is not None and now < self._retry_at:
+        if self.store_error is not None and not self._retry.ready(now):
             return []
         groups = self.memstore.groups_per_shard
         # A group whose flush failed first rewrites its pending seal; it gets a second turn at
@@ -386,7 +386,7 @@ class Flusher:
             now - (self.failing_since or now),
         )
         self.store_error = self.failing_since = None
-        self._backoff = self.retry_initial_s
+        self._retry.reset()
         self._next_due = now + self.flush_interval_s / groups
         self.outages += 1
         return done
@@ -395,11 +395,8 @@ class Flusher:
         """A flush hit a store outage: keep it pending, retry after the backoff."""
         if self.store_error is None:
             self.failing_since = now
-            self._backoff = self.retry_initial_s
-        else:
-            self._backoff = min(self._backoff * 2, self.retry_max_s)
+        delay = self._retry.fail(now)
         self.store_error = f"{type(error).__name__}: {error}"
-        self._retry_at = now + self._backoff
         log.warning(
             "%s shard %d: flush of group %d failed (store unavailable for %.1f s); retrying in "
             "%.1f s, ingesting into memory meanwhile: %s",
@@ -407,14 +404,14 @@ class Flusher:
             self.shard,
             self._next_group,
             now - (self.failing_since or now),
-            self._backoff,
+            delay,
             self.store_error,
         )
 
     def seconds_until_due(self, now: float | None = None) -> float:
         now = self._clock() if now is None else now
         if self.store_error is not None:
-            return max(0.0, self._retry_at - now)
+            return max(0.0, self._retry.retry_at - now)
         if self._next_due is None or self.memstore.pressure:
             return 0.0
         return max(0.0, self._next_due - now)

@@ -40,6 +40,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from core.backoff import Backoff
 from core.config import Settings
 from core.dataset import Dataset
 from core.shard_status import (
@@ -49,6 +50,7 @@ from core.shard_status import (
     RecoveryInProgress,
     ShardEvent,
 )
+from core.worker import Worker
 from ingest.base import EventReporter, ReportingIngester
 from ingest.flush import Flusher, read_merged, recover_shard
 from ingest.memstore import ShardMemstore
@@ -122,8 +124,7 @@ class KafkaShardIngester(ReportingIngester):
         self.dataset, self.shard, self.node = dataset, shard, node
         self._meta, self._columns, self._settings = meta, columns, settings
         super().__init__(report)
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._worker = Worker(f"ingest-{dataset.name}-{shard}", self._run)
         # The dataset's own store options win over the node's [ingest] defaults.
         self._ingest = cfg = settings.ingest.model_copy(update=dataset.store.overrides())
         self.memstore = ShardMemstore(
@@ -164,16 +165,12 @@ class KafkaShardIngester(ReportingIngester):
         self._tenure: Tenure | None = None  # this ingester's hold on the shard, once claimed
 
     async def start(self) -> None:
-        self._thread = threading.Thread(
-            target=self._run, name=f"ingest-{self.dataset.name}-{self.shard}", daemon=True
-        )
-        self._thread.start()
+        self._worker.start()
 
     async def stop(self) -> None:
         """Stop consuming, flush what is in memory (a clean handoff), and wait for the thread."""
-        self._stopping.set()
-        if self._thread is not None:
-            await asyncio.to_thread(self._thread.join)
+        if not self._worker.stop(timeout=0):  # told at once, waited for off the event loop
+            await asyncio.to_thread(self._worker.stop)
 
     # ----- the ingestion thread --------------------------------------------------------------
 
@@ -345,14 +342,14 @@ class KafkaShardIngester(ReportingIngester):
         # an SQLite commit) overlaps consuming instead of stalling it.
         flushing = _FlushThread(flusher, lambda: self.paused, f"flush-{ref.name}-{shard}")
         try:
-            while not self._stopping.is_set():
+            while not self._worker.stopping:
                 flushing.check()
                 if self._pause_or_resume(consumer, partition):
                     # Paused: nothing to read until flushes get through; the flush thread flushes
                     # (or retries) every group meanwhile.
                     flushing.wake()
                     self._report_health()
-                    self._stopping.wait(cfg.consume_timeout_s)
+                    self._worker.wait(cfg.consume_timeout_s)
                     continue
                 got = False
                 for m in consumer.consume(
@@ -588,7 +585,7 @@ class KafkaShardIngester(ReportingIngester):
         """`call()`, retried with backoff while it fails with a transient Kafka error; quietly
         for `kafka_retry_timeout_s`, then reporting the shard Degraded until it succeeds. Raises
         `_Stopped` if told to stop meanwhile, and non-transient errors at once."""
-        delay = 0.05
+        backoff = Backoff(0.05, 2.0)
         try:
             while True:
                 try:
@@ -604,16 +601,15 @@ class KafkaShardIngester(ReportingIngester):
                         "%s shard %d: %s: %s; retrying", self.dataset.name, self.shard, what, err
                     )
                     self._report_health()
-                if self._stopping.wait(delay):
+                if self._worker.wait(backoff.next()):
                     raise _Stopped
-                delay = min(delay * 2, 2.0)
         finally:
             self._kafka_since = self._kafka_error = None
 
     def _store_retrying(self, what: str, call: Callable[[], T]) -> T:
         """`call()`, retried with backoff while the store is out, reporting the shard Degraded
         meanwhile. Raises `_Stopped` if told to stop while waiting."""
-        delay = self._ingest.store_retry_initial_s
+        backoff = Backoff(self._ingest.store_retry_initial_s, self._ingest.store_retry_max_s)
         since = time.monotonic()
         try:
             while True:
@@ -628,9 +624,8 @@ class KafkaShardIngester(ReportingIngester):
                         "%s shard %d: %s", self.dataset.name, self.shard, self._store_problem
                     )
                     self._report_health()
-                if self._stopping.wait(delay):
+                if self._worker.wait(backoff.next()):
                     raise _Stopped
-                delay = min(delay * 2, max(self._ingest.store_retry_max_s, delay))
         finally:
             self._store_problem = None
 
@@ -677,7 +672,7 @@ class KafkaShardIngester(ReportingIngester):
         return max(0, self.end_offset - self.next_offset)
 
 
-class _FlushThread:
+class _FlushThread(Worker):
     """A shard's flusher on its own thread: `flush_due()` whenever a group is due (every group
     at once while `paused()`: consumption waits for the store), retries after store errors by
     the flusher's backoff. A failure the flusher raises (`StaleEpochError`, a bug) ends the
@@ -686,18 +681,17 @@ class _FlushThread:
     MIN_WAIT_S = 0.02  # under memory pressure a group is always due: do not spin
 
     def __init__(self, flusher: Flusher, paused: Callable[[], bool], name: str) -> None:
+        super().__init__(name)
         self._flusher = flusher
         self._paused = paused
         self._wake = threading.Event()
-        self._stopped = threading.Event()
         self._failure: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
+        self.start()
 
     def _run(self) -> None:
         flusher = self._flusher
         try:
-            while not self._stopped.is_set():
+            while not self.stopping:
                 if self._paused():
                     flusher.flush_now()
                 else:
@@ -716,8 +710,7 @@ class _FlushThread:
         if self._failure is not None:
             raise self._failure
 
-    def stop(self) -> None:
-        """Stop after the flush in progress, if any (the final flush is the caller's)."""
-        self._stopped.set()
+    def _interrupt(self) -> None:
+        """`stop()` ends the loop after the flush in progress, if any (the final flush is the
+        caller's): wake it from its wait."""
         self._wake.set()
-        self._thread.join()

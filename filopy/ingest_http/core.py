@@ -35,6 +35,7 @@ from starlette.datastructures import Headers, QueryParams
 from core.config import DEFAULT_CONFIG_FILE, GatewaySettings
 from core.dataset import Dataset, RecordFormat
 from core.errors import Conflict, FiloPyError, Invalid, NotFound, Unavailable
+from core.worker import Worker
 from filopy.ingest_http.metrics import IngestMetrics
 from ingest.bad_records import (
     DEFAULT_TS_RANGE,
@@ -246,24 +247,21 @@ class _Shared:
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
         self.lock = threading.Lock()
-        self._stop = threading.Event()
-        self._poller = threading.Thread(
-            target=self._poll, name=f"filopy-acks-{gateway.topic}", daemon=True
-        )
+        self._poller = Worker(f"filopy-acks-{gateway.topic}", self._poll)
         self._poller.start()
 
     def _poll(self) -> None:
-        while not self._stop.is_set():
+        while not self._poller.stopping:
             try:
                 self.gateway.poll(0.1)
             except Exception as e:  # a closed producer: the pool replaces this gateway
                 log.debug("polling %s: %s", self.gateway.topic, e)
-                self._stop.wait(0.1)
+                self._poller.wait(0.1)
 
     def close(self, timeout_s: float) -> None:
-        """Deliver what is queued (at most `timeout_s`), then stop polling."""
+        """Deliver what is queued (at most `timeout_s`), then stop polling (within a poll)."""
         _close_quietly(self.gateway, timeout_s)
-        self._stop.set()
+        self._poller.stop(timeout=0)
 
 
 class GatewayPool:

@@ -366,7 +366,7 @@ def test_a_stale_epoch_rejection_is_counted_and_logged_as_a_warning(
             assert stale_epoch_rejections(ds.name) == {}
             meta.claim_epoch(ds.ref, 0, "the-new-owner")  # another node took the shard
             _send(ds, kafka_bootstrap, range(1, 2))
-            _wait(lambda: not ing._thread.is_alive(), "stopped")  # type: ignore[union-attr]
+            _wait(lambda: not ing._worker.running, "stopped")
             assert stale_epoch_rejections(ds.name) == {0: 1}
         warned = [r for r in caplog.records if "another node owns it now" in r.getMessage()]
         assert [r.levelname for r in warned] == ["WARNING"]

@@ -12,6 +12,8 @@ PURE = [
     "core.mapper",
     "core.shard_status",
     "core.dataset",
+    "core.backoff",
+    "core.worker",
     "coordinator.manager",
     "coordinator.moves",
     "coordinator.strategy",
