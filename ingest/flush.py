@@ -57,8 +57,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from core.dataset import DatasetRef
-from ingest.memstore import SealedGroup, ShardMemstore
+from ingest.memstore import ShardMemstore
 from ingest.open_buffers import decode_open_buffers, encode_open_buffers
+from ingest.seal import SealedGroup
 from store.api import (
     ColumnStore,
     MetaStore,
