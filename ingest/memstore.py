@@ -4,10 +4,16 @@ One `ShardMemstore` per shard the node ingests. It holds
 
 * a series index (`ingest.series_index`): label sets and part keys by series id, and the
   inverted index that answers query filters;
-* per series an open append buffer (two NumPy arrays grown geometrically) and a list of sealed
-  chunks, kept *encoded* (`ChunkRecord`, ~2 bytes/sample instead of 16) and decoded on query:
-  the in-memory window is mostly sealed data, and decoding runs at ~2 M samples/s;
+* per series an open append buffer and a list of sealed chunks (`ingest.mem_series`), kept
+  *encoded* and decoded on query: the in-memory window is mostly sealed data;
 * per flush group the Kafka offset up to which its samples are in memory (the "watermark").
+
+This module is the write side: ingest (series resolution, ordering, appends) and recovery
+(part keys, checkpoints, open-buffer snapshots). The other two sides work on the same series in
+place, under the same lock, behind the methods here that keep the memstore's API: sealing,
+flushed chunks and eviction in `ingest.seal` (`seal_group`, `mark_flushed`, `evict`), reading
+windows of memory in `ingest.shard_reader` (`snapshot`, `snapshot_many`), which also merges
+them with the ColumnStore for queries.
 
 Ordering policy: a series' samples must have strictly increasing timestamps (the chunk codec
 rejects anything else). Within one message a series' samples are taken in timestamp order
@@ -18,13 +24,10 @@ or before the series' end time found in the ColumnStore at recovery. The accepte
 series are thus a deterministic function of the message stream, which recovery relies on
 (docs/memstore.md).
 
-Chunks are cut at time-bucket boundaries (`ts // chunk_span_ms`) and every `max_chunk_samples`
-samples from the open buffer's (or bucket's) first sample. A flush seals only *complete* chunks:
-full ones, and the last one once its bucket is over in the shard's data time (or everything, on
-a clean stop or under memory pressure); the rest of each buffer stays open and goes into the
-group's open-buffer snapshot (`ingest.open_buffers`), which the checkpoint covers. So stored
-chunks are large whatever the flush interval, and a recovery reloads the snapshot and replays at
-most one interval. See flush.py for why a replay rewrites the same chunk ids.
+A flush seals only *complete* chunks (`ingest.seal`); the rest of each buffer stays open and goes
+into the group's open-buffer snapshot (`ingest.open_buffers`), which the checkpoint covers. So
+stored chunks are large whatever the flush interval, and a recovery reloads the snapshot and
+replays at most one interval. See flush.py for why a replay rewrites the same chunk ids.
 
 Not thread-safe beyond one lock: ingest, seal, mark-flushed and queries serialise on it.
 """
@@ -42,14 +45,14 @@ import numpy.typing as npt
 from core.dataset import Dataset
 from core.hashing import partition_key_hash, shard_for_series
 from ingest.batch import KeyedBatch, Labels, SampleBatch
-from ingest.mem_series import F64, I64, NO_TS, NO_VALS, NONE_TS, Series
+from ingest.mem_series import F64, I64, NONE_TS, Series
 from ingest.open_buffers import OpenBuffers
 from ingest.seal import SealedGroup, Sealer
 from ingest.series_index import SeriesIndex
+from ingest.shard_reader import read_memory, read_memory_many
 from store.api import (
     INT64_MAX,
     INT64_MIN,
-    ChunkRecord,
     LabelMatcher,
     PartKeyRecord,
     decode_part_key,
@@ -107,6 +110,30 @@ class MemstoreStats:
     evicted_samples: int = 0
     messages: int = 0
     misrouted: int = 0  # kept, but queries routed by shard key will not look here for them
+
+
+class _Settled:
+    """The memstore's series, for one read: entered, it holds the memstore's lock and has moved
+    the pending samples into their buffers; the reader leaves it before decoding. One per read
+    (the memstore keeps none, so it is in no reference cycle and is freed when dropped)."""
+
+    __slots__ = ("_mem",)
+
+    def __init__(self, mem: ShardMemstore) -> None:
+        self._mem = mem
+
+    def __enter__(self) -> list[Series]:
+        mem = self._mem
+        mem._lock.acquire()
+        try:
+            mem._settle()
+        except BaseException:
+            mem._lock.release()
+            raise
+        return mem._series
+
+    def __exit__(self, *exc: object) -> None:
+        self._mem._lock.release()
 
 
 class ShardMemstore:
@@ -481,120 +508,21 @@ class ShardMemstore:
     ) -> tuple[int | None, npt.NDArray[np.int64], npt.NDArray[np.float64]]:
         """`(memory_start, ts, values)` taken atomically, so a query can read the ColumnStore
         for exactly the times before `memory_start` even while chunks are being evicted."""
-        with self._lock:
-            self._settle()
-            ser = self._series[series_id]
-            mem_start = ser.memory_start()
-            records = [
-                c.record
-                for c in ser.chunks
-                if c.record.end_time >= start and c.record.start_time <= end
-            ]
-            n = ser.n
-            open_ts = ser.ts[:n].copy()
-            open_vals = ser.vals[:n].copy()
-        parts = [r.samples() for r in records]  # decode outside the lock
-        parts.append((open_ts, open_vals))
-        ts = np.concatenate([p[0] for p in parts])
-        vals = np.concatenate([p[1] for p in parts])
-        lo = int(np.searchsorted(ts, start, side="left"))
-        hi = int(np.searchsorted(ts, end, side="right"))
-        return mem_start, ts[lo:hi], vals[lo:hi]
+        return read_memory(_Settled(self), series_id, start, end)
 
     def snapshot_many(
         self, series_ids: Sequence[int], start: int = INT64_MIN, end: int = INT64_MAX
     ) -> tuple[npt.NDArray[I64], npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[I64]]:
         """`snapshot` of many series at once: their memory starts (`NONE_TS` for None), and
-        their samples in [start, end] concatenated, series i's at `[bounds[i]:bounds[i + 1]]`.
-        One lock for all, one concatenation. Only the chunks that meet the window are read, and
-        each open buffer is cut to it (by its first and last times, searching only where the
-        window ends inside it), so a 5-minute query of series holding hours costs minutes of
-        copying (bench/bench_promql.py); the open buffers' pieces are copied by one
-        concatenation under the lock, and the chunks are cut with one mask over all of them."""
-        ts_parts: list[npt.NDArray[np.int64]] = []
-        val_parts: list[npt.NDArray[np.float64]] = []
-        mem_starts: list[int] = []
-        records: list[tuple[int, ChunkRecord]] = []  # decoded outside the lock
-        owners: list[int] = []  # per part, the series it belongs to
-        opened: list[int] = []  # the parts that are open buffers' pieces (views, then copies)
-        cut = False  # whether a chunk reaches out of the window (cut all at once, below)
-        with self._lock:
-            self._settle()
-            series = self._series
-            for i, sid in enumerate(series_ids):
-                ser = series[sid]
-                chunks = ser.chunks
-                n = ser.n
-                if chunks:
-                    mem_starts.append(chunks[0].record.start_time)
-                    # Oldest first, so the window's chunks are found from the newest back: a
-                    # recent window (a dashboard's) looks at one or two of a series' chunks.
-                    k = len(chunks)
-                    while k and chunks[k - 1].record.end_time >= start:
-                        k -= 1
-                    for c in chunks[k:]:
-                        r = c.record
-                        if r.start_time <= end:
-                            cut = cut or r.start_time < start or r.end_time > end
-                            records.append((len(ts_parts), r))
-                            ts_parts.append(NO_TS)
-                            val_parts.append(NO_VALS)
-                            owners.append(i)
-                elif n:
-                    mem_starts.append(ser.ts.item(0))
-                else:
-                    mem_starts.append(NONE_TS)
-                    continue
-                if not n:
-                    continue
-                ts = ser.ts
-                first, last = ts.item(0), ts.item(n - 1)
-                if last < start or first > end:
-                    continue
-                a = 0 if first >= start else int(ts[:n].searchsorted(start))
-                b = n if last <= end else int(ts[:n].searchsorted(end, side="right"))
-                if b > a:  # views here, copied below (the buffer changes after the lock)
-                    opened.append(len(ts_parts))
-                    ts_parts.append(ts[a:b])
-                    val_parts.append(ser.vals[a:b])
-                    owners.append(i)
-            if opened and len(opened) == len(ts_parts):  # only open buffers: one copy, done
-                ts_all, vals_all = np.concatenate(ts_parts), np.concatenate(val_parts)
-                records = []
-            elif opened:
-                open_ts = np.concatenate([ts_parts[k] for k in opened])
-                open_vals = np.concatenate([val_parts[k] for k in opened])
-        bounds = np.zeros(len(series_ids) + 1, I64)
-        starts = np.array(mem_starts, I64)
-        if not ts_parts:
-            return starts, np.empty(0, I64), np.empty(0, F64), bounds
-        if records or not opened:
-            if opened:  # the copies' pieces in place of the views
-                at = 0
-                for k in opened:
-                    m = len(ts_parts[k])
-                    ts_parts[k], val_parts[k] = open_ts[at : at + m], open_vals[at : at + m]
-                    at += m
-            for pos, r in records:
-                ts_parts[pos], val_parts[pos] = r.samples()
-            ts_all, vals_all = np.concatenate(ts_parts), np.concatenate(val_parts)
-        lengths = np.fromiter(map(len, ts_parts), I64, len(ts_parts))
-        if cut:  # every part in series order and ascending: a mask keeps that
-            owner = np.repeat(np.array(owners, I64), lengths)
-            inside = (ts_all >= start) & (ts_all <= end)
-            ts_all, vals_all, owner = ts_all[inside], vals_all[inside], owner[inside]
-            np.cumsum(np.bincount(owner, minlength=len(series_ids)), out=bounds[1:])
-        else:
-            per_series = np.bincount(owners, weights=lengths, minlength=len(series_ids))
-            np.cumsum(per_series.astype(I64), out=bounds[1:])
-        return starts, ts_all, vals_all, bounds
+        their samples in [start, end] concatenated, series i's at `[bounds[i]:bounds[i + 1]]`
+        (`shard_reader.read_memory_many`)."""
+        return read_memory_many(_Settled(self), series_ids, start, end)
 
     def memory_start(self, series_id: int) -> int | None:
         """Time of the series' oldest in-memory sample (None if none): memory holds every
         accepted sample of the series from there on, the ColumnStore everything before."""
-        with self._lock:
-            self._settle()
-            return self._series[series_id].memory_start()
+        with _Settled(self) as series:
+            return series[series_id].memory_start()
 
     def in_range(self, series_ids: Sequence[int], start: int, end: int) -> list[int]:
         """Those of `series_ids` whose first..last sample span (stored or in memory) meets
