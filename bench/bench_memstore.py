@@ -33,7 +33,8 @@ import numpy as np
 from core.dataset import Dataset
 from ingest.batch import SampleBatch
 from ingest.flush import Flusher, FlushResult
-from ingest.memstore import SealedGroup, ShardMemstore
+from ingest.memstore import ShardMemstore
+from ingest.seal import SealedGroup
 from store.sqlite import open_sqlite_stores
 
 SERIES = 10_000

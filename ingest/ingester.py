@@ -52,9 +52,10 @@ from core.shard_status import (
 )
 from core.worker import Worker
 from ingest.base import EventReporter, ReportingIngester
-from ingest.flush import Flusher, read_merged, recover_shard
+from ingest.flush import Flusher, recover_shard
 from ingest.memstore import ShardMemstore
 from ingest.records import decoder_for
+from ingest.shard_reader import read_merged
 from ingest.tenure import Tenure, note_release, noted_release, offsets_read_before, record
 from store import ColumnStore, MetaStore, StaleEpochError, StoreUnavailable
 

@@ -4,10 +4,16 @@ One `ShardMemstore` per shard the node ingests. It holds
 
 * a series index (`ingest.series_index`): label sets and part keys by series id, and the
   inverted index that answers query filters;
-* per series an open append buffer (two NumPy arrays grown geometrically) and a list of sealed
-  chunks, kept *encoded* (`ChunkRecord`, ~2 bytes/sample instead of 16) and decoded on query:
-  the in-memory window is mostly sealed data, and decoding runs at ~2 M samples/s;
+* per series an open append buffer and a list of sealed chunks (`ingest.mem_series`), kept
+  *encoded* and decoded on query: the in-memory window is mostly sealed data;
 * per flush group the Kafka offset up to which its samples are in memory (the "watermark").
+
+This module is the write side: ingest (series resolution, ordering, appends) and recovery
+(part keys, checkpoints, open-buffer snapshots). The other two sides work on the same series in
+place, under the same lock, behind the methods here that keep the memstore's API: sealing,
+flushed chunks and eviction in `ingest.seal` (`seal_group`, `mark_flushed`, `evict`), reading
+windows of memory in `ingest.shard_reader` (`snapshot`, `snapshot_many`), which also merges
+them with the ColumnStore for queries.
 
 Ordering policy: a series' samples must have strictly increasing timestamps (the chunk codec
 rejects anything else). Within one message a series' samples are taken in timestamp order
@@ -18,24 +24,20 @@ or before the series' end time found in the ColumnStore at recovery. The accepte
 series are thus a deterministic function of the message stream, which recovery relies on
 (docs/memstore.md).
 
-Chunks are cut at time-bucket boundaries (`ts // chunk_span_ms`) and every `max_chunk_samples`
-samples from the open buffer's (or bucket's) first sample. A flush seals only *complete* chunks:
-full ones, and the last one once its bucket is over in the shard's data time (or everything, on
-a clean stop or under memory pressure); the rest of each buffer stays open and goes into the
-group's open-buffer snapshot (`ingest.open_buffers`), which the checkpoint covers. So stored
-chunks are large whatever the flush interval, and a recovery reloads the snapshot and replays at
-most one interval. See flush.py for why a replay rewrites the same chunk ids.
+A flush seals only *complete* chunks (`ingest.seal`); the rest of each buffer stays open and goes
+into the group's open-buffer snapshot (`ingest.open_buffers`), which the checkpoint covers. So
+stored chunks are large whatever the flush interval, and a recovery reloads the snapshot and
+replays at most one interval. See flush.py for why a replay rewrites the same chunk ids.
 
 Not thread-safe beyond one lock: ingest, seal, mark-flushed and queries serialise on it.
 """
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import threading
 from collections.abc import Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -43,29 +45,25 @@ import numpy.typing as npt
 from core.dataset import Dataset
 from core.hashing import partition_key_hash, shard_for_series
 from ingest.batch import KeyedBatch, Labels, SampleBatch
+from ingest.mem_series import F64, I64, NONE_TS, Series
 from ingest.open_buffers import OpenBuffers
+from ingest.seal import SealedGroup, Sealer
 from ingest.series_index import SeriesIndex
+from ingest.shard_reader import read_memory, read_memory_many
 from store.api import (
     INT64_MAX,
     INT64_MIN,
-    ChunkRecord,
     LabelMatcher,
     PartKeyRecord,
     decode_part_key,
     encode_part_key,
 )
-from store.encoding_fast import encode_chunks
 
-I64 = np.int64
-F64 = np.float64
-NONE_TS = INT64_MIN  # "no sample yet" in the per-series time arrays
 DEFAULT_GROUPS_PER_SHARD = 16
 DEFAULT_MAX_CHUNK_SAMPLES = 120  # as Prometheus' head chunks: open samples cost 16 B each
 DEFAULT_CHUNK_SPAN_MS = 3_600_000  # time-bucket width; must not exceed the store's max chunk span
 DEFAULT_RETENTION_MS = 2 * 3_600_000
 DEFAULT_MAX_SAMPLES = 50_000_000
-EVICT_TO = 0.9  # over the bound, evict down to this fraction of it so eviction is not per ingest
-_INITIAL_CAPACITY = 8
 _PENDING_MAX = 1 << 19  # pending samples moved into series buffers at once (`_settle`)
 _RESOLVED_MAX = 4  # key lists whose series ids `_resolve` remembers (they are kept alive)
 
@@ -114,63 +112,28 @@ class MemstoreStats:
     misrouted: int = 0  # kept, but queries routed by shard key will not look here for them
 
 
-class _MemChunk:
-    """A sealed chunk held in memory; `flushed` once it is in the ColumnStore (then evictable)."""
+class _Settled:
+    """The memstore's series, for one read: entered, it holds the memstore's lock and has moved
+    the pending samples into their buffers; the reader leaves it before decoding. One per read
+    (the memstore keeps none, so it is in no reference cycle and is freed when dropped)."""
 
-    __slots__ = ("flushed", "record", "sid")
+    __slots__ = ("_mem",)
 
-    def __init__(self, sid: int, record: ChunkRecord) -> None:
-        self.sid = sid
-        self.record = record
-        self.flushed = False
+    def __init__(self, mem: ShardMemstore) -> None:
+        self._mem = mem
 
+    def __enter__(self) -> list[Series]:
+        mem = self._mem
+        mem._lock.acquire()
+        try:
+            mem._settle()
+        except BaseException:
+            mem._lock.release()
+            raise
+        return mem._series
 
-_NO_TS = np.empty(0, I64)  # the buffers of a series without open samples: shared, never written
-_NO_VALS = np.empty(0, F64)
-
-
-class _Series:
-    """A series' open buffer (`ts[:n]`, `vals[:n]`) and its sealed chunks in memory, oldest
-    first (its labels and part key are in the `SeriesIndex`). Buffers are released at each seal
-    and re-allocated at the next sample with the last segment's size (`hint`), so idle series
-    cost no buffer and busy ones about one allocation per flush."""
-
-    __slots__ = ("chunks", "group", "hint", "n", "ts", "vals")
-
-    def __init__(self, group: int) -> None:
-        self.group = group
-        self.ts = _NO_TS
-        self.vals = _NO_VALS
-        self.n = 0
-        self.hint = _INITIAL_CAPACITY
-        # few per series: a list (smaller than a deque), () while none (no list per idle series)
-        self.chunks: list[_MemChunk] | tuple[()] = ()
-
-    def grow(self, need: int) -> None:
-        cap = max(need, 2 * len(self.ts), self.hint)
-        ts = np.empty(cap, I64)
-        vals = np.empty(cap, F64)
-        ts[: self.n] = self.ts[: self.n]
-        vals[: self.n] = self.vals[: self.n]
-        self.ts, self.vals = ts, vals
-
-
-@dataclass(slots=True)
-class SealedGroup:
-    """A flush group's open buffers, sealed: what one flush writes, then checkpoints.
-
-    `offset` is the group's watermark at seal time: every sample of the group from messages at
-    or below it is in `chunks`, in `open` (the buffers left open, a copy) or was in earlier
-    flushes' chunks. -1 if nothing was ever ingested."""
-
-    group: int
-    offset: int
-    open: OpenBuffers
-    chunks: list[ChunkRecord] = field(default_factory=list)
-    part_keys: list[PartKeyRecord] = field(default_factory=list)
-    samples: int = 0
-    open_blob: bytes | None = None  # `open`, encoded once by the flusher (kept for retries)
-    _mem: list[_MemChunk] = field(default_factory=list, repr=False)
+    def __exit__(self, *exc: object) -> None:
+        self._mem._lock.release()
 
 
 class ShardMemstore:
@@ -210,7 +173,7 @@ class ShardMemstore:
         # of its keys: a binary decoder hands the same list for every message repeating a
         # series table (`SeriesTables`). Series ids never change, so the ids stay right.
         self._resolved: dict[int, tuple[list[Hashable], npt.NDArray[np.int64]]] = {}
-        self._series: list[_Series] = []  # per series id
+        self._series: list[Series] = []  # per series id
         self._group_series: list[list[int]] = [[] for _ in range(groups_per_shard)]
         # per series, NumPy so ingest updates them vectorised
         self._first_ts = np.empty(0, I64)
@@ -224,8 +187,7 @@ class ShardMemstore:
         self._watermark = np.full(groups_per_shard, -1, I64)
         self._replay_until: int | None = None  # recovering while set
         self._max_ts = NONE_TS
-        # memory accounting, in samples
-        self._open = 0
+        self._open = 0  # samples in open buffers (the sealer counts those in chunks)
         # Accepted samples not yet in their series' buffers (`_settle`): a message with one
         # sample per series (remote write, line protocol) is appended here as three columns,
         # and moved into the buffers many messages at a time, so the per-series Python work is
@@ -234,12 +196,13 @@ class ShardMemstore:
         self._pending_sid = np.empty(0, I64)
         self._pending_ts = np.empty(0, I64)
         self._pending_vals = np.empty(0, F64)
-        self._sealed_unflushed = 0
-        self._flushed_in_memory = 0
-        # per group: open samples its last flush's snapshot holds (durable, though still open)
-        self._snapshotted = [0] * groups_per_shard
-        self._evictable: list[tuple[int, int, _MemChunk]] = []  # heap (end_time, seq, chunk)
-        self._seq = itertools.count()
+        self._sealer = Sealer(
+            self._series,
+            self._group_series,
+            max_chunk_samples=max_chunk_samples,
+            chunk_span_ms=chunk_span_ms,
+            max_samples=max_samples,
+        )
         self.pressure = False  # over max_samples with nothing flushed left to evict
 
     # ------------------------------------------------------------------------------ recovery
@@ -491,7 +454,7 @@ class ShardMemstore:
         self._first_ts[sid] = self._last_ts[sid] = self._store_end[sid] = NONE_TS
         self._group[sid] = group
         self._misrouted[sid] = shard_for_series(self.dataset, labels, None, ph) != self.shard
-        self._series.append(_Series(group))
+        self._series.append(Series(group))
         self._group_series[group].append(sid)
 
     # ------------------------------------------------------------------------- series index
@@ -545,126 +508,21 @@ class ShardMemstore:
     ) -> tuple[int | None, npt.NDArray[np.int64], npt.NDArray[np.float64]]:
         """`(memory_start, ts, values)` taken atomically, so a query can read the ColumnStore
         for exactly the times before `memory_start` even while chunks are being evicted."""
-        with self._lock:
-            self._settle()
-            ser = self._series[series_id]
-            mem_start = self._memory_start(ser)
-            records = [
-                c.record
-                for c in ser.chunks
-                if c.record.end_time >= start and c.record.start_time <= end
-            ]
-            n = ser.n
-            open_ts = ser.ts[:n].copy()
-            open_vals = ser.vals[:n].copy()
-        parts = [r.samples() for r in records]  # decode outside the lock
-        parts.append((open_ts, open_vals))
-        ts = np.concatenate([p[0] for p in parts])
-        vals = np.concatenate([p[1] for p in parts])
-        lo = int(np.searchsorted(ts, start, side="left"))
-        hi = int(np.searchsorted(ts, end, side="right"))
-        return mem_start, ts[lo:hi], vals[lo:hi]
+        return read_memory(_Settled(self), series_id, start, end)
 
     def snapshot_many(
         self, series_ids: Sequence[int], start: int = INT64_MIN, end: int = INT64_MAX
     ) -> tuple[npt.NDArray[I64], npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[I64]]:
         """`snapshot` of many series at once: their memory starts (`NONE_TS` for None), and
-        their samples in [start, end] concatenated, series i's at `[bounds[i]:bounds[i + 1]]`.
-        One lock for all, one concatenation. Only the chunks that meet the window are read, and
-        each open buffer is cut to it (by its first and last times, searching only where the
-        window ends inside it), so a 5-minute query of series holding hours costs minutes of
-        copying (bench/bench_promql.py); the open buffers' pieces are copied by one
-        concatenation under the lock, and the chunks are cut with one mask over all of them."""
-        ts_parts: list[npt.NDArray[np.int64]] = []
-        val_parts: list[npt.NDArray[np.float64]] = []
-        mem_starts: list[int] = []
-        records: list[tuple[int, ChunkRecord]] = []  # decoded outside the lock
-        owners: list[int] = []  # per part, the series it belongs to
-        opened: list[int] = []  # the parts that are open buffers' pieces (views, then copies)
-        cut = False  # whether a chunk reaches out of the window (cut all at once, below)
-        with self._lock:
-            self._settle()
-            series = self._series
-            for i, sid in enumerate(series_ids):
-                ser = series[sid]
-                chunks = ser.chunks
-                n = ser.n
-                if chunks:
-                    mem_starts.append(chunks[0].record.start_time)
-                    # Oldest first, so the window's chunks are found from the newest back: a
-                    # recent window (a dashboard's) looks at one or two of a series' chunks.
-                    k = len(chunks)
-                    while k and chunks[k - 1].record.end_time >= start:
-                        k -= 1
-                    for c in chunks[k:]:
-                        r = c.record
-                        if r.start_time <= end:
-                            cut = cut or r.start_time < start or r.end_time > end
-                            records.append((len(ts_parts), r))
-                            ts_parts.append(_NO_TS)
-                            val_parts.append(_NO_VALS)
-                            owners.append(i)
-                elif n:
-                    mem_starts.append(ser.ts.item(0))
-                else:
-                    mem_starts.append(NONE_TS)
-                    continue
-                if not n:
-                    continue
-                ts = ser.ts
-                first, last = ts.item(0), ts.item(n - 1)
-                if last < start or first > end:
-                    continue
-                a = 0 if first >= start else int(ts[:n].searchsorted(start))
-                b = n if last <= end else int(ts[:n].searchsorted(end, side="right"))
-                if b > a:  # views here, copied below (the buffer changes after the lock)
-                    opened.append(len(ts_parts))
-                    ts_parts.append(ts[a:b])
-                    val_parts.append(ser.vals[a:b])
-                    owners.append(i)
-            if opened and len(opened) == len(ts_parts):  # only open buffers: one copy, done
-                ts_all, vals_all = np.concatenate(ts_parts), np.concatenate(val_parts)
-                records = []
-            elif opened:
-                open_ts = np.concatenate([ts_parts[k] for k in opened])
-                open_vals = np.concatenate([val_parts[k] for k in opened])
-        bounds = np.zeros(len(series_ids) + 1, I64)
-        starts = np.array(mem_starts, I64)
-        if not ts_parts:
-            return starts, np.empty(0, I64), np.empty(0, F64), bounds
-        if records or not opened:
-            if opened:  # the copies' pieces in place of the views
-                at = 0
-                for k in opened:
-                    m = len(ts_parts[k])
-                    ts_parts[k], val_parts[k] = open_ts[at : at + m], open_vals[at : at + m]
-                    at += m
-            for pos, r in records:
-                ts_parts[pos], val_parts[pos] = r.samples()
-            ts_all, vals_all = np.concatenate(ts_parts), np.concatenate(val_parts)
-        lengths = np.fromiter(map(len, ts_parts), I64, len(ts_parts))
-        if cut:  # every part in series order and ascending: a mask keeps that
-            owner = np.repeat(np.array(owners, I64), lengths)
-            inside = (ts_all >= start) & (ts_all <= end)
-            ts_all, vals_all, owner = ts_all[inside], vals_all[inside], owner[inside]
-            np.cumsum(np.bincount(owner, minlength=len(series_ids)), out=bounds[1:])
-        else:
-            per_series = np.bincount(owners, weights=lengths, minlength=len(series_ids))
-            np.cumsum(per_series.astype(I64), out=bounds[1:])
-        return starts, ts_all, vals_all, bounds
+        their samples in [start, end] concatenated, series i's at `[bounds[i]:bounds[i + 1]]`
+        (`shard_reader.read_memory_many`)."""
+        return read_memory_many(_Settled(self), series_ids, start, end)
 
     def memory_start(self, series_id: int) -> int | None:
         """Time of the series' oldest in-memory sample (None if none): memory holds every
         accepted sample of the series from there on, the ColumnStore everything before."""
-        with self._lock:
-            self._settle()
-            return self._memory_start(self._series[series_id])
-
-    @staticmethod
-    def _memory_start(ser: _Series) -> int | None:
-        if ser.chunks:
-            return ser.chunks[0].record.start_time
-        return int(ser.ts[0]) if ser.n else None
+        with _Settled(self) as series:
+            return series[series_id].memory_start()
 
     def in_range(self, series_ids: Sequence[int], start: int, end: int) -> list[int]:
         """Those of `series_ids` whose first..last sample span (stored or in memory) meets
@@ -695,95 +553,15 @@ class ShardMemstore:
         evictable) until `mark_flushed`."""
         with self._lock:
             self._settle()
-            span, most = self.chunk_span_ms, self.max_chunk_samples
-            series = self._series
-            sids = [sid for sid in self._group_series[group] if series[sid].n]
-            sizes = np.fromiter((series[sid].n for sid in sids), I64, len(sids))
-            offsets = np.zeros(len(sids) + 1, I64)
-            np.cumsum(sizes, out=offsets[1:])
-            total = int(offsets[-1])
-            if not total:
-                empty = OpenBuffers([], np.empty(0, I64), np.zeros(1, I64), _NO_TS, _NO_VALS)
-                return SealedGroup(group, int(self._watermark[group]), empty)
-            all_ts = np.concatenate([series[sid].ts[: series[sid].n] for sid in sids])
-            all_vals = np.concatenate([series[sid].vals[: series[sid].n] for sid in sids])
-            # Chunk cuts of every buffer at once (as `chunk_cuts` per buffer): a buffer's first
-            # sample, a new time bucket, and every `most` samples within a bucket's run.
-            idx = np.arange(total, dtype=I64)
-            bucket = all_ts // span
-            run_start = np.zeros(total, bool)
-            run_start[offsets[:-1]] = True
-            run_start[1:] |= bucket[1:] != bucket[:-1]
-            run_first = np.maximum.accumulate(np.where(run_start, idx, 0))
-            chunk_start = run_start | ((idx - run_first) % most == 0)
-            # Per buffer: its last chunk's start; the chunk is complete when full or its bucket
-            # is over (the shard's newest sample is in a later bucket); `keep` samples stay open.
-            last_start = np.maximum.reduceat(np.where(chunk_start, idx, -1), offsets[:-1])
-            ends = offsets[1:]
-            complete = (ends - last_start >= most) | (bucket[ends - 1] < self._max_ts // span)
-            if not complete_only:
-                complete[:] = True
-            sealed_to = np.where(complete, ends, last_start)  # absolute end of the sealed part
-            keep = ends - sealed_to
-            in_sealed = idx < np.repeat(sealed_to, sizes)
-            seal_ts, seal_vals = all_ts[in_sealed], all_vals[in_sealed]
-            bounds = np.append(np.flatnonzero(chunk_start[in_sealed]), len(seal_ts))
-            datas = encode_chunks(seal_ts, seal_vals, bounds) if len(seal_ts) else []
-            c_first = seal_ts[bounds[:-1]].tolist()
-            c_last = seal_ts[bounds[1:] - 1].tolist()
-            c_n = np.diff(bounds).tolist()
-            per_series = np.add.reduceat(chunk_start & in_sealed, offsets[:-1]).tolist()
-            # Python per sealed chunk (its record) and per buffer (its open rest moved to front).
-            chunks: list[ChunkRecord] = []
-            mems: list[_MemChunk] = []
-            part_keys: list[PartKeyRecord] = []
-            k = 0
-            open_sids: list[int] = []
-            for sid, n, left, count in zip(
-                sids, sizes.tolist(), keep.tolist(), per_series, strict=True
-            ):
-                ser = series[sid]
-                if count:
-                    part_key = self._index.part_key(sid)
-                    if not ser.chunks:
-                        ser.chunks = []
-                    for j in range(k, k + count):
-                        rec = ChunkRecord(part_key, c_first[j], c_last[j], c_n[j], datas[j])
-                        mem = _MemChunk(sid, rec)
-                        ser.chunks.append(mem)  # type: ignore[union-attr]
-                        chunks.append(rec)
-                        mems.append(mem)
-                    k += count
-                    part_keys.append(
-                        PartKeyRecord(part_key, int(self._first_ts[sid]), c_last[k - 1])
-                    )
-                if not left:
-                    ser.n = 0
-                    ser.hint = max(_INITIAL_CAPACITY, n)
-                    ser.ts, ser.vals = _NO_TS, _NO_VALS
-                    continue
-                if left < n:  # keep the open rest at the buffer's front
-                    ser.ts[:left] = ser.ts[n - left : n]
-                    ser.vals[:left] = ser.vals[n - left : n]
-                    ser.n = left
-                open_sids.append(sid)
-            open_n = keep[keep > 0]
-            open_bounds = np.zeros(len(open_n) + 1, I64)
-            np.cumsum(open_n, out=open_bounds[1:])
-            snapshot = OpenBuffers(
-                [self._index.part_key(sid) for sid in open_sids],
-                self._first_ts[np.asarray(open_sids, I64)],
-                open_bounds,
-                all_ts[~in_sealed],
-                all_vals[~in_sealed],
+            sealed = self._sealer.seal(
+                group,
+                int(self._watermark[group]),
+                self._index.part_key,
+                self._first_ts,
+                self._max_ts,
+                complete_only=complete_only,
             )
-            sealed_samples = len(seal_ts)
-            sealed = SealedGroup(
-                group, int(self._watermark[group]), snapshot, chunks, part_keys, sealed_samples
-            )
-            sealed._mem = mems
-            self._open -= sealed_samples
-            self._sealed_unflushed += sealed_samples
+            self._open -= sealed.samples
             return sealed
 
     def load_open_buffers(self, snapshot: OpenBuffers) -> int:
@@ -821,7 +599,7 @@ class ShardMemstore:
                 self._max_ts = max(self._max_ts, int(ts[-1]))
                 # open and durable together: `unflushed_samples` reads them without the lock
                 self._open += len(ts)
-                self._snapshotted[int(self._group[sid])] += len(ts)
+                self._sealer.snapshotted[int(self._group[sid])] += len(ts)
                 loaded += len(ts)
             return loaded
 
@@ -829,15 +607,7 @@ class ShardMemstore:
         """The sealed chunks are in the ColumnStore: make them evictable, then evict what the
         in-memory window or the memory bound no longer allows."""
         with self._lock:
-            # the group's open rest is in the snapshot now (or, if its checkpoint did not
-            # advance, still in the previous one: no message came since)
-            self._snapshotted[sealed.group] = sealed.open.samples
-            for mem in sealed._mem:
-                if not mem.flushed:
-                    mem.flushed = True
-                    heapq.heappush(self._evictable, (mem.record.end_time, next(self._seq), mem))
-                    self._sealed_unflushed -= mem.record.num_samples
-                    self._flushed_in_memory += mem.record.num_samples
+            self._sealer.flushed(sealed)
             self._evict(self._max_ts - self.retention_ms if self._max_ts != NONE_TS else None)
 
     def evict(self, now_ms: int | None = None) -> int:
@@ -849,28 +619,8 @@ class ShardMemstore:
             return self._evict(ref - self.retention_ms if ref != NONE_TS else None)
 
     def _evict(self, older_than: int | None) -> int:
-        """Pop flushed chunks oldest-end-first: those ending before `older_than`, then more while
-        over the bound. A series' chunks end in increasing time, so each series keeps a suffix of
-        its samples in memory, which is what `memory_start` promises."""
-        heap = self._evictable
-        target = int(self.max_samples * EVICT_TO)
-        over = self.memory_samples() > self.max_samples
-        freed = 0
-        while heap:
-            end_time, _, mem = heap[0]
-            if older_than is not None and end_time < older_than:
-                pass
-            elif not (over and self.memory_samples() > target):
-                break
-            heapq.heappop(heap)
-            ser = self._series[mem.sid]
-            chunks = ser.chunks
-            assert chunks[0] is mem, "flushed chunks are evicted oldest first"
-            del chunks[0]  # type: ignore[union-attr]
-            if not chunks:
-                ser.chunks = ()
-            self._flushed_in_memory -= mem.record.num_samples
-            freed += mem.record.num_samples
+        """Evict flushed chunks ending before `older_than`, then more while over the bound."""
+        freed = self._sealer.evict(older_than, self._open)
         self.stats.evicted_samples += freed
         self.pressure = self.memory_samples() > self.max_samples
         return freed
@@ -879,12 +629,14 @@ class ShardMemstore:
 
     def memory_samples(self) -> int:
         """Samples held in memory: open buffers, sealed unflushed and flushed chunks."""
-        return self._open + self._sealed_unflushed + self._flushed_in_memory
+        sealer = self._sealer
+        return self._open + sealer.sealed_unflushed + sealer.flushed_in_memory
 
     def unflushed_samples(self) -> int:
         """Samples not yet durable in the store (neither in written chunks nor in a flushed
         open-buffer snapshot): what a crash would make the next owner replay from Kafka."""
-        return self._open + self._sealed_unflushed - sum(self._snapshotted)
+        sealer = self._sealer
+        return self._open + sealer.sealed_unflushed - sum(sealer.snapshotted)
 
     def memory_bytes(self) -> int:
         """Approximate bytes of sample data: buffer capacity and encoded chunk bytes."""
@@ -895,27 +647,6 @@ class ShardMemstore:
                 total += ser.ts.nbytes + ser.vals.nbytes
                 total += sum(len(c.record.data) for c in ser.chunks)
             return total
-
-
-def chunk_cuts(ts: npt.NDArray[np.int64], span_ms: int, max_samples: int) -> npt.NDArray[np.intp]:
-    """Chunk boundaries of one sealed segment: indices [0, ..., len(ts)].
-
-    A chunk never crosses a time bucket (`ts // span_ms`), so it spans less than `span_ms`; a
-    bucket's run of samples is cut every `max_samples` counted from the run's first sample. Both
-    depend only on the samples and where the segment starts, never on timing."""
-    n = len(ts)
-    bucket = ts // span_ms
-    starts = np.flatnonzero(bucket[1:] != bucket[:-1]) + 1
-    starts = np.concatenate(([0], starts))
-    lengths = np.diff(np.append(starts, n))
-    if (lengths > max_samples).any():
-        extra = [
-            s + np.arange(max_samples, ln, max_samples)
-            for s, ln in zip(starts.tolist(), lengths.tolist(), strict=True)
-            if ln > max_samples
-        ]
-        starts = np.sort(np.concatenate([starts, *extra]))
-    return np.append(starts, n)
 
 
 def _grown(a: np.ndarray, cap: int, fill: float) -> np.ndarray:

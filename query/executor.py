@@ -19,8 +19,8 @@ import numpy.typing as npt
 
 from core.dataset import Dataset
 from core.errors import Unavailable
-from ingest.flush import read_merged_batch
 from ingest.memstore import ShardMemstore
+from ingest.shard_reader import read_merged_batch
 from query.evaluator import eval_partial, eval_series_local
 from query.functions import SampleBatch
 from query.promql import Aggregate, Expr

@@ -10,8 +10,9 @@ from __future__ import annotations
 import numpy as np
 
 from core.dataset import Dataset
-from ingest.flush import read_merged, recover_shard
+from ingest.flush import recover_shard
 from ingest.memstore import ShardMemstore
+from ingest.shard_reader import read_merged
 from store import ColumnStore, MetaStore
 
 

@@ -23,8 +23,9 @@ from hypothesis import strategies as st
 
 from core.dataset import Dataset, DatasetRef
 from ingest.batch import SampleBatch
-from ingest.flush import Flusher, read_merged, recover_shard, replay_start
+from ingest.flush import Flusher, recover_shard, replay_start
 from ingest.memstore import ShardMemstore
+from ingest.shard_reader import read_merged
 from store import (
     INT64_MAX,
     INT64_MIN,

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from core.dataset import Dataset
 from core.hashing import partition_key_hash
 from ingest.batch import SampleBatch
-from ingest.memstore import NONE_TS, ShardMemstore, chunk_cuts, flush_group_of
+from ingest.memstore import NONE_TS, ShardMemstore, flush_group_of
+from ingest.seal import chunk_cuts
 from store import LabelMatcher, PartKeyRecord, decode_chunk, encode_part_key
 
 DS = Dataset(name="mem", num_shards=4)

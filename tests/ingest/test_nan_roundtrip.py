@@ -14,9 +14,9 @@ from confluent_kafka.admin import AdminClient
 
 from core.config import load_settings
 from core.dataset import Dataset, SourceSettings
-from ingest.flush import read_merged
 from ingest.gateway import Gateway
 from ingest.ingester import KafkaShardIngester
+from ingest.shard_reader import read_merged
 from ingest.topics import ensure_topic
 from store import open_stores
 

@@ -26,10 +26,11 @@ from confluent_kafka.admin import AdminClient
 from core.config import Settings, load_settings
 from core.dataset import Dataset, SourceSettings, SpreadSettings
 from core.shard_status import IngestionDegraded, IngestionStarted, ShardEvent
-from ingest.flush import read_merged, recover_shard
+from ingest.flush import recover_shard
 from ingest.gateway import Gateway
 from ingest.ingester import KafkaShardIngester, stale_epoch_rejections
 from ingest.memstore import ShardMemstore
+from ingest.shard_reader import read_merged
 from ingest.topics import ensure_topic
 from store import INT64_MAX, INT64_MIN, ColumnStore, MetaStore, open_stores
 from tests.ingest.tcp_proxy import TcpProxy
