@@ -15,8 +15,6 @@ from pathlib import Path
 
 import pytest
 
-import coordinator.local_cluster  # binds Ray to loopback; must precede any `import ray`
-
 ROOT = Path(__file__).resolve().parent.parent
 SERVICES = ROOT / "scripts" / "services.sh"
 KAFKA_PORT = int(os.environ.get("FILOPY_KAFKA_PORT", "9092"))
@@ -57,7 +55,9 @@ def cassandra_address() -> tuple[str, int]:
 @pytest.fixture
 def ray_cluster() -> Iterator[object]:
     """A real local Ray cluster (head only; tests add nodes), with this process as its driver."""
-    cluster = coordinator.local_cluster.LocalRayCluster()
+    from coordinator.local_cluster import LocalRayCluster  # Ray only where a test uses it
+
+    cluster = LocalRayCluster()
     try:
         yield cluster
     finally:

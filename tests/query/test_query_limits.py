@@ -6,6 +6,7 @@ and pickle, also called from deep inside a server's stack; and the same over HTT
 from __future__ import annotations
 
 import pickle
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -57,9 +58,22 @@ DEEP = {
 }
 
 
-def deep_stack(frames: int, fn: Callable[[], T]) -> T:
-    """Call `fn` `frames` Python frames down, as a server's handler stack would."""
-    return fn() if frames == 0 else deep_stack(frames - 1, fn)
+# A request handler's stack (uvicorn, anyio's worker thread or a Ray actor's task) is a few
+# dozen frames deep; the queries at the limit must also run this deep, with room to spare.
+HANDLER_DEPTH = 180
+
+
+def deep_stack(depth: int, fn: Callable[[], T]) -> T:
+    """Call `fn` at `depth` Python frames from the bottom of the stack, whatever the test
+    runner's own depth (pytest-xdist's workers run tests a few frames deeper than pytest)."""
+    frame, here = sys._getframe(), 0
+    while frame is not None:
+        frame, here = frame.f_back, here + 1
+
+    def down(frames: int) -> T:
+        return fn() if frames <= 0 else down(frames - 1)
+
+    return down(depth - here)
 
 
 def parsed_depth(node: Any) -> int:
@@ -99,17 +113,18 @@ def test_queries_at_the_limit_run_and_one_more_level_is_refused(name: str) -> No
     query = shapes(N)[name]
     assert depth_bound(query) == N
     assert parsed_depth(pp.parse(query)) == N
-    # 150 frames of headroom: parse, evaluate, format and pickle recurse once or more per level.
-    expr = deep_stack(150, lambda: parse(query))
+    # Parse, evaluate, format and pickle recurse once or more per level.
+    expr = deep_stack(HANDLER_DEPTH, lambda: parse(query))
     value = deep_stack(
-        150, lambda: evaluate(expr, LocalBackend(SOURCE), np.array([START + 600_000]), LOOKBACK)
+        HANDLER_DEPTH,
+        lambda: evaluate(expr, LocalBackend(SOURCE), np.array([START + 600_000]), LOOKBACK),
     )
     assert isinstance(value, StepMatrix | Scalar)
     if isinstance(value, StepMatrix):
         assert len(value) > 0 and not np.isnan(value.values).all()
     # format_expr parenthesises every operator operand: more levels by this count, same tree.
-    assert parse(deep_stack(150, lambda: format_expr(expr)), max_depth=3 * N) == expr
-    assert deep_stack(150, lambda: pickle.loads(pickle.dumps(expr))) == expr
+    assert parse(deep_stack(HANDLER_DEPTH, lambda: format_expr(expr)), max_depth=3 * N) == expr
+    assert deep_stack(HANDLER_DEPTH, lambda: pickle.loads(pickle.dumps(expr))) == expr
     with pytest.raises(QueryError, match="query too deep"):
         parse(shapes(N + 1)[name])
 
