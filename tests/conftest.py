@@ -66,8 +66,14 @@ def ray_cluster() -> Iterator[object]:
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects, so `make unit` never needs a service
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test by the services its fixtures start, whatever markers it declares."""
+    """Mark every test by the services its fixtures start, whatever markers it declares, and
+    by the group of tests that must run in one process under `pytest -n` (`--dist loadgroup`):
+    a module's tests share its fixtures (a cluster per module), and the many-hosts bed is one
+    per session, so all its tests run in one worker."""
     needs = {"kafka_bootstrap": "kafka", "cassandra_address": "cassandra", "ray_cluster": "ray"}
     for item in items:
         for fixture in set(getattr(item, "fixturenames", ())) & needs.keys():
             item.add_marker(needs[fixture])
+        path = Path(str(item.fspath)).relative_to(ROOT)
+        group = "netbed" if path.parts[:2] == ("tests", "netbed") else str(path)
+        item.add_marker(pytest.mark.xdist_group(group))
