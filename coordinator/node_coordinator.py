@@ -31,10 +31,7 @@ from collections import Counter
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from typing import Any
-
-import ray
-from ray.actor import ActorHandle
+from typing import TYPE_CHECKING, Any
 
 from coordinator.guardian import GuardianState, NodeGuardian
 from coordinator.inbox import Delivery, OrderedInbox
@@ -64,6 +61,9 @@ from ingest.memstore import ShardMemstore
 from ingest.tenure import Tenure
 from query.executor import NodeAnswer, NodeQuery, ShardsNotHere, ShardSource, run_node_query
 from store import ColumnStore, MetaStore, StoreUnavailable, open_stores
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
 
 log = logging.getLogger(__name__)
 
@@ -222,6 +222,8 @@ class ReportSender:
     def _call(self, batch: list[tuple[ShardEvent, int]]) -> str | None:
         """One attempt; None if the singleton took the batch, else why not. A batch sent again
         is harmless: its reports carry the same numbers, so the singleton ignores repeats."""
+        import ray  # here: the node's code runs under Ray, its unit tests import it without
+
         if self._handle is None:
             try:
                 self._handle = ray.get_actor(CLUSTER_ACTOR_NAME, namespace=self._namespace)
@@ -432,6 +434,8 @@ class NodeCoordinator:
         (`coordinator.query_channel`): callers fetch it once and skip a Ray call per query. The
         channel listens on this Ray node's address; it starts on the first ask."""
         if self._channel is None:
+            import ray
+
             self._loop = asyncio.get_running_loop()
             self._channel = QueryServer(ray.util.get_node_ip_address(), self._query_here)
             log.info("node %s: query channel on %s", self.node_id, self._channel.endpoint)

@@ -7,15 +7,13 @@ module of this package); the CLI serves it with uvicorn. The routers reach the c
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
 from prometheus_client import CollectorRegistry
 
-from coordinator.client import FiloPyClient
-from coordinator.cluster_queries import cluster_query_service
 from core.config import Settings
 from filopy.ingest_http import Ingestion, serve_ingestion
 from filopy.rest import (
@@ -35,9 +33,16 @@ from filopy.rest.metrics import ClusterCollector
 from filopy.rest.promql_state import PromQL, query_latency
 from query.service import QueryService
 
+if TYPE_CHECKING:
+    from coordinator.client import FiloPyClient
+
 
 def create_app(client: FiloPyClient, settings: Settings) -> FastAPI:
     """The REST server for the cluster `client` talks to."""
+    # Here, not at the top: it imports Ray, which the rest of this package (the CLI's REST
+    # client reads its errors) and its unit tests do not need.
+    from coordinator.cluster_queries import cluster_query_service
+
     timeout_s = client.timeout_s
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ClusterCollector(client))

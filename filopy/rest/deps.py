@@ -6,16 +6,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import anyio
 from fastapi import Depends, Path, Request
 
-from coordinator.client import FiloPyClient
 from core.config import Settings
 from core.dataset import _NAME_RE, Dataset
 from filopy.rest.errors import NOT_FOUND, ApiError, api_error
 from filopy.rest.models import ErrorBody
+
+if TYPE_CHECKING:
+    from coordinator.client import FiloPyClient
 
 R = TypeVar("R")
 

@@ -14,7 +14,6 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-import ray.exceptions
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -77,6 +76,8 @@ def error_response(status: int, error_type: str, message: str) -> JSONResponse:
 
 def _cause(exc: BaseException) -> BaseException:
     """The exception raised inside the actor, not Ray's wrapper around it."""
+    import ray.exceptions  # here, not at the top: the CLI and unit tests import us without Ray
+
     while isinstance(exc, ray.exceptions.RayTaskError) and exc.cause is not None:
         exc = exc.cause
     return exc
@@ -91,6 +92,8 @@ def _answer(err: FiloPyError) -> ApiError:
 
 def api_error(exc: BaseException, timeout_s: float) -> ApiError:
     """Map an exception from the client or the cluster to its HTTP answer."""
+    import ray.exceptions
+
     if isinstance(exc, ApiError):
         return exc
     cause = _cause(exc)

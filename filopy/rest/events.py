@@ -5,17 +5,19 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from fastapi import APIRouter
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from coordinator.client import FiloPyClient, Subscription
 from core.mapper import ShardEventError, ShardMapper
 from core.shard_status import CurrentShardSnapshot
 from filopy.rest.deps import ClusterDep, DatasetName, errors
 from filopy.rest.models import event_data, snapshot_data
+
+if TYPE_CHECKING:
+    from coordinator.client import FiloPyClient, Subscription
 
 router = APIRouter(tags=["cluster"])
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from confluent_kafka.admin import AdminClient
 from prometheus_client.core import (
@@ -21,9 +21,12 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from coordinator.client import DatasetUnknownError, FiloPyClient
 from core.dataset import Dataset
+from core.errors import DatasetUnknownError
 from ingest.topics import KafkaUnavailable, admin_client, end_offsets
+
+if TYPE_CHECKING:
+    from coordinator.client import FiloPyClient
 
 log = logging.getLogger("filopy.rest")
 END_OFFSETS_TIMEOUT_S = 2.0  # a scrape must answer even when Kafka does not

@@ -10,16 +10,18 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import parse_qsl
 
 from fastapi import APIRouter, Request
 from prometheus_client import CollectorRegistry, Histogram
 
-from coordinator.client import FiloPyClient
 from filopy.rest.errors import BAD_DATA, ApiError, api_error
 from filopy.rest.promql import ERRORS, PARAMETERS, parse_duration
 from query.service import QueryResult, QueryService
+
+if TYPE_CHECKING:
+    from coordinator.client import FiloPyClient
 
 R = TypeVar("R")
 
