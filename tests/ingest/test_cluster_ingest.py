@@ -12,15 +12,12 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
-import ray
 from confluent_kafka import Producer
 
-from coordinator.client import FiloPyClient
-from coordinator.cluster_actor import start_cluster_actor
-from coordinator.local_cluster import LocalRayCluster
 from coordinator.names import node_actor_name
 from core.dataset import RecordFormat, SourceSettings
 from core.hashing import shard_for_series
@@ -28,7 +25,10 @@ from filopy import Dataset
 from ingest.batch import SampleBatch
 from ingest.gateway import Gateway
 from store import encode_part_key, open_stores
-from tests.runtime.conftest import FiloPyCluster, cluster_settings
+from tests.cluster import FiloPyCluster, cluster_settings, start_cluster
+
+if TYPE_CHECKING:
+    from coordinator.local_cluster import LocalRayCluster
 
 pytestmark = [pytest.mark.kafka, pytest.mark.ray]
 
@@ -43,9 +43,7 @@ def kafka_cluster(
     settings = settings.model_copy(
         update={"kafka": settings.kafka.model_copy(update={"bootstrap_servers": kafka_bootstrap})}
     )
-    actor = start_cluster_actor(settings)
-    ray.get(actor.ready.remote(), timeout=60)
-    yield FiloPyCluster(ray_cluster, settings, FiloPyClient(actor, settings), actor)
+    yield start_cluster(ray_cluster, settings)
 
 
 def dataset(bootstrap: str, fmt: RecordFormat = RecordFormat.BINARY) -> Dataset:
@@ -145,6 +143,8 @@ def test_line_protocol_samples_are_ingested_exactly(kafka_cluster, kafka_bootstr
 def test_node_killed_mid_ingestion_loses_and_doubles_nothing(
     kafka_cluster, kafka_bootstrap: str
 ) -> None:
+    import ray
+
     c = kafka_cluster
     ds = dataset(kafka_bootstrap)
     nodes = start_three(c, ds)

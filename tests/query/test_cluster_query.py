@@ -14,9 +14,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-import ray
 
-from coordinator.cluster_queries import cluster_query_service
 from coordinator.names import node_actor_name
 from core.dataset import Dataset, SourceSettings, StoreOptions
 from ingest.gateway import Gateway
@@ -24,6 +22,7 @@ from query.evaluator import range_times
 from query.promql import parse, value_type
 from query.service import QueryService, ShardsUnavailable
 from query.values import StepMatrix
+from tests.cluster import cluster_settings
 from tests.query.reference import Reference, key
 from tests.query.test_engine import (
     DATA,
@@ -37,7 +36,6 @@ from tests.query.test_engine import (
     engine_rows,
 )
 from tests.rest.conftest import Rest, start_rest
-from tests.runtime.conftest import cluster_settings
 
 pytestmark = [pytest.mark.kafka, pytest.mark.ray]
 
@@ -116,6 +114,8 @@ def _load(r: Rest, kafka_bootstrap: str) -> None:
 
 @pytest.fixture(scope="module")
 def service(rest: Rest) -> Iterator[QueryService]:
+    from coordinator.cluster_queries import cluster_query_service  # it imports Ray
+
     svc = cluster_query_service(rest.client)
     yield svc
     svc.close()
@@ -165,6 +165,8 @@ def test_instant_queries_match_the_brute_force_reference(service: QueryService, 
 
 
 def _node_counts(rest: Rest) -> dict[int, int]:
+    import ray
+
     counts: dict[int, int] = {}
     for node in rest.client.members():
         h = ray.get_actor(node_actor_name(node), namespace=rest.cluster.settings.ray.namespace)

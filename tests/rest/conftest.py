@@ -13,23 +13,22 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
-import ray
 import uvicorn
 from confluent_kafka import Consumer, TopicPartition
 
-import coordinator.local_cluster  # binds Ray to loopback; must precede any `import ray` elsewhere
-from coordinator.client import FiloPyClient
-from coordinator.cluster_actor import start_cluster_actor
 from core.config import Settings
 from core.dataset import Dataset
 from filopy.rest import create_app
 from ingest.batch import SampleBatch
 from ingest.wire.binary_format import decode_binary
-from tests.runtime.conftest import FiloPyCluster, cluster_settings
+from tests.cluster import FiloPyCluster, cluster_settings, start_cluster
+
+if TYPE_CHECKING:
+    from coordinator.client import FiloPyClient
 
 
 class ServerThread:
@@ -78,15 +77,14 @@ class Rest:
 
 
 def start_rest(tmp_path: Path, nodes: int, settings: Settings | None = None) -> Iterator[Rest]:
-    ray_cluster = coordinator.local_cluster.LocalRayCluster()
+    from coordinator.local_cluster import LocalRayCluster  # Ray only where a test starts it
+
+    ray_cluster = LocalRayCluster()
     try:
-        settings = settings or cluster_settings(tmp_path)
-        actor = start_cluster_actor(settings)
-        ray.get(actor.ready.remote(), timeout=60)
-        cluster = FiloPyCluster(ray_cluster, settings, FiloPyClient(actor, settings), actor)
+        cluster = start_cluster(ray_cluster, settings or cluster_settings(tmp_path))
         ids = [cluster.add_node().node_id for _ in range(nodes)]
         cluster.wait_for(f"{nodes} members", lambda: set(cluster.client.members()) == set(ids))
-        app = create_app(cluster.client, settings)
+        app = create_app(cluster.client, cluster.settings)
         with ServerThread(app) as url, httpx.Client(base_url=url, timeout=30) as http:
             yield Rest(cluster, url, http, ids)
     finally:

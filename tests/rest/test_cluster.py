@@ -12,7 +12,6 @@ from typing import Any
 
 import httpx
 import pytest
-import ray
 
 from core.dataset import DatasetRef
 from tests.rest.test_datasets import error_of
@@ -209,6 +208,8 @@ class EventStream:
 
 
 def subscribers(rest, name: str) -> list[str]:
+    import ray
+
     return ray.get(rest.cluster.actor.subscribers.remote(DatasetRef(name=name)), timeout=30)
 
 

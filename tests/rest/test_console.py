@@ -21,16 +21,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-import ray
 from playwright.sync_api import Page, sync_playwright
 
-from coordinator.client import FiloPyClient
-from coordinator.cluster_actor import start_cluster_actor
-from coordinator.local_cluster import LocalRayCluster
 from coordinator.node_coordinator import NAME_LABEL
 from filopy.rest.app import create_app
+from tests.cluster import FiloPyCluster, cluster_settings, start_cluster
 from tests.rest.conftest import ServerThread
-from tests.runtime.conftest import FiloPyCluster, cluster_settings
 
 pytestmark = [pytest.mark.kafka, pytest.mark.ray]
 
@@ -47,11 +43,11 @@ def console(tmp_path: Path, kafka_bootstrap: str) -> Iterator[tuple[FiloPyCluste
     settings = settings.model_copy(
         update={"kafka": settings.kafka.model_copy(update={"bootstrap_servers": kafka_bootstrap})}
     )
+    from coordinator.local_cluster import LocalRayCluster  # Ray only where a test starts it
+
     ray_cluster = LocalRayCluster()
     try:
-        actor = start_cluster_actor(settings)
-        ray.get(actor.ready.remote(), timeout=60)
-        cluster = FiloPyCluster(ray_cluster, settings, FiloPyClient(actor, settings), actor)
+        cluster = start_cluster(ray_cluster, settings)
         handles = {
             name: cluster.add_node(labels={NAME_LABEL: name}) for name in ("ingest-a", "ingest-b")
         }

@@ -18,8 +18,8 @@ from core.dataset import DatasetRef, SourceSettings
 from filopy import Dataset
 from filopy.cli import app as cli
 from store import open_stores
+from tests.cluster import cluster_settings
 from tests.rest.conftest import Rest, start_rest
-from tests.runtime.conftest import cluster_settings
 
 pytestmark = [pytest.mark.kafka, pytest.mark.ray]
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import ray
 
 from core.dataset import DatasetRef
 from core.shard_status import IngestionDegraded, IngestionStarted
@@ -13,6 +12,8 @@ pytestmark = pytest.mark.ray
 
 
 def test_a_degraded_shard_event_carries_its_message(rest, name: str) -> None:
+    import ray
+
     created = rest.http.post("/api/v1/datasets", json={"name": name, "num_shards": 2})
     assert created.status_code == 201, created.text
     rest.wait_for("all shards active", lambda: rest.all_active(name))

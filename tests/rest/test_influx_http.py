@@ -34,10 +34,10 @@ from core.dataset import Dataset, SourceSettings
 from filopy.ingest_http import Ingestion, create_gateway_app, ingest_router
 from filopy.ingest_http.app import stored_datasets
 from filopy.ingest_http.core import DEFAULT_SETTINGS
+from tests.cluster import cluster_settings
 from tests.rest.conftest import Rest, ServerThread, start_rest
 from tests.rest.test_cluster import all_active
 from tests.rest.test_remote_write import free_port, held_counts
-from tests.runtime.conftest import cluster_settings
 
 pytestmark = [pytest.mark.kafka, pytest.mark.ray]
 

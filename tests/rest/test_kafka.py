@@ -19,11 +19,11 @@ from core.dataset import RecordFormat, SourceSettings
 from core.hashing import shard_for_series
 from filopy import Dataset
 from ingest.topics import ensure_topic
+from tests.cluster import cluster_settings
 from tests.rest.conftest import Rest, start_rest
 from tests.rest.test_cluster import all_active
 from tests.rest.test_datasets import error_of
 from tests.rest.test_operations import metrics, value
-from tests.runtime.conftest import cluster_settings
 
 pytestmark = [pytest.mark.kafka, pytest.mark.ray]
 

@@ -46,9 +46,9 @@ from core.dataset import SourceSettings
 from filopy import Dataset
 from filopy.ingest_http import Ingestion, ingest_router
 from filopy.ingest_http.core import DEFAULT_SETTINGS
+from tests.cluster import cluster_settings
 from tests.rest.conftest import Rest, ServerThread, start_rest
 from tests.rest.test_cluster import all_active
-from tests.runtime.conftest import cluster_settings
 
 pytestmark = [pytest.mark.kafka, pytest.mark.ray]
 

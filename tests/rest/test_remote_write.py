@@ -30,9 +30,9 @@ from filopy import Dataset
 from filopy.ingest_http import Ingestion, create_gateway_app, ingest_router
 from filopy.ingest_http.core import DEFAULT_SETTINGS
 from ingest.wire.prompb.remote_pb2 import WriteRequest
+from tests.cluster import cluster_settings
 from tests.rest.conftest import Rest, ServerThread, start_rest
 from tests.rest.test_cluster import all_active
-from tests.runtime.conftest import cluster_settings
 
 pytestmark = [pytest.mark.kafka, pytest.mark.ray]
 

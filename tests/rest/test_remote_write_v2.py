@@ -52,10 +52,10 @@ from ingest.wire import remote_write_v2
 from ingest.wire.prompb.remote_pb2 import WriteRequest
 from ingest.wire.prompb.write_v2_pb2 import Request
 from store import open_stores
+from tests.cluster import cluster_settings
 from tests.rest.conftest import Rest, ServerThread, start_rest, topic_batches
 from tests.rest.test_remote_write import free_port, held_counts, new_dataset
 from tests.rest.test_remote_write_kafka_outage import _settings
-from tests.runtime.conftest import cluster_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "rw-compliance.sh"

@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import ray
 
 from tests.rest.conftest import Rest, start_rest
 from tests.rest.test_datasets import error_of
@@ -21,6 +20,8 @@ pytestmark = pytest.mark.ray
 @pytest.fixture
 def singleton_gone(tmp_path: Path) -> Iterator[Rest]:
     """A one-node cluster whose singleton is killed for good (no restart)."""
+    import ray
+
     for rest in start_rest(tmp_path, nodes=1):
         assert rest.http.post("/api/v1/datasets", json={"name": "d", "num_shards": 2}).is_success
         ray.kill(rest.cluster.actor, no_restart=True)

@@ -27,10 +27,10 @@ import httpx
 import pytest
 
 from filopy.ingest_http import create_gateway_app
+from tests.cluster import cluster_settings
 from tests.rest.conftest import Rest, ServerThread, start_rest
 from tests.rest.test_influx_http import eventually, held, key, new_dataset
 from tests.rest.test_remote_write import free_port
-from tests.runtime.conftest import cluster_settings
 
 pytestmark = [pytest.mark.kafka, pytest.mark.ray]
 

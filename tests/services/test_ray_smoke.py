@@ -5,15 +5,16 @@ from __future__ import annotations
 import time
 
 import pytest
-import ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 pytestmark = pytest.mark.ray
 
 
-@ray.remote(num_cpus=0)
 class Where:
+    """An actor (made one by the test: Ray is imported only where it runs)."""
+
     def node_id(self) -> str:
+        import ray
+
         return ray.get_runtime_context().get_node_id()
 
     def pid(self) -> int:
@@ -23,6 +24,10 @@ class Where:
 
 
 def test_actor_on_chosen_node_dies_with_its_node(ray_cluster) -> None:
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    where = ray.remote(num_cpus=0)(Where)
     a = ray_cluster.add_node()
     b = ray_cluster.add_node()
     alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
@@ -30,10 +35,10 @@ def test_actor_on_chosen_node_dies_with_its_node(ray_cluster) -> None:
     assert len(alive) == 3
     assert all(n["NodeManagerAddress"] == "127.0.0.1" for n in ray.nodes())
 
-    on_b = Where.options(
+    on_b = where.options(
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=b.node_id, soft=False)
     ).remote()
-    on_a = Where.options(
+    on_a = where.options(
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=a.node_id, soft=False)
     ).remote()
     assert ray.get(on_b.node_id.remote(), timeout=60) == b.node_id
