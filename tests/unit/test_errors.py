@@ -5,6 +5,8 @@ carries it) with its message and fields, and gets its category's answer from RES
 from __future__ import annotations
 
 import ast
+import builtins
+import functools
 import importlib
 import inspect
 import logging
@@ -14,10 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import ray.cloudpickle
-import ray.exceptions
 
-from coordinator.client import NodeUnknownError, ShardRequestError
 from coordinator.membership import IllegalTransition, NodeState
 from coordinator.messages import RejectReason, ShardRequestRejected
 from core.dataset import Dataset, DatasetInvalid, DatasetRef
@@ -54,24 +53,33 @@ NOT_FILOPY_ERRORS = {
 
 A = Dataset(name="m", num_shards=4)
 B = Dataset(name="m", num_shards=8)
-# Sample constructor arguments of every error whose constructor is not just a message; a new
-# such error fails `test_every_error_survives_pickling` until it has its samples here.
-SAMPLES: dict[type[BaseException], list[tuple[Any, ...]]] = {
-    DatasetUnknownError: [("metrics",)],
-    DatasetConflict: [(A, B)],
-    StaleEpochError: [("m", 3, 1, 2)],
-    TopicMissing: [("filopy-m",)],
-    TopicMismatch: [("filopy-m", 8, 4)],
-    ShardEventError: [(IngestionStarted(A.ref, 9, "n1"), "invalid shard 9")],
-    IllegalTransition: [("n1", NodeState.GONE, NodeState.MEMBER), ("n2", None, NodeState.MEMBER)],
-    QueryError: [(kind, f"{kind}: something") for kind in QUERY_ERROR_CATEGORIES],
-    ShardsUnavailable: [("m", {2: "Down", 5: "Stopped"})],
-    ShardsNotHere: [("m", "n1", [1, 3])],
-    NodeUnknownError: [("ab12", ["ab12cd", "ef34"]), ("a", ["ab", "ac"], True)],
-    ShardRequestError: [
-        (ShardRequestRejected(DatasetRef(name="m"), RejectReason.UNKNOWN_NODE, "no node x"),)
-    ],
-}
+
+
+def _sample_args() -> dict[type[BaseException], list[tuple[Any, ...]]]:
+    """Sample constructor arguments of every error whose constructor is not just a message; a new
+    such error fails `test_every_error_survives_pickling` until it has its samples here. A
+    function: the client's errors are imported when a test runs, as their module imports Ray."""
+    from coordinator.client import NodeUnknownError, ShardRequestError
+
+    return {
+        DatasetUnknownError: [("metrics",)],
+        DatasetConflict: [(A, B)],
+        StaleEpochError: [("m", 3, 1, 2)],
+        TopicMissing: [("filopy-m",)],
+        TopicMismatch: [("filopy-m", 8, 4)],
+        ShardEventError: [(IngestionStarted(A.ref, 9, "n1"), "invalid shard 9")],
+        IllegalTransition: [
+            ("n1", NodeState.GONE, NodeState.MEMBER),
+            ("n2", None, NodeState.MEMBER),
+        ],
+        QueryError: [(kind, f"{kind}: something") for kind in QUERY_ERROR_CATEGORIES],
+        ShardsUnavailable: [("m", {2: "Down", 5: "Stopped"})],
+        ShardsNotHere: [("m", "n1", [1, 3])],
+        NodeUnknownError: [("ab12", ["ab12cd", "ef34"]), ("a", ["ab", "ac"], True)],
+        ShardRequestError: [
+            (ShardRequestRejected(DatasetRef(name="m"), RejectReason.UNKNOWN_NODE, "no node x"),)
+        ],
+    }
 
 
 def _modules() -> list[str]:
@@ -83,34 +91,134 @@ def _modules() -> list[str]:
     return names
 
 
-def _error_classes() -> list[type[BaseException]]:
-    found: dict[str, type[BaseException]] = {}
+@functools.cache
+def _source(module: str) -> Path | None:
+    """The file of one of FiloPy's modules; None for any other module."""
+    if module.split(".")[0] not in PACKAGES:
+        return None
+    path = ROOT.joinpath(*module.split("."))
+    for file in (path / "__init__.py", path.with_suffix(".py")):
+        if file.is_file():
+            return file
+    return None
+
+
+@functools.cache
+def _imports(module: str) -> frozenset[str]:
+    """The modules `module` imports at its top level (neither in functions nor for type checkers),
+    with the packages they are in; none for a namespace package."""
+    names: set[str] = set()
+    source = _source(module)
+    if source is None:
+        return frozenset()
+    for node in ast.parse(source.read_text()).body:
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)  # and what it names, which may be modules (`from a import b`)
+            names |= {f"{node.module}.{alias.name}" for alias in node.names}
+    parts = [name.split(".") for name in names]
+    return frozenset(".".join(p[:i]) for p in parts for i in range(1, len(p) + 1))
+
+
+def _imports_ray(module: str) -> bool:
+    """Whether importing `module` imports Ray, read from the sources: collecting these tests
+    must not import it."""
+    seen: set[str] = set()
+    todo = [module]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        imported = _imports(name)
+        if "ray" in imported:
+            return True
+        todo += [m for m in imported if _source(m) is not None]
+    return False
+
+
+def _read_errors(module: str) -> list[str]:
+    """The error classes of a module that imports Ray, read from its source: its classes whose
+    bases are exceptions, looked up where the module imports them from."""
+    source = _source(module)
+    assert source is not None, module
+    tree = ast.parse(source.read_text())
+    imported = {
+        alias.asname or alias.name: (node.module, alias.name)
+        for node in tree.body
+        if isinstance(node, ast.ImportFrom) and node.module
+        for alias in node.names
+    }
+    errors: list[str] = []
+    for node in tree.body:
+        if not isinstance(node, ast.ClassDef):
+            continue
+        for base in node.bases:
+            assert isinstance(base, ast.Name), f"{module}.{node.name}: read {ast.unparse(base)}"
+            if base.id in errors:
+                errors.append(node.name)
+                break
+            if base.id in imported:
+                where, name = imported[base.id]
+                assert not _imports_ray(where), f"{module}.{node.name}: {where} imports Ray"
+                found = getattr(importlib.import_module(where), name)
+            else:  # a builtin, or a class of this module that is not an error
+                found = getattr(builtins, base.id, None)
+            if inspect.isclass(found) and issubclass(found, BaseException):
+                errors.append(node.name)
+                break
+    return errors
+
+
+def _error_names() -> list[str]:
+    """The qualified name of every error class: the tests import the classes when they run, so
+    the modules that import Ray are read here, not imported."""
+    found: set[str] = set()
     for name in _modules():
+        if _imports_ray(name):
+            found |= {f"{name}.{cls}" for cls in _read_errors(name)}
+            continue
         module = importlib.import_module(name)
         for cls in vars(module).values():
-            if (
-                inspect.isclass(cls)
-                and issubclass(cls, BaseException)
-                and cls.__module__ == name
-                and not cls.__name__.startswith("_")  # control flow, caught in its own module
-            ):
-                found[f"{cls.__module__}.{cls.__qualname__}"] = cls
-    return [cls for key, cls in sorted(found.items()) if key not in NOT_FILOPY_ERRORS]
+            if inspect.isclass(cls) and issubclass(cls, BaseException) and cls.__module__ == name:
+                found.add(f"{cls.__module__}.{cls.__qualname__}")
+    return sorted(
+        key
+        for key in found - NOT_FILOPY_ERRORS.keys()
+        if not key.rpartition(".")[2].startswith("_")  # control flow, caught in its own module
+    )
 
 
-ERRORS = _error_classes()
+ERRORS = _error_names()
+
+
+def _load(name: str) -> type[BaseException]:
+    module, _, cls = name.rpartition(".")
+    return getattr(importlib.import_module(module), cls)
+
+
+def _qualname(name: str) -> str:
+    return name.rpartition(".")[2]
+
+
+@pytest.fixture
+def cls(request: pytest.FixtureRequest) -> type[BaseException]:
+    """The error class a test is parametrized with (by name): imported as the test runs."""
+    return _load(request.param)
 
 
 def _samples(cls: type[BaseException]) -> list[BaseException]:
-    if cls in SAMPLES:
-        return [cls(*args) for args in SAMPLES[cls]]
+    samples = _sample_args()
+    if cls in samples:
+        return [cls(*args) for args in samples[cls]]
     own_init = [c for c in cls.__mro__ if "__init__" in vars(c) and c.__module__ != "builtins"]
     assert not own_init, f"{cls.__qualname__} takes other arguments: add samples to SAMPLES"
     return [cls(f"a {cls.__name__} happened")]
 
 
 def test_the_walk_finds_the_errors_of_every_layer() -> None:
-    names = {cls.__name__ for cls in ERRORS}
+    names = {_qualname(name) for name in ERRORS}
     assert {
         "FiloPyError",
         "DatasetInvalid",
@@ -129,7 +237,7 @@ def test_the_walk_finds_the_errors_of_every_layer() -> None:
     } <= names
 
 
-@pytest.mark.parametrize("cls", ERRORS, ids=lambda c: c.__qualname__)
+@pytest.mark.parametrize("cls", ERRORS, ids=_qualname, indirect=True)
 def test_every_error_descends_from_filopy_error_and_exactly_one_category(
     cls: type[BaseException],
 ) -> None:
@@ -147,9 +255,11 @@ def test_every_error_descends_from_filopy_error_and_exactly_one_category(
         assert category_of(err) is categories[0]
 
 
-@pytest.mark.parametrize("cls", ERRORS, ids=lambda c: c.__qualname__)
+@pytest.mark.parametrize("cls", ERRORS, ids=_qualname, indirect=True)
 def test_every_error_survives_pickling(cls: type[BaseException]) -> None:
     """Ray carries errors from actors to callers with its cloudpickle; plain pickle too."""
+    import ray.cloudpickle
+
     for err in _samples(cls):
         for dumps, loads in ((pickle.dumps, pickle.loads), (ray.cloudpickle.dumps, pickle.loads)):
             back = loads(dumps(err))
@@ -162,6 +272,8 @@ def test_every_error_survives_pickling(cls: type[BaseException]) -> None:
 
 def test_an_error_wrapped_by_ray_keeps_its_category() -> None:
     """What a caller of an actor catches: Ray's RayTaskError made an instance of the cause."""
+    import ray.exceptions
+
     cause = DatasetConflict(A, B)
     wrapped = ray.exceptions.RayTaskError("setup_dataset", "Traceback ...", cause)
     dual = wrapped.as_instanceof_cause()
@@ -172,7 +284,7 @@ def test_an_error_wrapped_by_ray_keeps_its_category() -> None:
 
 def test_invalid_errors_are_still_value_errors() -> None:
     """Code that caught ValueError for bad input keeps catching them."""
-    invalid = [cls for cls in ERRORS if issubclass(cls, Invalid)]
+    invalid = [cls for cls in map(_load, ERRORS) if issubclass(cls, Invalid)]
     assert {c.__name__ for c in invalid} >= {
         "DatasetInvalid",
         "ShardEventError",
@@ -232,7 +344,7 @@ def test_the_rest_table_answers_every_category() -> None:
     assert ANSWERS[Internal] == (500, "internal")
 
 
-@pytest.mark.parametrize("cls", ERRORS, ids=lambda c: c.__qualname__)
+@pytest.mark.parametrize("cls", ERRORS, ids=_qualname, indirect=True)
 def test_rest_answers_every_error_by_its_category(cls: type[BaseException]) -> None:
     for err in _samples(cls):
         answer = api_error(err, 60.0)
@@ -253,6 +365,8 @@ def _answer(err: BaseException) -> tuple[int, str, str]:
 
 def test_rest_answers_keep_their_statuses_types_and_messages() -> None:
     """The answers the REST tests and docs/rest.md promise, from the category table."""
+    from coordinator.client import ShardRequestError
+
     assert _answer(DatasetUnknownError("m")) == (404, "not_found", "unknown dataset 'm'")
     (refused,) = _samples(ShardRequestError)
     assert _answer(refused) == (400, "unknown_node", "no node x")
@@ -285,6 +399,8 @@ def test_rest_answers_keep_their_statuses_types_and_messages() -> None:
 
 
 def test_ray_failures_and_surprises_are_answered_as_before(caplog: Any) -> None:
+    import ray.exceptions
+
     assert _answer(ray.exceptions.GetTimeoutError("x")) == (
         503,
         "timeout",

@@ -5,14 +5,11 @@ cluster's case is tests/runtime/test_singleton_placement.py's."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
-import ray
-import ray.exceptions
 
-from coordinator import cluster_actor as ca
 from core.config import load_settings
 from core.errors import Unavailable, category_of
 
@@ -28,8 +25,20 @@ class _Stuck:
     __ray_ready__ = _Remote()
 
 
+@pytest.fixture
+def ca() -> ModuleType:
+    """`coordinator.cluster_actor`, imported by the tests that use it: it imports Ray."""
+    from coordinator import cluster_actor
+
+    return cluster_actor
+
+
 class _FakeRay:
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, frees_name_after: int | None) -> None:
+    def __init__(
+        self, ca: ModuleType, monkeypatch: pytest.MonkeyPatch, frees_name_after: int | None
+    ) -> None:
+        import ray.exceptions
+
         self.lookups = 0
         self.killed: list[object] = []
         self.created = 0
@@ -50,6 +59,8 @@ class _FakeRay:
         return self.stuck
 
     def get(self, ref: object, timeout: float) -> object:
+        import ray.exceptions
+
         raise ray.exceptions.GetTimeoutError("not created")
 
     def kill(self, actor: object, no_restart: bool) -> None:
@@ -68,15 +79,17 @@ class _FakeRay:
 
 
 def test_a_stuck_singleton_is_created_anew_once_its_name_is_free(
-    monkeypatch: pytest.MonkeyPatch,
+    ca: ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    fake = _FakeRay(monkeypatch, frees_name_after=3)
+    fake = _FakeRay(ca, monkeypatch, frees_name_after=3)
     assert ca.start_cluster_actor(load_settings(), restart_grace_s=0.1) == "new singleton"
     assert fake.killed == [fake.stuck] and fake.created == 1
 
 
-def test_a_name_never_freed_raises_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
-    fake = _FakeRay(monkeypatch, frees_name_after=None)
+def test_a_name_never_freed_raises_unavailable(
+    ca: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = _FakeRay(ca, monkeypatch, frees_name_after=None)
     with pytest.raises(ca.SingletonUnavailable, match="did not free the name"):
         ca.start_cluster_actor(load_settings(), restart_grace_s=0.1)
     assert fake.killed == [fake.stuck] and fake.created == 0
