@@ -138,7 +138,7 @@ def _imports_ray(module: str) -> bool:
     return False
 
 
-def _read_errors(module: str) -> list[str]:
+def _read_errors(module: str) -> set[str]:
     """The error classes of a module that imports Ray, read from its source: its classes whose
     bases are exceptions, looked up where the module imports them from."""
     source = _source(module)
@@ -168,7 +168,17 @@ def _read_errors(module: str) -> list[str]:
             if inspect.isclass(found) and issubclass(found, BaseException):
                 errors.append(node.name)
                 break
-    return errors
+    return {f"{module}.{cls}" for cls in errors}
+
+
+def _imported_errors(name: str) -> set[str]:
+    """The error classes module `name` defines, found by importing it."""
+    module = importlib.import_module(name)
+    return {
+        f"{name}.{cls.__qualname__}"
+        for cls in vars(module).values()
+        if inspect.isclass(cls) and issubclass(cls, BaseException) and cls.__module__ == name
+    }
 
 
 def _error_names() -> list[str]:
@@ -176,13 +186,7 @@ def _error_names() -> list[str]:
     the modules that import Ray are read here, not imported."""
     found: set[str] = set()
     for name in _modules():
-        if _imports_ray(name):
-            found |= {f"{name}.{cls}" for cls in _read_errors(name)}
-            continue
-        module = importlib.import_module(name)
-        for cls in vars(module).values():
-            if inspect.isclass(cls) and issubclass(cls, BaseException) and cls.__module__ == name:
-                found.add(f"{cls.__module__}.{cls.__qualname__}")
+        found |= _read_errors(name) if _imports_ray(name) else _imported_errors(name)
     return sorted(
         key
         for key in found - NOT_FILOPY_ERRORS.keys()
@@ -218,6 +222,8 @@ def _samples(cls: type[BaseException]) -> list[BaseException]:
 
 
 def test_the_walk_finds_the_errors_of_every_layer() -> None:
+    for module in filter(_imports_ray, _modules()):  # read at collection: as if imported
+        assert _read_errors(module) == _imported_errors(module), module
     names = {_qualname(name) for name in ERRORS}
     assert {
         "FiloPyError",
