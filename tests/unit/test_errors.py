@@ -5,7 +5,6 @@ carries it) with its message and fields, and gets its category's answer from RES
 from __future__ import annotations
 
 import ast
-import builtins
 import functools
 import importlib
 import inspect
@@ -14,8 +13,6 @@ import pickle
 import pkgutil
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from coordinator.membership import IllegalTransition, NodeState
 from coordinator.messages import RejectReason, ShardRequestRejected
@@ -55,11 +52,11 @@ A = Dataset(name="m", num_shards=4)
 B = Dataset(name="m", num_shards=8)
 
 
-def _sample_args() -> dict[type[BaseException], list[tuple[Any, ...]]]:
-    """Sample constructor arguments of every error whose constructor is not just a message; a new
-    such error fails `test_every_error_survives_pickling` until it has its samples here. A
-    function: the client's errors are imported when a test runs, as their module imports Ray."""
-    from coordinator.client import NodeUnknownError, ShardRequestError
+@functools.cache
+def samples_args() -> dict[type[BaseException], list[tuple[Any, ...]]]:
+    """Sample constructor arguments of every error whose constructor is not just a message; a
+    new such error fails `test_every_error_survives_pickling` until it has its samples here."""
+    from coordinator.client import NodeUnknownError, ShardRequestError  # imports Ray
 
     return {
         DatasetUnknownError: [("metrics",)],
@@ -92,139 +89,33 @@ def _modules() -> list[str]:
 
 
 @functools.cache
-def _source(module: str) -> Path | None:
-    """The file of one of FiloPy's modules; None for any other module."""
-    if module.split(".")[0] not in PACKAGES:
-        return None
-    path = ROOT.joinpath(*module.split("."))
-    for file in (path / "__init__.py", path.with_suffix(".py")):
-        if file.is_file():
-            return file
-    return None
-
-
-@functools.cache
-def _imports(module: str) -> frozenset[str]:
-    """The modules `module` imports at its top level (neither in functions nor for type checkers),
-    with the packages they are in; none for a namespace package."""
-    names: set[str] = set()
-    source = _source(module)
-    if source is None:
-        return frozenset()
-    for node in ast.parse(source.read_text()).body:
-        if isinstance(node, ast.Import):
-            names |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module)  # and what it names, which may be modules (`from a import b`)
-            names |= {f"{node.module}.{alias.name}" for alias in node.names}
-    parts = [name.split(".") for name in names]
-    return frozenset(".".join(p[:i]) for p in parts for i in range(1, len(p) + 1))
-
-
-def _imports_ray(module: str) -> bool:
-    """Whether importing `module` imports Ray, read from the sources: collecting these tests
-    must not import it."""
-    seen: set[str] = set()
-    todo = [module]
-    while todo:
-        name = todo.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        imported = _imports(name)
-        if "ray" in imported:
-            return True
-        todo += [m for m in imported if _source(m) is not None]
-    return False
-
-
-def _read_errors(module: str) -> set[str]:
-    """The error classes of a module that imports Ray, read from its source: its classes whose
-    bases are exceptions, looked up where the module imports them from."""
-    source = _source(module)
-    assert source is not None, module
-    tree = ast.parse(source.read_text())
-    imported = {
-        alias.asname or alias.name: (node.module, alias.name)
-        for node in tree.body
-        if isinstance(node, ast.ImportFrom) and node.module
-        for alias in node.names
-    }
-    errors: list[str] = []
-    for node in tree.body:
-        if not isinstance(node, ast.ClassDef):
-            continue
-        for base in node.bases:
-            assert isinstance(base, ast.Name), f"{module}.{node.name}: read {ast.unparse(base)}"
-            if base.id in errors:
-                errors.append(node.name)
-                break
-            if base.id in imported:
-                where, name = imported[base.id]
-                assert not _imports_ray(where), f"{module}.{node.name}: {where} imports Ray"
-                found = getattr(importlib.import_module(where), name)
-            else:  # a builtin, or a class of this module that is not an error
-                found = getattr(builtins, base.id, None)
-            if inspect.isclass(found) and issubclass(found, BaseException):
-                errors.append(node.name)
-                break
-    return {f"{module}.{cls}" for cls in errors}
-
-
-def _imported_errors(name: str) -> set[str]:
-    """The error classes module `name` defines, found by importing it."""
-    module = importlib.import_module(name)
-    return {
-        f"{name}.{cls.__qualname__}"
-        for cls in vars(module).values()
-        if inspect.isclass(cls) and issubclass(cls, BaseException) and cls.__module__ == name
-    }
-
-
-def _error_names() -> list[str]:
-    """The qualified name of every error class: the tests import the classes when they run, so
-    the modules that import Ray are read here, not imported."""
-    found: set[str] = set()
+def error_classes() -> list[type[BaseException]]:
+    """Every error class of every module, imported when a test asks (some modules import Ray,
+    which collecting the tests that need no service must not)."""
+    found: dict[str, type[BaseException]] = {}
     for name in _modules():
-        found |= _read_errors(name) if _imports_ray(name) else _imported_errors(name)
-    return sorted(
-        key
-        for key in found - NOT_FILOPY_ERRORS.keys()
-        if not key.rpartition(".")[2].startswith("_")  # control flow, caught in its own module
-    )
-
-
-ERRORS = _error_names()
-
-
-def _load(name: str) -> type[BaseException]:
-    module, _, cls = name.rpartition(".")
-    return getattr(importlib.import_module(module), cls)
-
-
-def _qualname(name: str) -> str:
-    return name.rpartition(".")[2]
-
-
-@pytest.fixture
-def cls(request: pytest.FixtureRequest) -> type[BaseException]:
-    """The error class a test is parametrized with (by name): imported as the test runs."""
-    return _load(request.param)
+        module = importlib.import_module(name)
+        for cls in vars(module).values():
+            if (
+                inspect.isclass(cls)
+                and issubclass(cls, BaseException)
+                and cls.__module__ == name
+                and not cls.__name__.startswith("_")  # control flow, caught in its own module
+            ):
+                found[f"{cls.__module__}.{cls.__qualname__}"] = cls
+    return [cls for key, cls in sorted(found.items()) if key not in NOT_FILOPY_ERRORS]
 
 
 def _samples(cls: type[BaseException]) -> list[BaseException]:
-    samples = _sample_args()
-    if cls in samples:
-        return [cls(*args) for args in samples[cls]]
+    if cls in samples_args():
+        return [cls(*args) for args in samples_args()[cls]]
     own_init = [c for c in cls.__mro__ if "__init__" in vars(c) and c.__module__ != "builtins"]
     assert not own_init, f"{cls.__qualname__} takes other arguments: add samples to SAMPLES"
     return [cls(f"a {cls.__name__} happened")]
 
 
 def test_the_walk_finds_the_errors_of_every_layer() -> None:
-    for module in filter(_imports_ray, _modules()):  # read at collection: as if imported
-        assert _read_errors(module) == _imported_errors(module), module
-    names = {_qualname(name) for name in ERRORS}
+    names = {cls.__name__ for cls in error_classes()}
     assert {
         "FiloPyError",
         "DatasetInvalid",
@@ -243,37 +134,35 @@ def test_the_walk_finds_the_errors_of_every_layer() -> None:
     } <= names
 
 
-@pytest.mark.parametrize("cls", ERRORS, ids=_qualname, indirect=True)
-def test_every_error_descends_from_filopy_error_and_exactly_one_category(
-    cls: type[BaseException],
-) -> None:
-    assert issubclass(cls, FiloPyError)
-    if cls is FiloPyError:
-        return  # the root
-    if cls is QueryError:  # one class for every kind: each instance is in its kind's category
+def test_every_error_descends_from_filopy_error_and_exactly_one_category() -> None:
+    for cls in error_classes():
+        assert issubclass(cls, FiloPyError), cls.__qualname__
+        if cls is FiloPyError:
+            continue  # the root
+        if cls is QueryError:  # one class for every kind: each instance is in its kind's category
+            for err in _samples(cls):
+                assert isinstance(err, QueryError)
+                assert category_of(err) is QUERY_ERROR_CATEGORIES[err.kind], err.kind
+            continue
+        categories = [c for c in CATEGORIES if issubclass(cls, c)]
+        assert len(categories) == 1, f"{cls.__qualname__} is in {categories}"
         for err in _samples(cls):
-            assert isinstance(err, QueryError)
-            assert category_of(err) is QUERY_ERROR_CATEGORIES[err.kind]
-        return
-    categories = [c for c in CATEGORIES if issubclass(cls, c)]
-    assert len(categories) == 1, f"{cls.__qualname__} is in {categories}"
-    for err in _samples(cls):
-        assert category_of(err) is categories[0]
+            assert category_of(err) is categories[0], cls.__qualname__
 
 
-@pytest.mark.parametrize("cls", ERRORS, ids=_qualname, indirect=True)
-def test_every_error_survives_pickling(cls: type[BaseException]) -> None:
+def test_every_error_survives_pickling() -> None:
     """Ray carries errors from actors to callers with its cloudpickle; plain pickle too."""
     import ray.cloudpickle
 
-    for err in _samples(cls):
-        for dumps, loads in ((pickle.dumps, pickle.loads), (ray.cloudpickle.dumps, pickle.loads)):
-            back = loads(dumps(err))
-            assert type(back) is type(err)
-            assert str(back) == str(err)
-            assert back.args == err.args
-            assert vars(back) == vars(err)
-            assert category_of(back) is category_of(err)
+    for cls in error_classes():
+        for err in _samples(cls):
+            for dumps in (pickle.dumps, ray.cloudpickle.dumps):
+                back = pickle.loads(dumps(err))
+                assert type(back) is type(err), cls.__qualname__
+                assert str(back) == str(err), cls.__qualname__
+                assert back.args == err.args, cls.__qualname__
+                assert vars(back) == vars(err), cls.__qualname__
+                assert category_of(back) is category_of(err), cls.__qualname__
 
 
 def test_an_error_wrapped_by_ray_keeps_its_category() -> None:
@@ -290,7 +179,7 @@ def test_an_error_wrapped_by_ray_keeps_its_category() -> None:
 
 def test_invalid_errors_are_still_value_errors() -> None:
     """Code that caught ValueError for bad input keeps catching them."""
-    invalid = [cls for cls in map(_load, ERRORS) if issubclass(cls, Invalid)]
+    invalid = [cls for cls in error_classes() if issubclass(cls, Invalid)]
     assert {c.__name__ for c in invalid} >= {
         "DatasetInvalid",
         "ShardEventError",
@@ -350,18 +239,18 @@ def test_the_rest_table_answers_every_category() -> None:
     assert ANSWERS[Internal] == (500, "internal")
 
 
-@pytest.mark.parametrize("cls", ERRORS, ids=_qualname, indirect=True)
-def test_rest_answers_every_error_by_its_category(cls: type[BaseException]) -> None:
-    for err in _samples(cls):
-        answer = api_error(err, 60.0)
-        category = category_of(err)
-        status, error_type = ANSWERS[category or FiloPyError]
-        assert answer.status == status, err
-        if category is Internal:  # a bug: the details stay in the server log
-            assert answer.message == f"internal error ({cls.__name__}); see the server log"
-        else:
-            assert answer.error_type == (getattr(err, "error_type", None) or error_type)
-            assert str(err) in answer.message
+def test_rest_answers_every_error_by_its_category() -> None:
+    for cls in error_classes():
+        for err in _samples(cls):
+            answer = api_error(err, 60.0)
+            category = category_of(err)
+            status, error_type = ANSWERS[category or FiloPyError]
+            assert answer.status == status, err
+            if category is Internal:  # a bug: the details stay in the server log
+                assert answer.message == f"internal error ({cls.__name__}); see the server log"
+            else:
+                assert answer.error_type == (getattr(err, "error_type", None) or error_type), err
+                assert str(err) in answer.message, err
 
 
 def _answer(err: BaseException) -> tuple[int, str, str]:
@@ -371,9 +260,9 @@ def _answer(err: BaseException) -> tuple[int, str, str]:
 
 def test_rest_answers_keep_their_statuses_types_and_messages() -> None:
     """The answers the REST tests and docs/rest.md promise, from the category table."""
-    from coordinator.client import ShardRequestError
-
     assert _answer(DatasetUnknownError("m")) == (404, "not_found", "unknown dataset 'm'")
+    from coordinator.client import ShardRequestError  # imports Ray
+
     (refused,) = _samples(ShardRequestError)
     assert _answer(refused) == (400, "unknown_node", "no node x")
     assert _answer(DatasetConflict(A, B))[:2] == (409, "conflict")
