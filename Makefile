@@ -50,7 +50,7 @@ format: venv
 	$(BIN)/ruff format .
 
 test: lint system-deps go-tools services-up
-	$(BIN)/pytest --durations=15
+	$(BIN)/pytest -n 2 --durations=15
 
 # Outside clients built from the Go module proxy, pinned and cached under .services/cache/: the
 # remote-write receiver compliance suite and Prometheus 3 (a remote write 2.0 sender).
@@ -59,8 +59,12 @@ go-tools:
 	scripts/rw-compliance.sh prometheus >/dev/null
 
 # Every test that needs no service (no Kafka, Cassandra, Ray or the many-hosts bed), by marker.
+# Two workers (pytest-xdist): the tests are CPU-bound and independent. tests/runtime and
+# tests/netbed hold only service tests; collecting the rest imports no Ray (tests/conftest.py).
 unit: venv
-	@start=$$(date +%s); $(BIN)/pytest -q -m "not kafka and not cassandra and not ray and not netbed"; rc=$$?; \
+	@start=$$(date +%s); FILOPY_UNIT_ONLY=1 $(BIN)/pytest -q -n 2 \
+	  -m "not kafka and not cassandra and not ray and not netbed" \
+	  --ignore=tests/runtime --ignore=tests/netbed; rc=$$?; \
 	echo "make unit: $$(( $$(date +%s) - start )) s"; exit $$rc
 
 # FiloPy's PromQL answers against Prometheus 3's on the same data; prints the score and every

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -66,14 +67,35 @@ def ray_cluster() -> Iterator[object]:
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects, so `make unit` never needs a service
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test by the services its fixtures start, whatever markers it declares, and
-    by the group of tests that must run in one process under `pytest -n` (`--dist loadgroup`):
-    a module's tests share its fixtures (a cluster per module), and the many-hosts bed is one
-    per session, so all its tests run in one worker."""
+    """Mark every test by the services its fixtures start, whatever markers it declares."""
     needs = {"kafka_bootstrap": "kafka", "cassandra_address": "cassandra", "ray_cluster": "ray"}
     for item in items:
         for fixture in set(getattr(item, "fixturenames", ())) & needs.keys():
             item.add_marker(needs[fixture])
-        path = Path(str(item.fspath)).relative_to(ROOT)
-        group = "netbed" if path.parts[:2] == ("tests", "netbed") else str(path)
-        item.add_marker(pytest.mark.xdist_group(group))
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """Under `pytest -n`, each worker takes whole test modules (a module's tests share its
+    fixtures, a cluster per module), and every test of the many-hosts bed goes to one worker:
+    the bed is one per session and its hosts' names are fixed."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModule(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "tests/netbed" if module.startswith("tests/netbed/") else module
+
+    return ByModule(config, log)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _unit_tests_import_no_ray() -> None:
+    """`make unit` (FILOPY_UNIT_ONLY=1) collects without importing Ray: a test that needs no
+    service must not pay for Ray's import, nor depend on it. Checked before the first test, so
+    before any test imports Ray itself; service tests import it in their fixtures."""
+    if os.environ.get("FILOPY_UNIT_ONLY") == "1" and "ray" in sys.modules:
+        pytest.fail(
+            "collecting the tests that need no service imported Ray: import it (or the "
+            "coordinator module that imports it) inside the fixture or test that needs it",
+            pytrace=False,
+        )
