@@ -9,7 +9,7 @@ import time
 from tests.netbed.cluster import NODES, NetCluster, wait_for
 from tests.netbed.tenures import check as check_tenures
 
-CUT_S = 20.0  # well past the failure timeout (4 s), short of Ray's 60 s wait for its GCS
+CUT_S = 20.0  # well past the failure timeout (4 or 10 s), short of Ray's 60 s wait for its GCS
 HEAD_DOWN_S = 10.0  # how long the head stays dead (well under the nodes' 60 s wait)
 
 

@@ -15,8 +15,15 @@ from tests.netbed.scenarios import node_cut_off_from_the_head
 from tests.netbed.tenures import check as check_tenures
 
 # Flushes every 2 s, so a cut-off owner tries to commit while cut off (and is fenced); Kafka
-# unreachable for 5 s makes a shard Degraded (defaults: 60 s, 60 s).
-CLUSTER_ENV = {"FILOPY_INGEST__FLUSH_INTERVAL_S": "2", "FILOPY_INGEST__KAFKA_RETRY_TIMEOUT_S": "5"}
+# unreachable for 5 s makes a shard Degraded (defaults: 60 s, 60 s). A node is declared failed
+# after 10 s of silence (default 4 s), as on a link that can saturate: the slow-link test fills
+# the node's 1 Mbit/s link, where a ping's packets are dropped behind the data and each TCP
+# retransmission waits twice as long as the one before, so a healthy node can be silent past 4 s.
+CLUSTER_ENV = {
+    "FILOPY_INGEST__FLUSH_INTERVAL_S": "2",
+    "FILOPY_INGEST__KAFKA_RETRY_TIMEOUT_S": "5",
+    "FILOPY_CLUSTER__FAILURE_TIMEOUT_S": "10",
+}
 
 
 def test_a_query_needing_an_unreachable_node_fails_or_is_partial_never_hangs(
