@@ -216,14 +216,18 @@ class ShardMoves:
         self._draining.discard(node)
 
     def forget_dataset(self, ref: DatasetRef) -> None:
-        for key in [k for k in self._handoffs if k[0] == ref]:
-            del self._handoffs[key]
+        """The dataset is removed: a dataset created again under its name starts with no
+        handoffs, reasons or cooldowns of the old one's."""
+        for book in (self._handoffs, self._reasons, self._moved_at):
+            for key in [k for k in book if k[0] == ref]:
+                del book[key]
 
     def restart_clocks(self, ref: DatasetRef, mapper: ShardMapper) -> None:
         """A recovered map's handoffs go on (their owners re-report drained, or the drain
         timeout forces them), timed from now."""
         now = self._clock()
-        self.forget_dataset(ref)
+        for key in [k for k in self._handoffs if k[0] == ref]:
+            del self._handoffs[key]
         for shard, st in enumerate(mapper.statuses):
             if isinstance(st, Handoff):
                 self._handoffs[(ref, shard)] = now

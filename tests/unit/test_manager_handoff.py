@@ -519,3 +519,35 @@ def test_an_operators_drain_waits_for_no_cooldown_while_balancing_does() -> None
     while mgr.handoffs():
         finish_moves(mgr)
     assert mapper(mgr).num_shards_for_node("c") == 0
+
+
+def test_a_dataset_created_again_starts_with_no_move_history() -> None:
+    """Removing a dataset forgets its shards' moves: the dataset created again under the same
+    name rebalances as a new one would, with no shard held back by the old one's cooldown."""
+
+    def recreated_then_joined(mgr: ShardManager) -> MovesStarted:
+        for s in range(8):
+            owner = mapper(mgr).owner(s)
+            assert owner is not None
+            mgr.update_from_external_shard_event(owner, IngestionStarted(R, s, owner))
+        mgr.add_member("d", "1.0")
+        moved = mgr.rebalance().reply
+        assert isinstance(moved, MovesStarted)
+        return moved
+
+    clock = FakeClock()
+    kw = {"move_cooldown": 300.0, "max_concurrent_moves": 8}
+    used = active_cluster(["a", "b"], shards=8, clock=clock, **kw)
+    used.add_member("c", "1.0")
+    first = used.rebalance().reply
+    assert isinstance(first, MovesStarted) and first.moves  # onto the new node c
+    finish_moves(used)
+    used.remove_dataset(R)
+    used.add_dataset(dataset(num_shards=8, min_num_nodes=2))
+    clock.now += 1.0  # well within the old shards' cooldown
+
+    fresh = ShardManager(clock=clock, **kw)  # type: ignore[arg-type]
+    for n in "abc":
+        fresh.add_member(n, "1.0")
+    fresh.add_dataset(dataset(num_shards=8, min_num_nodes=2))
+    assert recreated_then_joined(used).moves == recreated_then_joined(fresh).moves
