@@ -50,7 +50,7 @@ from coordinator.names import (
 )
 from coordinator.node_coordinator import NodeCoordinator, NodeInfo
 from coordinator.rebalance import Plan
-from core.backoff import Backoff
+from core.backoff import Backoff, poll_until
 from core.config import Settings
 from core.dataset import Dataset, DatasetInvalid, DatasetRef
 from core.errors import Unavailable
@@ -813,13 +813,16 @@ def start_cluster_actor(
         restart_grace_s,
     )
     ray.kill(restarting, no_restart=True)
-    deadline = time.monotonic() + NAME_RELEASE_TIMEOUT_S
-    while time.monotonic() < deadline:
+
+    def name_free() -> bool:
         try:
             cluster_actor(settings)
         except ValueError:
-            return _create_cluster_actor(settings)  # the name is free
-        time.sleep(0.2)
+            return True
+        return False
+
+    if poll_until(name_free, NAME_RELEASE_TIMEOUT_S, 0.2):
+        return _create_cluster_actor(settings)
     raise SingletonUnavailable(
         f"the cluster singleton could not be created: Ray did not free the name "
         f"{CLUSTER_ACTOR_NAME!r} within {NAME_RELEASE_TIMEOUT_S:.0f} s of ending the singleton it "

@@ -12,6 +12,8 @@ waiting to the caller serves them all.
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Callable
 
 
 class Backoff:
@@ -52,4 +54,22 @@ class Backoff:
         self.retry_at = -math.inf
 
 
-__all__ = ["Backoff"]
+def poll_until(
+    check: Callable[[], bool],
+    timeout_s: float,
+    interval_s: float,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> bool:
+    """Call `check` every `interval_s` until it is true (True) or `timeout_s` has passed
+    (False): a wait for a condition with a deadline, never a fixed sleep."""
+    deadline = clock() + timeout_s
+    while clock() < deadline:
+        if check():
+            return True
+        sleep(interval_s)
+    return False
+
+
+__all__ = ["Backoff", "poll_until"]
