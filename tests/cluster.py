@@ -6,7 +6,6 @@ imports Ray.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from core.config import Settings, load_settings
+from tests.waiting import DEADLINE_S, wait_for
 
 if TYPE_CHECKING:
     from coordinator.client import FiloPyClient
@@ -31,14 +31,8 @@ class FiloPyCluster:
         """A new Ray node offering the FiloPy node resource; returns Ray's node handle."""
         return self.ray.add_node(resources={self.settings.cluster.node_resource: 1}, labels=labels)
 
-    def wait_for(self, what: str, check: Callable[[], Any], timeout_s: float = 30.0) -> Any:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            value = check()
-            if value:
-                return value
-            time.sleep(0.05)
-        raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+    def wait_for(self, what: str, check: Callable[[], Any], timeout_s: float = DEADLINE_S) -> Any:
+        return wait_for(what, check, timeout_s)
 
 
 def cluster_settings(

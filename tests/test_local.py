@@ -10,10 +10,11 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
+
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.ray]
 
@@ -22,16 +23,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _wait(what: str, check: Any, timeout_s: float = 60) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _metric_sum(http: httpx.Client, name: str, dataset: str) -> float:
@@ -88,7 +79,7 @@ def test_up_ingest_down_up_recovers_the_dataset_without_replay(
             shards = http.get(f"/api/v1/cluster/{name}/status").json()["data"]
             return all(s["status"] == "Active" for s in shards)
 
-        _wait("all shards active", active)
+        wait_for("all shards active", active)
         # The CLI finds the cluster from the state directory: no --address needed.
         status = filopy("status", name)
         assert status.returncode == 0, status.stderr
@@ -96,7 +87,7 @@ def test_up_ingest_down_up_recovers_the_dataset_without_replay(
         sent = filopy("ingest", name, "--series", "50", "--scrapes", "10")
         assert sent.returncode == 0, sent.stderr
         assert "sent 500 samples" in sent.stdout
-        _wait(
+        wait_for(
             "500 samples ingested",
             lambda: _metric_sum(http, "filopy_ingested_samples_total", name) == 500,
         )
@@ -118,7 +109,7 @@ def test_up_ingest_down_up_recovers_the_dataset_without_replay(
         assert up.returncode == 0, up.stdout + up.stderr
         state = json.loads((tmp_path / "state" / "local-cluster.json").read_text())
         assert http.get("/api/v1/cluster").json()["data"] == [name]
-        _wait("all shards active again", active)
+        wait_for("all shards active again", active)
         time.sleep(1.0)
         assert _metric_sum(http, "filopy_ingested_samples_total", name) == 0
         assert _metric_sum(http, "filopy_consumer_lag_offsets", name) == 0

@@ -19,6 +19,7 @@ from ingest.gateway import Gateway
 from ingest.ingester import KafkaShardIngester, is_transient
 from ingest.topics import ensure_topic
 from store import open_stores
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.kafka
 
@@ -75,17 +76,14 @@ def test_an_ingester_waits_for_a_topic_that_appears_late_then_ingests(
         labels = {"_metric_": "up", "_ws_": "w", "_ns_": "n", "instance": "a"}
         with Gateway(ds) as gw:
             gw.send([(labels, 1_700_000_000_000 + 1000 * i, float(i)) for i in range(100)])
-        deadline = time.monotonic() + 30
-        while ingester.memstore.memory_samples() < 100 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for("100 samples in memory", lambda: ingester.memstore.memory_samples() >= 100)
         assert ingester.memstore.memory_samples() == 100
         # Lag: the partition's end offset (as of the last fetch) minus the next offset to read.
         consumer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": "lag-check"})
         _, end = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
         consumer.close()
         assert end >= 1
-        while ingester.end_offset != end and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for("the end offset fetched", lambda: ingester.end_offset == end)
         assert (ingester.end_offset, ingester.next_offset, ingester.lag) == (end, end, 0)
         assert ingester.recovery_s is not None and ingester.recovery_s > 2.0  # waited for the topic
     finally:
@@ -200,10 +198,7 @@ def test_offsets_retention_dropped_before_the_checkpoint_are_reported_in_an_even
             ds, shard, "n1", meta=meta, columns=columns, settings=settings, report=events.append
         )
         asyncio.run(ingester.start())
-        deadline = time.monotonic() + 30
-        while not any(isinstance(e, IngestionStarted) for e in events):
-            assert time.monotonic() < deadline, events
-            time.sleep(0.05)
+        wait_for("IngestionStarted", lambda: any(isinstance(e, IngestionStarted) for e in events))
         lost = [e for e in events if isinstance(e, RecoveryInProgress) and e.message]
         assert len(lost) == 1, events
         assert lost[0].message == (
@@ -211,8 +206,7 @@ def test_offsets_retention_dropped_before_the_checkpoint_are_reported_in_an_even
             "checkpointed: 4 offsets lost"
         )
         assert ingester.offsets_lost == 4
-        while ingester.memstore.memory_samples() < 3 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for("3 samples in memory", lambda: ingester.memstore.memory_samples() >= 3)
         assert ingester.memstore.memory_samples() == 3  # offsets 7, 8, 9
     finally:
         if ingester is not None:

@@ -11,9 +11,8 @@ from __future__ import annotations
 import asyncio
 import json
 import struct
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -38,6 +37,7 @@ from ingest.wire.line_protocol import decode_influx
 from store import INT64_MAX, INT64_MIN, ColumnStore, MetaStore, open_stores
 from store.api import ChunkRecord, encode_part_key
 from store.cassandra import open_cassandra_stores
+from tests.waiting import wait_for
 
 T0 = 1_700_000_000_000
 NS = 1_000_000
@@ -357,13 +357,6 @@ def _settings(tmp_path: Path, backend: str, flush_interval_s: float) -> Settings
     )
 
 
-def _wait(cond: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
-
-
 @contextmanager
 def _running(
     ds: Dataset, node: str, settings: Settings, meta: MetaStore, columns: ColumnStore
@@ -439,25 +432,25 @@ def test_bad_records_on_the_topic_are_counted_and_never_stop_a_shard_nor_its_rep
         assert producer.flush(30) == 0
         n = len(_messages())
         with _running(ds, "n1", slow, meta, columns) as (first, events1):
-            _wait(lambda: first.next_offset == n, "node 1 reads every record")
-            _wait(lambda: isinstance(events1[-1], IngestionStarted), f"live: {events1}")
+            wait_for("node 1 reads every record", lambda: first.next_offset == n)
+            wait_for(f"live: {events1}", lambda: isinstance(events1[-1], IngestionStarted))
             assert dict(first.bad_records) == BAD
             assert first.memstore.num_series == 2 and first.memstore.memory_samples() == 6
             # Node 1 is presumed dead: node 2 takes the shard over and replays it all.
             with _running(ds, "n2", fast, meta, columns) as (second, events2):
-                _wait(lambda: second.next_offset == n, "node 2 replays every record")
+                wait_for("node 2 replays every record", lambda: second.next_offset == n)
                 assert dict(second.bad_records) == BAD
-                _wait(
+                wait_for(
+                    f"node 2 flushes and checkpoints: {events2}",
                     lambda: (
                         second.flusher is not None and second.flusher.totals().checkpoint == n - 1
                     ),
-                    f"node 2 flushes and checkpoints: {events2}",
                 )
                 # The shard goes on: a good record after the replay is ingested and flushed.
                 after = encode_binary(_batch([GOOD_A], [0], [T0 + 3]))
                 producer.produce(ds.topic, value=after, partition=0)
                 assert producer.flush(30) == 0
-                _wait(lambda: second.flusher.totals().checkpoint == n, "flushes after")  # type: ignore[union-attr]
+                wait_for("flushes after", lambda: second.flusher.totals().checkpoint == n)  # type: ignore[union-attr]
                 assert isinstance(events2[-1], IngestionStarted) and _no_errors(events2), events2
             assert _no_errors(events1), events1  # fenced at its final flush: a warning only
         assert _stored(columns, ds) == {

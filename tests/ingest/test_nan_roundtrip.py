@@ -4,7 +4,6 @@ bit for bit through the gateway, real Kafka, an ingester's memstore and the stor
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from ingest.ingester import KafkaShardIngester
 from ingest.shard_reader import read_merged
 from ingest.topics import ensure_topic
 from store import open_stores
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.kafka
 
@@ -63,13 +63,10 @@ def test_nan_payloads_and_the_stale_marker_are_stored_bit_for_bit(
             asyncio.run(ingester.start())
         with Gateway(ds) as gw:
             gw.send([(labels, t0 + 1000 * i, float(v)) for i, v in enumerate(values)])
-        deadline = time.monotonic() + 30
-
-        def held() -> int:
-            return sum(i.memstore.memory_samples() for i in ingesters)
-
-        while held() < len(BITS) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(
+            "every sample in memory",
+            lambda: sum(i.memstore.memory_samples() for i in ingesters) >= len(BITS),
+        )
         (shard,) = [s for s, i in enumerate(ingesters) if i.memstore.memory_samples()]
         mem = ingesters[shard].memstore
         (sid,) = mem.find_series([])

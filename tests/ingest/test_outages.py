@@ -34,6 +34,7 @@ from ingest.shard_reader import read_merged
 from ingest.topics import ensure_topic
 from store import INT64_MAX, INT64_MIN, ColumnStore, MetaStore, open_stores
 from tests.ingest.tcp_proxy import TcpProxy
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.kafka
 
@@ -115,13 +116,6 @@ def _stored(columns: ColumnStore, ds: Dataset) -> dict[str, np.ndarray]:
     }
 
 
-def _wait(cond: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
-
-
 def _assert_exactly_stored(columns: ColumnStore, ds: Dataset, rounds: int) -> None:
     stored = _stored(columns, ds)
     want = T0 + 1000 * np.arange(rounds * 10, dtype=np.int64)
@@ -188,15 +182,17 @@ def _ride_out_outage(
     meta.create_dataset(ds)
     with _topic(ds, kafka), _running(ds, settings, meta, columns) as (ing, events):
         _send(ds, kafka, range(0, 3))
-        _wait(lambda: ing.flusher is not None and ing.flusher.totals().checkpoint == 2, "flushed")
+        wait_for(
+            "flushed", lambda: ing.flusher is not None and ing.flusher.totals().checkpoint == 2
+        )
         assert isinstance(events[-1], IngestionStarted), events
         cut()
         try:
             cut_at = time.monotonic()
             _send(ds, kafka, range(3, 8))
             # Ingestion goes on into memory: the consumer offset passes everything produced.
-            _wait(lambda: ing.next_offset == 8, "consumer offset advances during the outage")
-            _wait(lambda: isinstance(events[-1], IngestionDegraded), f"degraded: {events}")
+            wait_for("consumer offset advances during the outage", lambda: ing.next_offset == 8)
+            wait_for(f"degraded: {events}", lambda: isinstance(events[-1], IngestionDegraded))
             assert "store unavailable" in events[-1].message  # type: ignore[attr-defined]
             assert ing.degraded is not None and ing.stats()["degraded"] is not None
             time.sleep(max(0.0, outage_s - (time.monotonic() - cut_at)))
@@ -206,14 +202,14 @@ def _ride_out_outage(
             assert ing.memstore.unflushed_samples() >= 5 * 10 * SERIES
         finally:
             restore()
-        _wait(lambda: isinstance(events[-1], IngestionStarted), f"healthy again: {events}")
-        _wait(lambda: ing.flusher.totals().checkpoint == 7, "caught up")  # type: ignore[union-attr]
+        wait_for(f"healthy again: {events}", lambda: isinstance(events[-1], IngestionStarted))
+        wait_for("caught up", lambda: ing.flusher.totals().checkpoint == 7)  # type: ignore[union-attr]
         assert ing.degraded is None and ing.flusher.outages >= 1  # type: ignore[union-attr]
         assert meta.read_checkpoints(ds.ref, 0) == dict.fromkeys(range(GROUPS), 7)
         _assert_exactly_durable(meta, columns, ds, 8, settings)
         # And it keeps ingesting normally afterwards.
         _send(ds, kafka, range(8, 9))
-        _wait(lambda: ing.flusher.totals().checkpoint == 8, "flushes after")  # type: ignore[union-attr]
+        wait_for("flushes after", lambda: ing.flusher.totals().checkpoint == 8)  # type: ignore[union-attr]
         assert not any(type(e).__name__ == "IngestionError" for e in events), events
     _assert_exactly_stored(columns, ds, 9)
 
@@ -277,10 +273,12 @@ def test_past_the_memory_bound_consumption_pauses_then_resumes_without_loss(
     try:
         with _topic(ds, kafka_bootstrap), _running(ds, settings, meta, columns) as (ing, events):
             _send(ds, kafka_bootstrap, range(0, 1))
-            _wait(lambda: ing.flusher is not None and ing.flusher.totals().checkpoint == 0, "1st")
+            wait_for(
+                "1st", lambda: ing.flusher is not None and ing.flusher.totals().checkpoint == 0
+            )
             locker.execute("BEGIN EXCLUSIVE")
             _send(ds, kafka_bootstrap, range(1, 10))
-            _wait(lambda: ing.paused, "paused past the bound")
+            wait_for("paused past the bound", lambda: ing.paused)
             time.sleep(1.0)
             # Stopped short of the end: at most one message past the bound, nothing dropped.
             assert ing.next_offset is not None and ing.next_offset <= 5, ing.next_offset
@@ -290,9 +288,9 @@ def test_past_the_memory_bound_consumption_pauses_then_resumes_without_loss(
             assert "consumption paused" in events[-1].message
             assert ing.stats()["paused"] and ing.stats()["pauses"] == 1
             locker.execute("ROLLBACK")
-            _wait(lambda: ing.next_offset == 10, "resumed to the end")
-            _wait(lambda: isinstance(events[-1], IngestionStarted), f"healthy: {events}")
-            _wait(lambda: ing.flusher.totals().checkpoint == 9, "caught up")  # type: ignore[union-attr]
+            wait_for("resumed to the end", lambda: ing.next_offset == 10)
+            wait_for(f"healthy: {events}", lambda: isinstance(events[-1], IngestionStarted))
+            wait_for("caught up", lambda: ing.flusher.totals().checkpoint == 9)  # type: ignore[union-attr]
             assert not ing.paused
         _assert_exactly_stored(columns, ds, 10)
     finally:
@@ -314,13 +312,13 @@ def test_recovery_waits_for_the_store_at_start_as_degraded_not_as_an_error(
             _send(ds, kafka_bootstrap, range(0, 2))
             locker.execute("BEGIN EXCLUSIVE")  # the epoch claim cannot get through
             with _running(ds, settings, meta, columns) as (ing, events):
-                _wait(lambda: any(isinstance(e, IngestionDegraded) for e in events), "degraded")
+                wait_for("degraded", lambda: any(isinstance(e, IngestionDegraded) for e in events))
                 assert "while claiming the shard" in events[-1].message  # type: ignore[attr-defined]
                 time.sleep(1.0)
                 assert ing.epoch is None and ing.messages == 0
                 locker.execute("ROLLBACK")
-                _wait(lambda: isinstance(events[-1], IngestionStarted), f"started: {events}")
-                _wait(lambda: ing.flusher.totals().checkpoint == 1, "flushed")  # type: ignore[union-attr]
+                wait_for(f"started: {events}", lambda: isinstance(events[-1], IngestionStarted))
+                wait_for("flushed", lambda: ing.flusher.totals().checkpoint == 1)  # type: ignore[union-attr]
             _assert_exactly_stored(columns, ds, 2)
     finally:
         locker.close()
@@ -341,12 +339,12 @@ def test_kafka_unreachable_past_the_retry_timeout_shows_degraded_then_recovers(
                 _send(ds, kafka_bootstrap, range(0, 2))
                 proxy.cut()
                 with _running(ds, settings, meta, columns) as (ing, events):
-                    _wait(lambda: bool(events), "an event")
+                    wait_for("an event", lambda: bool(events))
                     assert isinstance(events[-1], IngestionDegraded), events
                     assert "Kafka unreachable" in events[-1].message
                     proxy.restore()
-                    _wait(lambda: isinstance(events[-1], IngestionStarted), f"started: {events}")
-                    _wait(lambda: ing.next_offset == 2, "consumed")
+                    wait_for(f"started: {events}", lambda: isinstance(events[-1], IngestionStarted))
+                    wait_for("consumed", lambda: ing.next_offset == 2)
                     assert not any(type(e).__name__ == "IngestionError" for e in events)
         finally:
             meta.close()
@@ -363,11 +361,13 @@ def test_a_stale_epoch_rejection_is_counted_and_logged_as_a_warning(
     try:
         with _topic(ds, kafka_bootstrap), _running(ds, settings, meta, columns) as (ing, events):
             _send(ds, kafka_bootstrap, range(0, 1))
-            _wait(lambda: ing.flusher is not None and ing.flusher.totals().checkpoint == 0, "1st")
+            wait_for(
+                "1st", lambda: ing.flusher is not None and ing.flusher.totals().checkpoint == 0
+            )
             assert stale_epoch_rejections(ds.name) == {}
             meta.claim_epoch(ds.ref, 0, "the-new-owner")  # another node took the shard
             _send(ds, kafka_bootstrap, range(1, 2))
-            _wait(lambda: not ing._worker.running, "stopped")
+            wait_for("stopped", lambda: not ing._worker.running)
             assert stale_epoch_rejections(ds.name) == {0: 1}
         warned = [r for r in caplog.records if "another node owns it now" in r.getMessage()]
         assert [r.levelname for r in warned] == ["WARNING"]
@@ -392,9 +392,9 @@ def test_a_backlog_past_the_memory_bound_at_start_is_flushed_as_it_is_replayed(
         with _topic(ds, kafka_bootstrap):
             _send(ds, kafka_bootstrap, range(0, 10))
             with _running(ds, settings, meta, columns) as (ing, events):
-                _wait(lambda: ing.next_offset == 10, "replayed to the end", timeout=30)
-                _wait(lambda: isinstance(events[-1], IngestionStarted), f"live: {events}")
-                _wait(lambda: ing.flusher.totals().checkpoint == 9, "caught up")  # type: ignore[union-attr]
+                wait_for("replayed to the end", lambda: ing.next_offset == 10)
+                wait_for(f"live: {events}", lambda: isinstance(events[-1], IngestionStarted))
+                wait_for("caught up", lambda: ing.flusher.totals().checkpoint == 9)  # type: ignore[union-attr]
         _assert_exactly_stored(columns, ds, 10)
     finally:
         meta.close()

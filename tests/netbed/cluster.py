@@ -22,7 +22,9 @@ from urllib.parse import urlencode
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests import waiting
 from tests.netbed.bed import Bed, BedError
+from tests.waiting import DEADLINE_S
 
 NODES = ("node-1", "node-2", "node-3")
 HEAD_ADDRESS = "head:6379"
@@ -30,20 +32,12 @@ REST = "http://head:8080"
 T = TypeVar("T")
 
 
-def wait_for(what: str, check: Callable[[], T | None], timeout_s: float = 120.0) -> T:
-    """Poll `check` until it returns something truthy; AssertionError naming `what` if not in
-    time. Generous deadlines: a loaded two-core machine is slow, never wrong."""
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-        except (BedError, ValueError, KeyError) as e:
-            last = e
-        if last and not isinstance(last, Exception):
-            return last
-        time.sleep(0.5)
-    raise AssertionError(f"{what}: not within {timeout_s:.0f} s (last: {last!r})")
+def wait_for(what: str, check: Callable[[], T | None], timeout_s: float = DEADLINE_S) -> T:
+    """tests.waiting.wait_for at the bed's pace: a check that runs commands on the hosts every
+    half second, a host not answering yet counting as "not yet"."""
+    return waiting.wait_for(
+        what, check, timeout_s, interval_s=0.5, retry_on=(BedError, ValueError, KeyError)
+    )
 
 
 class NetCluster:

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from tests.netbed.bed import PREFIX, Bed, run, stale_namespaces
+from tests.netbed.cluster import wait_for
 
 PORT = 7777
 SERVE = (
@@ -34,10 +35,7 @@ def _running(pid: int) -> bool:
 
 def _serve(bed: Bed, host: str) -> None:
     bed.spawn(host, ["python3", "-c", SERVE], log=f"listener-{host}.log")
-    deadline = time.monotonic() + 30
-    while not bed.reaches(host, host, PORT):
-        assert time.monotonic() < deadline, f"listener on {host} did not start"
-        time.sleep(0.2)
+    wait_for(f"listener on {host}", lambda: bed.reaches(host, host, PORT))
 
 
 def test_hosts_reach_each_other_by_name_and_faults_cut_exactly_what_they_say(bed: Bed) -> None:
@@ -102,17 +100,11 @@ def test_slow_link_holds_its_rate(bed: Bed) -> None:
 
 def test_kill_and_pause_reach_every_process_of_a_host(bed: Bed) -> None:
     procs = [bed.spawn("redis", ["sleep", "600"], log="sleepers.log") for _ in range(3)]
-    deadline = time.monotonic() + 10
-    while len(bed.pids("redis")) < 3:
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    wait_for("3 processes on redis", lambda: len(bed.pids("redis")) >= 3)
     assert bed.pause("redis") >= 3
     for pid in bed.pids("redis"):
         # A process in uninterruptible sleep (D: paging in, on a busy machine) stops on waking.
-        deadline = time.monotonic() + 30
-        while _state(pid) != "T" and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert _state(pid) == "T", f"process {pid} of a paused host is stopped"
+        wait_for(f"process {pid} of a paused host stopped", lambda pid=pid: _state(pid) == "T")
     assert bed.kill("redis") >= 3
     for p in procs:
         assert p.wait(timeout=10) == -signal.SIGKILL

@@ -26,6 +26,7 @@ from filopy.rest import create_app
 from ingest.batch import SampleBatch
 from ingest.wire.binary_format import decode_binary
 from tests.cluster import FiloPyCluster, cluster_settings, start_cluster
+from tests.waiting import DEADLINE_S, wait_for
 
 if TYPE_CHECKING:
     from coordinator.client import FiloPyClient
@@ -69,8 +70,8 @@ class Rest:
     def client(self) -> FiloPyClient:
         return self.cluster.client
 
-    def wait_for(self, what: str, check: Any, timeout_s: float = 30.0) -> Any:
-        return self.cluster.wait_for(what, check, timeout_s)
+    def wait_for(self, what: str, check: Any, timeout_s: float = DEADLINE_S) -> Any:
+        return wait_for(what, check, timeout_s)
 
     def all_active(self, name: str) -> bool:
         return self.client.shard_map(name).is_healthy()

@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 from playwright.sync_api import Page, sync_playwright
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from coordinator.node_coordinator import NAME_LABEL
 from filopy.rest.app import create_app
@@ -127,6 +128,29 @@ EMPTY_BELOW = """(sel) => {
 }"""
 
 
+# What the page shows, for a wait that ended at its deadline: which condition never held is not
+# enough to tell a slow cluster from a page that stopped following it.
+PAGE_STATE = """() => ({
+  live: document.querySelector('#live')?.textContent,
+  grid: [...document.querySelectorAll('#grid .shard')]
+    .map(c => `${c.dataset.shard}:${c.dataset.status}@${c.dataset.node}`).join(' '),
+  nodes: [...document.querySelectorAll('#nodes tbody tr')].map(r => r.dataset.node),
+  plan: document.querySelector('#plan')?.textContent,
+  events: [...document.querySelectorAll('#events li')].slice(0, 12).map(li => li.textContent),
+  shard0: window.shard0,
+})"""
+
+
+def _wait(page: Page, condition: str) -> None:
+    """Until `condition` (a JavaScript expression) holds on the page; at the deadline, an
+    AssertionError naming the condition and what the page showed."""
+    try:
+        page.wait_for_function(condition, timeout=WAIT_MS)
+    except PlaywrightTimeout:
+        shown = json.dumps(page.evaluate(PAGE_STATE), indent=1)
+        raise AssertionError(f"not within {WAIT_MS} ms: {condition}\nthe page: {shown}") from None
+
+
 def _statuses(page: Page) -> dict[int, tuple[str, str]]:
     cells = page.query_selector_all("#grid .shard")
     return {
@@ -192,24 +216,18 @@ def test_the_console_follows_the_cluster_live_and_runs_a_query(console, tmp_path
         # Opened before the dataset exists: no chart frame yet, and the picker picks the
         # dataset up once it is created, without a reload.
         page.goto(f"{url}/#{ds}")
-        page.wait_for_function(
-            "document.querySelector('#grid').textContent.includes('no datasets yet')"
-        )
+        _wait(page, "document.querySelector('#grid').textContent.includes('no datasets yet')")
         assert not page.is_visible("#chart")
         icon = page.evaluate("document.querySelector('link[rel~=icon]')?.getAttribute('href')")
         assert icon is not None, "no icon: the browser asks for /favicon.ico (404)"
         assert icon.startswith("data:") or http.get(icon).status_code == 200, icon
         body = {"name": ds, "num_shards": 8, "min_num_nodes": 2}
         assert http.post("/api/v1/datasets", json=body).status_code == 201
-        page.wait_for_function(
-            f"[...document.querySelectorAll('#dataset option')].some(o => o.value === '{ds}')",
-            timeout=WAIT_MS,
+        _wait(
+            page, f"[...document.querySelectorAll('#dataset option')].some(o => o.value === '{ds}')"
         )
-        page.wait_for_selector("#live.on", timeout=WAIT_MS)
-        page.wait_for_function(
-            "document.querySelectorAll('#grid .shard[data-status=Active]').length === 8",
-            timeout=WAIT_MS,
-        )
+        _wait(page, "document.querySelector('#live.on') !== null")
+        _wait(page, "document.querySelectorAll('#grid .shard[data-status=Active]').length === 8")
         now_ns = time.time_ns()
         lines = "\n".join(
             f"cpu,_ws_=demo,_ns_=app{i % 4},host=h{i} usage={i} {now_ns - k * 60_000_000_000}"
@@ -222,7 +240,7 @@ def test_the_console_follows_the_cluster_live_and_runs_a_query(console, tmp_path
         owners = cluster.client.shard_map(ds)
         names = cluster.client.node_names()
         assert shown == {s: ("Active", names[owners.owner(s)]) for s in range(8)}
-        page.wait_for_function(f"{NODE_ROWS}.join() === 'ingest-a,ingest-b'", timeout=WAIT_MS)
+        _wait(page, f"{NODE_ROWS}.join() === 'ingest-a,ingest-b'")
 
         # Each status its own colour and letter; the cells look as the legend says.
         legend = {status: (bg, letter, text) for status, bg, letter, text in page.evaluate(LEGEND)}
@@ -232,10 +250,7 @@ def test_the_console_follows_the_cluster_live_and_runs_a_query(console, tmp_path
         assert all(text == letter + status for status, (_, letter, text) in legend.items())
 
         # No moves planned: a short line, not a large empty box.
-        page.wait_for_function(
-            "document.querySelector('#plan').textContent.includes('no moves planned')",
-            timeout=WAIT_MS,
-        )
+        _wait(page, "document.querySelector('#plan').textContent.includes('no moves planned')")
         assert page.evaluate(EMPTY_BELOW, "#plan") < 40
         page.screenshot(path=str(shots / "console-grid.png"), full_page=True)
 
@@ -243,15 +258,15 @@ def test_the_console_follows_the_cluster_live_and_runs_a_query(console, tmp_path
         # its shards turn Down, then Active on the spare, and it leaves the nodes table.
         handles["ingest-c"] = cluster.add_node(labels={NAME_LABEL: "ingest-c"})
         cluster.wait_for("3 members", lambda: len(cluster.client.members()) == 3)
-        page.wait_for_function(f"{NODE_ROWS}.length === 3", timeout=WAIT_MS)
+        _wait(page, f"{NODE_ROWS}.length === 3")
         victim = names[owners.owner(0)]
         lost = owners.shards_for_node(owners.owner(0))
         stayed = next(n for n in ("ingest-a", "ingest-b") if n != victim)
         page.evaluate(WATCH, victim)
         cluster.ray.remove_node(handles[victim])
-        page.wait_for_function("window.shard0.includes('Down')", timeout=WAIT_MS)
+        _wait(page, "window.shard0.includes('Down')")
         page.screenshot(path=str(shots / "console-node-down.png"), full_page=True)
-        page.wait_for_function(ALL_ACTIVE_ON.format(node="ingest-c", n=len(lost)), timeout=WAIT_MS)
+        _wait(page, ALL_ACTIVE_ON.format(node="ingest-c", n=len(lost)))
         seen = page.evaluate("window.shard0")
         assert "Down" in seen and seen[-1] == "Active", seen
         assert seen.index("Down") < len(seen) - 1 - seen[::-1].index("Active"), seen
@@ -260,7 +275,7 @@ def test_the_console_follows_the_cluster_live_and_runs_a_query(console, tmp_path
         at_down = {row[0]: row for row in page.evaluate("window.nodesAtDown")}
         if victim in at_down:
             assert at_down[victim][2:4] == ["0", NO_RATE], at_down
-        page.wait_for_function(f"{NODE_ROWS}.join() === '{stayed},ingest-c'", timeout=WAIT_MS)
+        _wait(page, f"{NODE_ROWS}.join() === '{stayed},ingest-c'")
         after = _statuses(page)
         assert {s for s, (st, node) in after.items() if node == "ingest-c"} == set(lost)
         assert all(st == "Active" for st, _ in after.values())
@@ -271,9 +286,7 @@ def test_the_console_follows_the_cluster_live_and_runs_a_query(console, tmp_path
             f"rows.some(r => r[1] === '{s}' && r[2] === '{victim}' && r[3] === 'ingest-c')"
             for s in lost
         )
-        page.wait_for_function(
-            f"(() => {{ const rows = {HISTORY}; return {took_over}; }})()", timeout=WAIT_MS
-        )
+        _wait(page, f"(() => {{ const rows = {HISTORY}; return {took_over}; }})()")
         rows = page.evaluate(HISTORY)
         for s in lost:
             of_shard = [r for r in rows if r[1] == str(s)]
@@ -339,11 +352,8 @@ def test_the_console_follows_the_cluster_live_and_runs_a_query(console, tmp_path
         # An operator drains the other survivor: its shards move to ingest-c through handoffs,
         # which the events panel names by node name, as the whole page does.
         assert http.post(f"/api/v1/nodes/{stayed}/drain").status_code == 200
-        page.wait_for_function(
-            "document.querySelector('#events').textContent.includes('Handoff(ingest-c')",
-            timeout=WAIT_MS,
-        )
-        page.wait_for_function(ALL_ACTIVE_ON.format(node="ingest-c", n=8), timeout=WAIT_MS)
+        _wait(page, "document.querySelector('#events').textContent.includes('Handoff(ingest-c')")
+        _wait(page, ALL_ACTIVE_ON.format(node="ingest-c", n=8))
         text = page.inner_text("body")
         assert not RAY_ID.search(text), RAY_ID.search(text)
         page.screenshot(path=str(shots / "console-drain.png"), full_page=True)

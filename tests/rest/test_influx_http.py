@@ -17,7 +17,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -38,6 +38,7 @@ from tests.cluster import cluster_settings
 from tests.rest.conftest import Rest, ServerThread, start_rest
 from tests.rest.test_cluster import all_active
 from tests.rest.test_remote_write import free_port, held_counts
+from tests.waiting import eventually
 
 pytestmark = [pytest.mark.kafka, pytest.mark.ray]
 
@@ -92,16 +93,6 @@ def held(rest: Rest, name: str, selector: str) -> dict[str, list[tuple[int, floa
             n = stamps.get(series, []).count(t)
             out.setdefault(series, []).extend([(t, float(r["value"][1]))] * n)
     return {series: samples for series, samples in out.items() if samples}
-
-
-def eventually(get: Callable[[], Any], want: Any, timeout_s: float = 60) -> None:
-    """Poll `get()` until it equals `want` (bounded), then assert it (pytest shows the diff)."""
-    deadline = time.monotonic() + timeout_s
-    got = get()
-    while got != want and time.monotonic() < deadline:
-        time.sleep(0.5)
-        got = get()
-    assert got == want
 
 
 def test_influxdb_v2_client_writes_every_precision_read_back_by_promql(

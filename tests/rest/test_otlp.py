@@ -15,7 +15,7 @@ import json
 import socket
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -49,6 +49,7 @@ from filopy.ingest_http.core import DEFAULT_SETTINGS
 from tests.cluster import cluster_settings
 from tests.rest.conftest import Rest, ServerThread, start_rest
 from tests.rest.test_cluster import all_active
+from tests.waiting import eventually
 
 pytestmark = [pytest.mark.kafka, pytest.mark.ray]
 
@@ -157,16 +158,6 @@ def instant(rest: Rest, name: str, q: str, at_ms: int) -> dict[str, float]:
 
 def key(**labels: str) -> str:
     return json.dumps(labels, sort_keys=True)
-
-
-def eventually(get: Callable[[], Any], want: Any, timeout_s: float = 60) -> None:
-    """Poll `get()` until it equals `want` (bounded), then assert it (pytest shows the diff)."""
-    deadline = time.monotonic() + timeout_s
-    got = get()
-    while got != want and time.monotonic() < deadline:
-        time.sleep(0.5)
-        got = get()
-    assert got == want
 
 
 def export_response(resp: requests.Response) -> ExportMetricsServiceResponse:

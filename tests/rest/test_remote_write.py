@@ -33,6 +33,7 @@ from ingest.wire.prompb.remote_pb2 import WriteRequest
 from tests.cluster import cluster_settings
 from tests.rest.conftest import Rest, ServerThread, start_rest
 from tests.rest.test_cluster import all_active
+from tests.waiting import eventually
 
 pytestmark = [pytest.mark.kafka, pytest.mark.ray]
 
@@ -170,13 +171,7 @@ remote_write:
     log_text = (tmp_path / "prometheus.log").read_text()
     assert "non-recoverable error" not in log_text, log_text[-3000:]
 
-    deadline = time.monotonic() + 60
-    got = held_counts(rest, name, end_ms)
-    while got != want and time.monotonic() < deadline:
-        time.sleep(0.5)
-        got = held_counts(rest, name, end_ms)
-    assert set(got) == set(want)
-    assert got == want
+    eventually(lambda: held_counts(rest, name, end_ms), want)
     rest.http.delete(f"/api/v1/datasets/{name}")
 
 

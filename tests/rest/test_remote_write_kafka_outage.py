@@ -21,7 +21,7 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -36,6 +36,7 @@ from ingest.topics import ensure_topic
 from store import open_stores
 from tests.rest.conftest import ServerThread
 from tests.rest.test_remote_write import PROMETHEUS
+from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICES = ROOT / "scripts" / "services.sh"
@@ -111,13 +112,6 @@ def _settings(tmp_path: Path, bootstrap: str) -> Settings:
     )
 
 
-def _wait(what: str, cond: Callable[[], bool], timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.25)
-
-
 def _counter(metrics_text: str, name: str, **labels: str) -> float:
     """The sum of a counter's samples whose labels include `labels`."""
     total = 0.0
@@ -147,7 +141,7 @@ def _read_back(ds: Dataset, settings: Settings) -> dict[str, list[int]]:
         ]
         for ing in ingesters:
             asyncio.run(ing.start())
-        _wait(
+        wait_for(
             "the ingesters to read the whole topic",
             lambda: all(
                 (ing.next_offset or 0) >= end for ing, end in zip(ingesters, ends, strict=True)
@@ -237,12 +231,12 @@ remote_write:
             return bool(sent) and float(sent[0]["value"][1]) > t
 
         try:
-            _wait("samples acknowledged before the outage", lambda: sent_past(time.time() - 3))
+            wait_for("samples acknowledged before the outage", lambda: sent_past(time.time() - 3))
             accepted_before = gateway_count("filopy_http_ingest_samples_accepted_total")
             assert accepted_before > 0
 
             kafka.down()  # a stopped broker, mid-stream
-            _wait(
+            wait_for(
                 "503 answers while Kafka is down",
                 lambda: gateway_count("filopy_http_ingest_requests_total", code="503") >= 2,
             )
@@ -252,7 +246,7 @@ remote_write:
 
             end_ms = int(time.time() * 1000)
             end = end_ms / 1000
-            _wait("Prometheus to send past the outage", lambda: sent_past(end + 1), 180)
+            wait_for("Prometheus to send past the outage", lambda: sent_past(end + 1), 180)
             want = {
                 json.dumps(s["metric"], sort_keys=True): [
                     round(float(t) * 1000) for t, _ in s["values"]

@@ -56,6 +56,7 @@ from tests.cluster import cluster_settings
 from tests.rest.conftest import Rest, ServerThread, start_rest, topic_batches
 from tests.rest.test_remote_write import free_port, held_counts, new_dataset
 from tests.rest.test_remote_write_kafka_outage import _settings
+from tests.waiting import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "rw-compliance.sh"
@@ -663,11 +664,5 @@ remote_write:
         assert failed["histograms"] > 0
         assert failed["samples"] == failed["exemplars"] == 0, failed
 
-    deadline = time.monotonic() + 60
-    got = held_counts(rest, name, end_ms)
-    while got != want and time.monotonic() < deadline:
-        time.sleep(0.5)
-        got = held_counts(rest, name, end_ms)
-    assert set(got) == set(want)
-    assert got == want
+    eventually(lambda: held_counts(rest, name, end_ms), want)
     rest.http.delete(f"/api/v1/datasets/{name}")

@@ -19,9 +19,8 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -31,6 +30,7 @@ from tests.cluster import cluster_settings
 from tests.rest.conftest import Rest, ServerThread, start_rest
 from tests.rest.test_influx_http import eventually, held, key, new_dataset
 from tests.rest.test_remote_write import free_port
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.ray]
 
@@ -145,13 +145,6 @@ def same(a: Samples, b: Samples) -> bool:
             if not ((math.isnan(x) and math.isnan(y)) or math.isclose(x, y, rel_tol=1e-11)):
                 return False
     return True
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout_s: float = 90) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.5)
 
 
 def test_vmagent_scrapes_and_remote_writes_what_victoria_metrics_also_stores(

@@ -16,6 +16,7 @@ from coordinator.client import DatasetUnknownError, ShardRequestError
 from coordinator.names import node_actor_name
 from filopy import CurrentShardSnapshot, Dataset, ShardDown
 from store import StaleEpochError, open_stores
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.ray
 
@@ -239,14 +240,12 @@ def test_unreachable_store_at_start_is_a_clear_error_then_recovery_retries(
         with pytest.raises(StoreUnavailable, match="could not recover"):
             client.setup_dataset(Dataset(name="metrics", num_shards=4, min_num_nodes=1))
         blocker.unlink()  # the store becomes reachable: the singleton's retry recovers
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                assert client.datasets() == []
-                break
-            except StoreUnavailable:
-                assert time.monotonic() < deadline, "recovery was not retried"
-                time.sleep(0.2)
+        wait_for(
+            "recovery retried: no datasets",
+            lambda: client.datasets() == [],
+            interval_s=0.2,
+            retry_on=(StoreUnavailable,),
+        )
         assert client.setup_dataset(Dataset(name="metrics", num_shards=4, min_num_nodes=1))
         assert [d.name for d in client.datasets()] == ["metrics"]
     finally:

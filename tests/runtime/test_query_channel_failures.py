@@ -22,6 +22,7 @@ from query.executor import NodeQuery, ShardsNotHere
 from query.promql import parse
 from query.service import NodeUnavailable
 from tests.runtime.conftest import FiloPyCluster, cluster_settings, start_cluster
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.ray
 
@@ -45,10 +46,7 @@ def _state(pid: int) -> str:
 def _wait_stopped(pid: int) -> None:
     """Until SIGSTOP has stopped the process (every thread: on a loaded machine a thread in
     an uninterruptible wait stops only when that wait ends)."""
-    deadline = time.monotonic() + 10
-    while _state(pid) != "T":
-        assert time.monotonic() < deadline, f"process {pid} not stopped: {_state(pid)}"
-        time.sleep(0.01)
+    wait_for(f"process {pid} stopped", lambda: _state(pid) == "T", interval_s=0.01)
 
 
 def test_a_node_that_hangs_or_dies_mid_query_is_unavailable_not_a_hang(

@@ -6,6 +6,8 @@ import time
 
 import pytest
 
+from tests.waiting import wait_for
+
 pytestmark = pytest.mark.ray
 
 
@@ -54,10 +56,9 @@ def test_actor_on_chosen_node_dies_with_its_node(ray_cluster) -> None:
     assert time.monotonic() - started < 60
 
     # The node is gone from the cluster, and the actor on the other node is untouched.
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if b.node_id not in {n["NodeID"] for n in ray.nodes() if n["Alive"]}:
-            break
-        time.sleep(0.5)
-    assert b.node_id not in {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+    wait_for(
+        "node b gone",
+        lambda: b.node_id not in {n["NodeID"] for n in ray.nodes() if n["Alive"]},
+        interval_s=0.5,
+    )
     assert ray.get(on_a.node_id.remote(), timeout=30) == a.node_id

@@ -28,6 +28,7 @@ from coordinator.query_channel import (
 from core.dataset import DatasetRef
 from query.executor import NodeAnswer, NodeQuery, ShardsNotHere
 from query.promql import QueryError
+from tests.waiting import wait_for
 
 REF = DatasetRef(name="m")
 SERIES = NodeQuery("series")
@@ -64,13 +65,6 @@ def server() -> Iterator[QueryServer]:
 def ask(conn: Connection, shards: list[int], timeout_s: float = 5.0) -> tuple[str, object]:
     conn.send(request_payload(REF, shards, SERIES))
     return conn.receive(time.monotonic() + timeout_s)
-
-
-def wait_for(check: object, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
 
 
 def test_answers_and_errors_come_back_as_the_node_raised_them(server: QueryServer) -> None:
@@ -192,9 +186,9 @@ def test_the_pool_reuses_connections_and_drops_closed_ones(server: QueryServer) 
     pool.checkin(b)
     assert pool.checkout() is b  # most recent first
     pool.checkin(b)
-    wait_for(lambda: server.stats()["open"] == 2)
+    wait_for("two connections open", lambda: server.stats()["open"] == 2)
     server.close()  # the node drops its connections: idle ones are not handed out again
-    wait_for(lambda: server.stats()["open"] == 0)
+    wait_for("every connection closed", lambda: server.stats()["open"] == 0)
     with pytest.raises(OSError):
         pool.checkout()  # and a new one cannot be opened
     assert pool.connected
@@ -263,8 +257,5 @@ def test_silent_and_idle_connections_are_closed(
     time.sleep(0.3)  # past the first-frame timeout, within the idle one: still open
     conn.send(request_payload(REF, [2], SERIES))
     assert conn.receive(time.monotonic() + 5)[0] == "ok"
-    deadline = time.monotonic() + 5
-    while conn.idle_and_open():
-        assert time.monotonic() < deadline, "an idle connection stays open"
-        time.sleep(0.05)
+    wait_for("the idle connection closed", lambda: not conn.idle_and_open())
     assert server.stats()["refused"] == 1 and server.stats()["open"] == 0
