@@ -1,5 +1,5 @@
-"""FiloPy's storage layer: MetaStore (datasets, epochs, checkpoints) and ColumnStore (part keys,
-chunks), on SQLite (embedded default) or Cassandra (production). See docs/storage.md."""
+"""FiloPy's storage layer: MetaStore (datasets, epochs, checkpoints, tokens) and ColumnStore
+(part keys, chunks), on SQLite (embedded default) or Cassandra (production). See docs/storage.md."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from store.api import (
     StoreError,
     StoreTimeout,
     StoreUnavailable,
+    TokenConflict,
     decode_part_key,
     encode_part_key,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "StoreError",
     "StoreTimeout",
     "StoreUnavailable",
+    "TokenConflict",
     "decode_chunk",
     "decode_part_key",
     "encode_chunk",

@@ -4,7 +4,8 @@ Two stores, one interface each, two backends (SQLite and Cassandra) with identic
 
 * `MetaStore`: dataset definitions, per-shard ownership epochs and per-(shard, flush group)
   checkpoints. Checkpoint commits are fenced by the epoch: only the shard's current owner can
-  advance them.
+  advance them. Also the API tokens (`core.auth`), so every HTTP server of the cluster, on any
+  host, checks requests against the same tokens and sees a revocation.
 * `ColumnStore`: per-shard part keys (a series' labels with its first/last sample time) and encoded
   chunks of samples, written in batches for many series and read back by time range; and per
   flush group, snapshots of the open (not yet sealed) buffers at a checkpoint offset, which make
@@ -21,18 +22,20 @@ Errors, and what the ingester does about them:
   answer in time. Retry with backoff. Every write here is idempotent, so a retry is always safe; a
   timed-out checkpoint commit may or may not have applied, and the retry settles it.
 * `DatasetConflict`: `SetupDataset` named an existing dataset with a different definition; report
-  it to the caller.
+  it to the caller. `TokenConflict`: a token's id is taken (ids are random: only a bug or a
+  replayed request repeats one).
 * Any other `StoreError` (or `ValueError` for bad arguments) is a bug or corruption: fail loudly.
 
 In FiloPy's error tree (`core.errors`) a `StoreError` is `Unavailable` (REST answers 503: the
-store failed), while `StaleEpochError` and `DatasetConflict` are `Conflict`s, not `StoreError`s:
-the store answered, and the answer is that someone else's state wins.
+store failed), while `StaleEpochError`, `DatasetConflict` and `TokenConflict` are `Conflict`s,
+not `StoreError`s: the store answered, and the answer is that someone else's state wins.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import re
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
@@ -44,8 +47,9 @@ from typing import Any, Self
 import numpy as np
 import numpy.typing as npt
 
+from core.auth import Token, check_scopes
 from core.dataset import Dataset, DatasetRef
-from core.errors import Conflict, Unavailable
+from core.errors import Conflict, Invalid, Unavailable
 from core.regex import compile_anchored
 from store import encoding
 
@@ -85,6 +89,11 @@ class DatasetConflict(Conflict):
         )
         self.existing = existing
         self.proposed = proposed
+
+
+class TokenConflict(Conflict):
+    """A token of that id exists already: a token is created once, never overwritten (that
+    would replace its secret or lift its revocation)."""
 
 
 class StaleEpochError(Conflict):
@@ -272,6 +281,52 @@ def _check_ref(ref: DatasetRef) -> str:
     return ref.name
 
 
+# A token's id as `core.auth` makes it (hex). The store keys rows by it and REST paths name it,
+# so nothing else is taken; the length is left to core.auth.
+_TOKEN_ID = re.compile(r"^[0-9a-f]{1,64}$")
+_SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _check_token_id(token_id: str) -> str:
+    if not isinstance(token_id, str):
+        raise TypeError(f"a token id is a str, got {type(token_id).__name__}")
+    if not _TOKEN_ID.match(token_id):
+        raise Invalid(f"a token id is lowercase hex (as core.auth makes it), got {token_id!r}")
+    return token_id
+
+
+def _check_ms(what: str, ms: int) -> None:
+    if isinstance(ms, bool) or not isinstance(ms, int) or not 0 <= ms <= INT64_MAX:
+        raise Invalid(f"{what} must be a non-negative int64 of milliseconds, got {ms!r}")
+
+
+def _check_token(token: Token) -> Token:
+    """Every field of the exact type it is read back as, so a stored token compares equal to
+    the one put (a list for a tuple, or a set for a frozenset, would not round-trip)."""
+    if not isinstance(token, Token):
+        raise TypeError(f"expected a Token, got {type(token).__name__}")
+    _check_token_id(token.id)
+    if not isinstance(token.name, str) or not token.name.strip():
+        raise Invalid(f"token {token.id}: a token needs a name, got {token.name!r}")
+    if not isinstance(token.scopes, frozenset):
+        raise Invalid(f"token {token.id}: scopes must be a frozenset, got {token.scopes!r}")
+    check_scopes(token.scopes)
+    if not isinstance(token.secret_sha256, str) or not _SHA256_HEX.match(token.secret_sha256):
+        raise Invalid(f"token {token.id}: secret_sha256 must be 64 lowercase hex digits")
+    _check_ms(f"token {token.id}: created_ms", token.created_ms)
+    if not isinstance(token.datasets, tuple) or not all(
+        isinstance(d, str) and d for d in token.datasets
+    ):
+        raise Invalid(
+            f"token {token.id}: datasets must be a tuple of dataset names, got {token.datasets!r}"
+        )
+    if token.tenant is not None and (not isinstance(token.tenant, str) or not token.tenant):
+        raise Invalid(f"token {token.id}: tenant must be a non-empty str or None (any)")
+    if token.revoked_ms is not None:
+        _check_ms(f"token {token.id}: revoked_ms", token.revoked_ms)
+    return token
+
+
 class SharedHandle:
     """A connection (or file) that a backend's MetaStore and ColumnStore share: reference-counted,
     so it is shut down with the last store holding it, whichever store closes last."""
@@ -345,7 +400,8 @@ class OwnershipChange:
 
 
 class MetaStore(_Closable):
-    """Dataset definitions, ownership epochs, fenced checkpoints and the ownership history."""
+    """Dataset definitions, ownership epochs, fenced checkpoints, the ownership history and the
+    API tokens."""
 
     def create_dataset(self, dataset: Dataset) -> bool:
         """Register a dataset: True if created, False if an identical one exists.
@@ -446,6 +502,37 @@ class MetaStore(_Closable):
             raise ValueError(f"limit must be a positive int, got {limit!r}")
         return self._ownership_history(_check_ref(ref), shard, limit)
 
+    def put_token(self, token: Token) -> None:
+        """Store a new token (`core.auth.new_token`) for every server of the cluster to check.
+
+        Raises TokenConflict if its id is taken, whatever that token is: a token is written
+        once, so neither its secret nor its revocation can be overwritten."""
+        self._put_token(_check_token(token))
+
+    def get_token(self, token_id: str) -> Token | None:
+        """The token of that id, revoked or not (the caller checks `revoked`); None if none."""
+        return self._get_token(_check_token_id(token_id))
+
+    def list_tokens(self) -> list[Token]:
+        """Every token, the revoked ones too (who was revoked when), oldest first."""
+        return sorted(self._list_tokens(), key=lambda t: (t.created_ms, t.id))
+
+    def revoke_token(self, token_id: str, now_ms: int) -> bool:
+        """Mark a token revoked at `now_ms`; True if it existed and was not revoked yet.
+
+        The row stays, with its first revocation's time (a repeat changes nothing, so this is
+        idempotent): lists keep showing who was revoked when."""
+        _check_ms("now_ms", now_ms)
+        return self._revoke_token(_check_token_id(token_id), now_ms)
+
+    @abstractmethod
+    def _put_token(self, token: Token) -> None: ...
+    @abstractmethod
+    def _get_token(self, token_id: str) -> Token | None: ...
+    @abstractmethod
+    def _list_tokens(self) -> list[Token]: ...
+    @abstractmethod
+    def _revoke_token(self, token_id: str, now_ms: int) -> bool: ...
     @abstractmethod
     def _record_ownership(self, changes: list[OwnershipChange], retention_ms: int) -> None: ...
     @abstractmethod

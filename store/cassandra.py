@@ -52,6 +52,7 @@ from cassandra.query import (
     tuple_factory,
 )
 
+from core.auth import Token
 from core.dataset import Dataset
 from store.api import (
     DEFAULT_MAX_CHUNK_SPAN_MS,
@@ -68,6 +69,7 @@ from store.api import (
     StoreError,
     StoreTimeout,
     StoreUnavailable,
+    TokenConflict,
 )
 
 _KEYSPACE_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,47}$")
@@ -132,7 +134,34 @@ TABLES = (
         replayed_offsets bigint,
         PRIMARY KEY ((dataset), at_ms, shard, to_node))
         WITH CLUSTERING ORDER BY (at_ms DESC, shard DESC, to_node ASC)""",
+    # One partition per token: few rows, read whole by every server that checks requests.
+    # Empty collections read back as null: no datasets is every dataset.
+    """CREATE TABLE IF NOT EXISTS {ks}.tokens (
+        id text PRIMARY KEY,
+        name text,
+        scopes set<text>,
+        secret_sha256 text,
+        created_ms bigint,
+        datasets list<text>,
+        tenant text,
+        revoked_ms bigint)""",
 )
+
+_TOKEN_COLUMNS = "id, name, scopes, secret_sha256, created_ms, datasets, tenant, revoked_ms"
+
+
+def _token(row: Sequence[Any]) -> Token:
+    tid, name, scopes, digest, created, datasets, tenant, revoked = row
+    return Token(
+        id=tid,
+        name=name,
+        scopes=frozenset(scopes or ()),
+        secret_sha256=digest,
+        created_ms=created,
+        datasets=tuple(datasets or ()),
+        tenant=tenant,
+        revoked_ms=revoked,
+    )
 
 
 def _max_part_key_bytes(name: str) -> int:
@@ -356,6 +385,20 @@ class CassandraMetaStore(_UsesConnection, MetaStore):
             "SELECT dataset, shard, at_ms, from_node, to_node, reason, epoch, replayed_offsets "
             "FROM {ks}.ownership_history WHERE dataset = ?"
         )
+        # Tokens as datasets: written by lightweight transactions (a token is created once and
+        # revoked once, whichever servers race), read at the metadata consistency, which sees
+        # every committed one.
+        self._insert_token = p(
+            f"INSERT INTO {{ks}}.tokens ({_TOKEN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+            "IF NOT EXISTS"
+        )
+        self._select_token = p(f"SELECT {_TOKEN_COLUMNS} FROM {{ks}}.tokens WHERE id = ?")
+        self._select_tokens = p(f"SELECT {_TOKEN_COLUMNS} FROM {{ks}}.tokens")
+        # `created_ms != null`: on a missing row `revoked_ms = null` holds, and would create one.
+        self._revoke_token_stmt = p(
+            "UPDATE {ks}.tokens SET revoked_ms = ? WHERE id = ? "
+            "IF created_ms != null AND revoked_ms = null"
+        )
 
     def _record_ownership(self, changes: list[OwnershipChange], retention_ms: int) -> None:
         now = int(time.time() * 1000)
@@ -416,6 +459,35 @@ class CassandraMetaStore(_UsesConnection, MetaStore):
 
     def _delete_dataset(self, name: str) -> bool:
         return bool(self._lwt(self._delete_dataset_stmt, (name,))["[applied]"])
+
+    def _put_token(self, token: Token) -> None:
+        row = self._lwt(
+            self._insert_token,
+            (
+                token.id,
+                token.name,
+                set(token.scopes),
+                token.secret_sha256,
+                token.created_ms,
+                list(token.datasets),
+                token.tenant,
+                token.revoked_ms,
+            ),
+        )
+        if not row["[applied]"]:
+            raise TokenConflict(f"a token with id {token.id!r} exists already")
+
+    def _get_token(self, token_id: str) -> Token | None:
+        row = self._conn.execute(self._select_token, (token_id,)).one()
+        return None if row is None else _token(row)
+
+    def _list_tokens(self) -> list[Token]:
+        rows = self._conn.execute(self._select_tokens)
+        with _translate(f"listing tokens on {self._conn.where}"):
+            return [_token(r) for r in rows]  # iterating fetches further pages
+
+    def _revoke_token(self, token_id: str, now_ms: int) -> bool:
+        return bool(self._lwt(self._revoke_token_stmt, (now_ms, token_id))["[applied]"])
 
     def _claim_epoch(self, name: str, shard: int, owner: str) -> int:
         current: int | None = None  # optimistic: most claims are of a shard's first epoch

@@ -12,13 +12,16 @@ them, so a surviving checkpoint always has its chunks (written in earlier transa
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
+from core.auth import Token
 from core.dataset import Dataset
 from store.api import (
     DEFAULT_MAX_CHUNK_SPAN_MS,
@@ -35,9 +38,13 @@ from store.api import (
     StoreError,
     StoreTimeout,
     StoreUnavailable,
+    TokenConflict,
 )
 
-SCHEMA_VERSION = 2  # 2 added open_snapshots; a version-1 file is upgraded in place
+# 2 added open_snapshots; a version-1 file is upgraded in place. The tokens table came later with
+# no new version: a FiloPy from before it has no access control and never reads it, so it may
+# still open the file (a version would lock it out for nothing).
+SCHEMA_VERSION = 2
 _IN_LIST = 500  # part keys per `IN (...)` query
 
 SCHEMA = """
@@ -97,7 +104,46 @@ CREATE TABLE IF NOT EXISTS ownership_history (
     replayed_offsets INTEGER,
     PRIMARY KEY (dataset, at_ms, shard, to_node)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS tokens (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    scopes TEXT NOT NULL,               -- JSON list, sorted
+    secret_sha256 TEXT NOT NULL,        -- hex (the secret itself is never stored)
+    created_ms INTEGER NOT NULL,
+    datasets TEXT NOT NULL,             -- JSON list in the token's order, [] for every dataset
+    tenant TEXT,                        -- NULL: any
+    revoked_ms INTEGER                  -- NULL: not revoked
+) WITHOUT ROWID;
 """
+
+_TOKEN_COLUMNS = "id, name, scopes, secret_sha256, created_ms, datasets, tenant, revoked_ms"
+
+
+def _token_row(t: Token) -> tuple[object, ...]:
+    return (
+        t.id,
+        t.name,
+        json.dumps(sorted(t.scopes)),
+        t.secret_sha256,
+        t.created_ms,
+        json.dumps(list(t.datasets), ensure_ascii=False),
+        t.tenant,
+        t.revoked_ms,
+    )
+
+
+def _token(row: tuple[Any, ...]) -> Token:
+    tid, name, scopes, digest, created, datasets, tenant, revoked = row
+    return Token(
+        id=tid,
+        name=name,
+        scopes=frozenset(json.loads(scopes)),
+        secret_sha256=digest,
+        created_ms=created,
+        datasets=tuple(json.loads(datasets)),
+        tenant=tenant,
+        revoked_ms=revoked,
+    )
 
 
 class SqliteDatabase(SharedHandle):
@@ -325,6 +371,37 @@ class SqliteMetaStore(_UsesDatabase, MetaStore):
                 (name, shard),
             ).fetchall()
         return dict(rows)
+
+    def _put_token(self, token: Token) -> None:
+        with self._db.write() as c:
+            inserted = c.execute(
+                f"INSERT OR IGNORE INTO tokens ({_TOKEN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                _token_row(token),
+            ).rowcount
+        if not inserted:
+            raise TokenConflict(f"a token with id {token.id!r} exists already")
+
+    def _get_token(self, token_id: str) -> Token | None:
+        with self._db.read() as c:
+            row = c.execute(
+                f"SELECT {_TOKEN_COLUMNS} FROM tokens WHERE id = ?", (token_id,)
+            ).fetchone()
+        return None if row is None else _token(row)
+
+    def _list_tokens(self) -> list[Token]:
+        with self._db.read() as c:
+            rows = c.execute(f"SELECT {_TOKEN_COLUMNS} FROM tokens").fetchall()
+        return [_token(r) for r in rows]
+
+    def _revoke_token(self, token_id: str, now_ms: int) -> bool:
+        with self._db.write() as c:
+            return (
+                c.execute(
+                    "UPDATE tokens SET revoked_ms = ? WHERE id = ? AND revoked_ms IS NULL",
+                    (now_ms, token_id),
+                ).rowcount
+                > 0
+            )
 
     @staticmethod
     def _epoch(c: sqlite3.Connection, name: str, shard: int) -> int:

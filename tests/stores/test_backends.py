@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from core.auth import new_token
 from core.config import load_settings
 from core.dataset import Dataset, DatasetRef
 from store import (
@@ -145,6 +146,31 @@ def test_a_version_1_sqlite_file_is_upgraded_and_keeps_its_data(tmp_path: Path) 
         assert meta.read_checkpoints(ref, 0) == {0: 7}
         column.write_open_snapshot(ref, 0, 0, 7, epoch, b"open")
         assert column.read_open_snapshot(ref, 0, 0, 7) == b"open"
+    finally:
+        meta.close()
+        column.close()
+    with sqlite3.connect(path) as c:
+        assert c.execute("PRAGMA user_version").fetchone()[0] == 2
+
+
+def test_a_sqlite_file_from_before_tokens_gains_their_table_on_open(tmp_path: Path) -> None:
+    """The tokens table came without a schema version: a file of version 2 without it opens,
+    keeps its rows, gains the table, and stays version 2 (so an older FiloPy still opens it)."""
+    path = tmp_path / "filopy.db"
+    ds = Dataset(name="old", num_shards=2)
+    meta, column = open_sqlite_stores(path)
+    meta.create_dataset(ds)
+    meta.close()
+    column.close()
+    with sqlite3.connect(path) as c:
+        c.execute("DROP TABLE tokens")
+    meta, column = open_sqlite_stores(path)
+    try:
+        assert meta.get_dataset(ds.ref) == ds
+        token, _ = new_token("after the upgrade", ["admin"], 1_700_000_000_000)
+        meta.put_token(token)
+        assert meta.get_token(token.id) == token
+        assert meta.revoke_token(token.id, 1_700_000_000_001) is True
     finally:
         meta.close()
         column.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
@@ -10,7 +11,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
+from core.auth import Token, new_token
 from core.dataset import Dataset, DatasetRef
+from core.errors import Invalid
 from store import (
     INT64_MAX,
     INT64_MIN,
@@ -23,6 +26,7 @@ from store import (
     PartKeyRecord,
     ShardEpoch,
     StaleEpochError,
+    TokenConflict,
     encode_part_key,
 )
 
@@ -494,3 +498,155 @@ def test_bad_open_snapshot_arguments_are_rejected(
 ) -> None:
     with pytest.raises(ValueError):
         column.write_open_snapshot(ref, 0, group, offset, epoch, b"x")
+
+
+# --------------------------------------------------------------------------------------- tokens
+
+
+def _mine(meta: MetaStore, *tokens: Token) -> list[Token]:
+    """The listed tokens among these (tests share the session's keyspace)."""
+    ids = {t.id for t in tokens}
+    return [t for t in meta.list_tokens() if t.id in ids]
+
+
+def test_tokens_round_trip_every_field_and_list_oldest_first(meta: MetaStore) -> None:
+    full, _ = new_token(
+        "ingest from the edge é", ["write", "read"], T0 + 5, datasets=["b", "a"], tenant="t1"
+    )
+    bare, _ = new_token("dashboards", ["read"], T0)
+    same_ms, _ = new_token("ops", ["admin"], T0 + 5)
+    revoked = dataclasses.replace(
+        new_token("gone", ["admin"], T0 + 1)[0], datasets=("z", "a"), revoked_ms=T0 + 2
+    )  # datasets in no particular order: stored as given
+    for t in (full, bare, same_ms, revoked):
+        assert meta.get_token(t.id) is None
+        assert meta.put_token(t) is None
+    for t in (full, bare, same_ms, revoked):
+        back = meta.get_token(t.id)
+        assert back == t
+        assert back is not None and type(back.scopes) is frozenset
+        assert type(back.datasets) is tuple
+    assert full.datasets == ("a", "b") and full.tenant == "t1"
+    assert bare.datasets == () and bare.tenant is None and bare.revoked_ms is None
+    by_time = [bare, revoked, *sorted([full, same_ms], key=lambda t: t.id)]
+    assert _mine(meta, full, bare, same_ms, revoked) == by_time
+
+
+def test_a_taken_token_id_is_refused_and_the_stored_token_kept(meta: MetaStore) -> None:
+    token, _ = new_token("first", ["read"], T0)
+    meta.put_token(token)
+    other, _ = new_token("second", ["admin"], T0 + 1)
+    with pytest.raises(TokenConflict, match=token.id):
+        meta.put_token(dataclasses.replace(other, id=token.id))  # another secret, more scopes
+    with pytest.raises(TokenConflict):
+        meta.put_token(token)  # the same token again: written once
+    meta.revoke_token(token.id, T0 + 2)
+    with pytest.raises(TokenConflict):
+        meta.put_token(token)  # nor can a put lift a revocation
+    assert meta.get_token(token.id) == dataclasses.replace(token, revoked_ms=T0 + 2)
+
+
+def test_revoking_a_token_once_keeps_it_listed_with_its_time(meta: MetaStore) -> None:
+    token, _ = new_token("ci", ["write"], T0)
+    kept, _ = new_token("kept", ["read"], T0)
+    meta.put_token(token)
+    meta.put_token(kept)
+    assert meta.revoke_token(token.id, T0 + 100) is True
+    assert meta.revoke_token(token.id, T0 + 200) is False  # idempotent: the first time stays
+    revoked = meta.get_token(token.id)
+    assert revoked == dataclasses.replace(token, revoked_ms=T0 + 100)
+    assert revoked is not None and revoked.revoked
+    assert meta.get_token(kept.id) == kept  # only that token
+    assert _mine(meta, token, kept) == sorted([revoked, kept], key=lambda t: t.id)
+
+
+def test_unknown_tokens_are_none_and_revoking_one_creates_nothing(meta: MetaStore) -> None:
+    unknown = new_token("never stored", ["read"], T0)[0].id
+    assert meta.get_token(unknown) is None
+    assert meta.revoke_token(unknown, T0) is False
+    assert meta.get_token(unknown) is None
+    assert all(t.id != unknown for t in meta.list_tokens())
+
+
+def test_a_token_put_on_one_node_is_seen_and_revoked_on_another(open_backend: Opener) -> None:
+    """The REST server on the head and a gateway on another host share the tokens."""
+    (head, _), (gateway, _) = open_backend(), open_backend()
+    token, _ = new_token("grafana", ["read"], T0, datasets=["metrics"])
+    head.put_token(token)
+    assert gateway.get_token(token.id) == token
+    assert _mine(gateway, token) == [token]
+    assert gateway.revoke_token(token.id, T0 + 9) is True
+    assert head.get_token(token.id) == dataclasses.replace(token, revoked_ms=T0 + 9)
+    assert head.revoke_token(token.id, T0 + 10) is False
+
+
+def test_concurrent_revocations_succeed_once(open_backend: Opener) -> None:
+    nodes = [open_backend()[0] for _ in range(2)]
+    token, _ = new_token("raced", ["admin"], T0)
+    nodes[0].put_token(token)
+    won = _parallel(6, lambda i: nodes[i % 2].revoke_token(token.id, T0 + 1 + i))
+    assert won.count(True) == 1
+    back = nodes[1].get_token(token.id)
+    assert back is not None and back.revoked_ms == T0 + 1 + won.index(True)
+
+
+@pytest.mark.parametrize("token_id", [12, None, b"abc", ["ab"]], ids=repr)
+def test_a_token_id_of_another_type_is_a_type_error(meta: MetaStore, token_id: object) -> None:
+    with pytest.raises(TypeError):
+        meta.get_token(token_id)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        meta.revoke_token(token_id, T0)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("token_id", ["", "ABCDEF012345", "ab cd", "fpy_0123", "a" * 65], ids=repr)
+def test_a_malformed_token_id_is_invalid(meta: MetaStore, token_id: str) -> None:
+    with pytest.raises(Invalid):
+        meta.get_token(token_id)
+    with pytest.raises(Invalid):
+        meta.revoke_token(token_id, T0)
+
+
+@pytest.mark.parametrize("now_ms", [-1, 1 << 63, 1.5, True, None], ids=repr)
+def test_revoking_needs_a_time_in_ms(meta: MetaStore, now_ms: object) -> None:
+    token, _ = new_token("t", ["read"], T0)
+    meta.put_token(token)
+    with pytest.raises(Invalid):
+        meta.revoke_token(token.id, now_ms)  # type: ignore[arg-type]
+    assert meta.get_token(token.id) == token
+
+
+_GOOD = new_token("good", ["read"], T0)[0]
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"id": ""},
+        {"id": "NOT-HEX"},
+        {"name": " "},
+        {"scopes": frozenset()},
+        {"scopes": frozenset({"read", "root"})},
+        {"scopes": {"read"}},  # a set, not the frozenset read back
+        {"secret_sha256": "abc"},
+        {"secret_sha256": "A" * 64},
+        {"created_ms": -1},
+        {"created_ms": 1.0},
+        {"datasets": ["a"]},  # a list, not the tuple read back
+        {"datasets": ("a", "")},
+        {"tenant": ""},
+        {"revoked_ms": -5},
+    ],
+    ids=repr,
+)
+def test_a_malformed_token_is_refused_before_the_store(
+    meta: MetaStore, changes: dict[str, object]
+) -> None:
+    bad = dataclasses.replace(_GOOD, **changes)  # type: ignore[arg-type]
+    with pytest.raises(Invalid):
+        meta.put_token(bad)
+    assert meta.get_token(_GOOD.id) is None
+
+
+def test_put_token_takes_only_a_token(meta: MetaStore) -> None:
+    with pytest.raises(TypeError):
+        meta.put_token(dataclasses.asdict(_GOOD))  # type: ignore[arg-type]
