@@ -20,7 +20,8 @@ Errors, and what the ingester does about them:
   state, report the shard as lost. Never retry the commit.
 * `StoreUnavailable` (and its subclass `StoreTimeout`): the store could not be reached or did not
   answer in time. Retry with backoff. Every write here is idempotent, so a retry is always safe; a
-  timed-out checkpoint commit may or may not have applied, and the retry settles it.
+  timed-out checkpoint commit may or may not have applied, and the retry settles it. (Except
+  `put_token`, written once: its retry may meet its own token, see there.)
 * `DatasetConflict`: `SetupDataset` named an existing dataset with a different definition; report
   it to the caller. `TokenConflict`: a token's id is taken (ids are random: only a bug or a
   replayed request repeats one).
@@ -506,7 +507,9 @@ class MetaStore(_Closable):
         """Store a new token (`core.auth.new_token`) for every server of the cluster to check.
 
         Raises TokenConflict if its id is taken, whatever that token is: a token is written
-        once, so neither its secret nor its revocation can be overwritten."""
+        once, so neither its secret nor its revocation can be overwritten. So, unlike the other
+        writes, a retry after StoreTimeout may meet its own token: `get_token` tells (the same
+        `secret_sha256`: it was stored)."""
         self._put_token(_check_token(token))
 
     def get_token(self, token_id: str) -> Token | None:
