@@ -124,6 +124,13 @@ class GatewaySettings(_Section):
     kafka_compression: Literal["none", "gzip", "snappy", "lz4", "zstd"]
 
 
+class AuthSettings(_Section):
+    """Who may call the HTTP servers (REST, PromQL, ingestion, gateway): docs/security.md."""
+
+    enabled: bool
+    refresh_s: float = Field(gt=0)
+
+
 class Settings(BaseSettings):
     """All of FiloPy's settings. Build with `load_settings()`."""
 
@@ -139,6 +146,7 @@ class Settings(BaseSettings):
     rebalance: RebalanceSettings
     ingest: IngestSettings
     gateway: GatewaySettings
+    auth: AuthSettings
 
     @classmethod
     def settings_customise_sources(

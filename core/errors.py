@@ -7,6 +7,8 @@ Every error FiloPy raises descends from `FiloPyError` and from exactly one categ
 | `NotFound`        | the request names something that does not exist         | 404 `not_found`   |
 | `Conflict`        | it contradicts what exists (another definition, owner)  | 409 `conflict`    |
 | `Invalid`         | the request or data is wrong: fix it (a `ValueError`)   | 400 `bad_data`    |
+| `Unauthenticated` | no credentials, or not a valid, unrevoked token         | 401 `unauthorized`|
+| `Forbidden`       | a valid token whose scopes or datasets do not allow it  | 403 `forbidden`   |
 | `Unsupported`     | valid, but FiloPy does not do it                        | 501 `unsupported` |
 | `Unavailable`     | Kafka, the store, a node or shards cannot answer: retry | 503 `unavailable` |
 | `ExecutionFailed` | a valid query failed on the data                        | 422 `execution`   |
@@ -32,9 +34,11 @@ __all__ = [
     "DatasetUnknownError",
     "ExecutionFailed",
     "FiloPyError",
+    "Forbidden",
     "Internal",
     "Invalid",
     "NotFound",
+    "Unauthenticated",
     "Unavailable",
     "Unsupported",
     "category_of",
@@ -87,6 +91,16 @@ class Invalid(FiloPyError, ValueError):
     so code that caught one for bad input still does."""
 
 
+class Unauthenticated(FiloPyError):
+    """The request carries no credentials, or not those of a valid, unrevoked token: send one
+    (docs/security.md)."""
+
+
+class Forbidden(FiloPyError):
+    """The request's token is valid but may not do this (its scopes or datasets): use a token
+    that may."""
+
+
 class Unsupported(FiloPyError):
     """A valid request that FiloPy does not carry out (e.g. a PromQL construct it does not
     evaluate)."""
@@ -110,6 +124,8 @@ CATEGORIES: tuple[type[FiloPyError], ...] = (
     NotFound,
     Conflict,
     Invalid,
+    Unauthenticated,
+    Forbidden,
     Unsupported,
     Unavailable,
     ExecutionFailed,

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 STATE_FILE = "local-cluster.json"
+ADMIN_TOKEN_FILE = "admin-token"  # mode 0600: the admin token `filopy up` made (docs/security.md)
 
 
 @dataclass(frozen=True)
@@ -52,3 +53,11 @@ def running(directory: Path | None = None) -> LocalCluster | None:
     data["started_services"] = tuple(data.get("started_services", ()))
     cluster = LocalCluster(**data)
     return cluster if alive(cluster.pid) else None
+
+
+def admin_token(directory: Path | None = None) -> str | None:
+    """The admin token `filopy up` keeps in the state directory, if there is one."""
+    try:
+        return ((directory or state_dir()) / ADMIN_TOKEN_FILE).read_text().strip() or None
+    except OSError:
+        return None

@@ -52,6 +52,7 @@ def cluster_settings(
             "ray": base.ray.model_copy(update={"namespace": f"filopy-{uuid.uuid4().hex[:8]}"}),
             "ingest": base.ingest.model_copy(update={"source": source, **ingest}),
             "rebalance": base.rebalance.model_copy(update={"enabled": rebalance}),
+            "auth": base.auth.model_copy(update={"enabled": False}),
         }
     )
 

@@ -65,7 +65,13 @@ def test_up_ingest_down_up_recovers_the_dataset_without_replay(
     try:
         again = filopy("up", "--port", str(port))
         assert again.returncode == 1 and "a local cluster already runs" in again.stderr
-        http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
+        # Auth on, as by default: `up` left an admin token in its state directory (0600).
+        token_file = tmp_path / "state" / "admin-token"
+        assert token_file.stat().st_mode & 0o777 == 0o600
+        auth = {"Authorization": f"Bearer {token_file.read_text().strip()}"}
+        anonymous = httpx.get(f"http://127.0.0.1:{port}/api/v1/cluster", timeout=30)
+        assert anonymous.status_code == 401, anonymous.text
+        http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30, headers=auth)
         name = f"up{uuid.uuid4().hex[:6]}"
         body = {
             "name": name,

@@ -24,7 +24,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from core.errors import Unavailable
-from core.local_state import STATE_FILE, LocalCluster, alive, running, state_dir
+from core.local_state import ADMIN_TOKEN_FILE, STATE_FILE, LocalCluster, alive, running, state_dir
 
 log = logging.getLogger("filopy.local")
 
@@ -123,6 +123,7 @@ def _supervise(nodes: int, port: int) -> None:
     from coordinator.client import FiloPyClient
     from coordinator.cluster_actor import start_cluster_actor
     from core.heap import keep_long_lived_frozen
+    from filopy.auth import keep_admin_token
     from filopy.rest import create_app
 
     def stop(signum: int, _frame: object) -> None:
@@ -149,10 +150,11 @@ def _supervise(nodes: int, port: int) -> None:
         actor = start_cluster_actor(settings)
         ray.get(actor.ready.remote(), timeout=120)
         client = FiloPyClient(actor, settings)
+        rest = create_app(client, settings)
+        if rest.state.tokens is not None:  # auth on: an admin token for this directory's CLI
+            keep_admin_token(rest.state.tokens, directory / ADMIN_TOKEN_FILE)
         server = uvicorn.Server(
-            uvicorn.Config(
-                create_app(client, settings), host="127.0.0.1", port=port, log_level="warning"
-            )
+            uvicorn.Config(rest, host="127.0.0.1", port=port, log_level="warning")
         )
         keep_long_lived_frozen()
         state = LocalCluster(

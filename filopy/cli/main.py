@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -23,6 +24,12 @@ shards_app = typer.Typer(help="Stop shards, or start them on a chosen node.", no
 app.add_typer(shards_app, name="shards")
 node_app = typer.Typer(help="This machine as a FiloPy node: join a cluster.", no_args_is_help=True)
 app.add_typer(node_app, name="node")
+token_app = typer.Typer(
+    help="API tokens for the HTTP servers: create, list, revoke (in the store the settings name; "
+    "docs/security.md).",
+    no_args_is_help=True,
+)
+app.add_typer(token_app, name="token")
 
 console = Console()
 err = Console(stderr=True)
@@ -38,6 +45,15 @@ RestUrl = Annotated[
         envvar="FILOPY_URL",
         help="The cluster's REST API (e.g. http://head:8080) instead of --address: for a machine "
         "that runs no Ray node.",
+    ),
+]
+ApiToken = Annotated[
+    str | None,
+    typer.Option(
+        "--token",
+        envvar="FILOPY_TOKEN",
+        help="The token --url sends; default: the admin token `filopy up` keeps in its state "
+        "directory.",
     ),
 ]
 RayTempDir = Annotated[
@@ -338,13 +354,14 @@ def status(
     dataset: Annotated[str, typer.Argument(help="Dataset name.")],
     address: RayAddress = "auto",
     url: RestUrl = None,
+    token: ApiToken = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """The shard grid of a dataset, with a legend and the shards of each node."""
     if url is not None:
         from filopy.cli.rest_client import RestClient
 
-        with RestClient(url) as rest:
+        with RestClient(url, token) as rest:
             mapper = rest.shard_map(dataset)
             names, refused = rest.nodes()
     else:
@@ -558,6 +575,7 @@ def query(
     as_json: Annotated[bool, typer.Option("--json", help="Prometheus API JSON.")] = False,
     address: RayAddress = "auto",
     url: RestUrl = None,
+    token: ApiToken = None,
 ) -> None:
     """Run a PromQL query: instant by default, a range query with --start."""
     import time as _time
@@ -576,7 +594,7 @@ def query(
         # The API takes the same unix seconds or RFC 3339 times, and durations, as typed.
         times = {"time": at} if start is None else {"start": start, "end": end_ms / 1000,
                                                      "step": step}  # fmt: skip
-        with RestClient(url) as rest:
+        with RestClient(url, token) as rest:
             body = rest.query(dataset, promql, spread=spread,
                               partial_response=str(partial).lower(), **times)  # fmt: skip
         data, warnings = body["data"], body.get("warnings", [])
@@ -811,3 +829,85 @@ def drain(
 
 if __name__ == "__main__":
     app()
+
+
+# ----- tokens ------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _token_book() -> Iterator[Any]:
+    """The tokens of the store the settings name (the same store the servers read)."""
+    from core.config import load_settings
+    from filopy.auth import TokenBook
+    from store import open_stores
+
+    settings = load_settings()
+    meta, columns = open_stores(settings)
+    columns.close()
+    try:
+        yield TokenBook(meta)
+    finally:
+        meta.close()
+
+
+@token_app.command("create")
+@_clean_errors
+def token_create(
+    name: Annotated[str, typer.Argument(help="Who or what uses it (e.g. grafana, vmagent-eu).")],
+    scope: Annotated[
+        list[str],
+        typer.Option("--scope", "-s", help="read, write or admin; repeat for several."),
+    ],
+    dataset: Annotated[
+        list[str] | None,
+        typer.Option("--dataset", "-d", help="Only this dataset (repeat); default: all."),
+    ] = None,
+    tenant: Annotated[
+        str | None, typer.Option(help="A write token's tenant: the _ws_ of all it writes.")
+    ] = None,
+) -> None:
+    """Make a token and print it (on stdout, alone: `TOKEN=$(filopy token create ...)`). It is
+    shown this once; the store keeps only its hash."""
+    with _token_book() as book:
+        token, text = book.create(name, scope, dataset or (), tenant)
+    err.print(f"token {token.name!r} (id {token.id}, scopes {sorted(token.scopes)}) created")
+    print(text)
+
+
+@token_app.command("list")
+@_clean_errors
+def token_list() -> None:
+    """Every token: id, name, scopes, limits, when made and revoked (never the secrets)."""
+    from rich.table import Table
+
+    with _token_book() as book:
+        tokens = book.list()
+    table = Table("id", "name", "scopes", "datasets", "tenant", "created", "revoked")
+    for t in tokens:
+        table.add_row(
+            t.id,
+            t.name,
+            ",".join(sorted(t.scopes)),
+            ",".join(t.datasets) or "all",
+            t.tenant or "-",
+            _ms_text(t.created_ms),
+            _ms_text(t.revoked_ms) if t.revoked_ms is not None else "-",
+        )
+    console.print(table)
+
+
+@token_app.command("revoke")
+@_clean_errors
+def token_revoke(
+    token_id: Annotated[str, typer.Argument(help="The token's id (the hex after fpy_).")],
+) -> None:
+    """Revoke a token: every server refuses it within auth.refresh_s."""
+    with _token_book() as book:
+        token = book.revoke(token_id.removeprefix("fpy_").split("_")[0])
+    console.print(f"token {token.name!r} (id {token.id}) revoked")
+
+
+def _ms_text(ms: int) -> str:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")

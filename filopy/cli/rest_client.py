@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 
 from core.errors import FiloPyError, Invalid, Unavailable
+from core.local_state import admin_token
 from core.mapper import ShardMapper
 from core.shard_status import ShardMapState, ShardStatus
 from filopy.rest.errors import ANSWERS
@@ -32,8 +33,19 @@ def _error(status: int, message: str) -> FiloPyError:
 
 
 class RestClient:
-    def __init__(self, url: str, transport: httpx.BaseTransport | None = None) -> None:
-        self._http = httpx.Client(base_url=url.rstrip("/"), timeout=TIMEOUT_S, transport=transport)
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        """`token`: sent as a bearer token; default, the admin token `filopy up` keeps in the
+        state directory (if any)."""
+        token = token or admin_token()
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(
+            base_url=url.rstrip("/"), timeout=TIMEOUT_S, transport=transport, headers=headers
+        )
 
     def __enter__(self) -> RestClient:
         return self

@@ -22,6 +22,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from core.config import Settings
 from core.dataset import Dataset
 from core.jit import warm
+from filopy.auth import secure
 from filopy.ingest_http.core import Ingestion
 from filopy.ingest_http.influx import influx_router
 from filopy.ingest_http.otlp import otlp_router
@@ -125,4 +126,5 @@ def create_gateway_app(settings: Settings) -> FastAPI:
         body = await anyio.to_thread.run_sync(generate_latest, ingestion.metrics.registry)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
+    secure(app, settings)
     return app

@@ -36,6 +36,7 @@ from core.config import DEFAULT_CONFIG_FILE, GatewaySettings
 from core.dataset import Dataset, RecordFormat
 from core.errors import Conflict, FiloPyError, Invalid, NotFound, Unavailable
 from core.worker import Worker
+from filopy.auth import principal_of
 from filopy.ingest_http.metrics import IngestMetrics
 from ingest.bad_records import (
     DEFAULT_TS_RANGE,
@@ -225,6 +226,7 @@ LINGER_MS = 2
 # on the GIL at every hand-over (docs/ingestion-http.md, "Requests on the event loop").
 # Anything larger, or that could wait, goes to a thread.
 INLINE_BYTES = 1 << 20
+TENANT_LABEL = "_ws_"  # the label a tenant-limited write token pins (docs/security.md)
 INLINE_BACKLOG = 10_000  # messages queued for Kafka past which a send could block
 
 # [gateway] kafka_compression -> the producer's settings. The gateway leaves the record format's
@@ -486,20 +488,38 @@ class Ingestion:
                 f"{s.max_series_per_request}: send smaller requests",
             )
 
-    def write(self, dataset: Dataset, decoded: Decoded, acks: Acks) -> WriteResult:
+    @staticmethod
+    def check_tenant(batch: SampleBatch, tenant: str | None) -> None:
+        """A token limited to a tenant writes only series whose `_ws_` is that tenant: one
+        other series refuses the whole request (403), before anything of it is written."""
+        if tenant is None:
+            return
+        for labels in batch.series:
+            if labels.get(TENANT_LABEL) != tenant:
+                raise Refused(
+                    403,
+                    "forbidden",
+                    f"this token writes only {TENANT_LABEL}={tenant!r}; a series has "
+                    f"{TENANT_LABEL}={labels.get(TENANT_LABEL)!r}",
+                )
+
+    def write(
+        self, dataset: Dataset, decoded: Decoded, acks: Acks, tenant: str | None = None
+    ) -> WriteResult:
         """Send the decoded samples to Kafka (their acknowledgements arrive in `acks`); what
         was refused is counted, never written."""
-        result = self._write(dataset, decoded, acks, wait=True)
+        result = self._write(dataset, decoded, acks, wait=True, tenant=tenant)
         assert result is not None  # (a send that may wait always sends)
         return result
 
     def _write(
-        self, dataset: Dataset, decoded: Decoded, acks: Acks, wait: bool
+        self, dataset: Dataset, decoded: Decoded, acks: Acks, wait: bool, tenant: str | None
     ) -> WriteResult | None:
         """`write`; with `wait=False`, None (nothing sent) where sending could wait
         (`GatewayPool.send`)."""
         batch = decoded.batch
         self.check_limits(batch)
+        self.check_tenant(batch, tenant)
         rejected = dict(batch.bad_records)
         first = decoded.first_bad
         if len(batch):
@@ -517,7 +537,12 @@ class Ingestion:
         return WriteResult(accepted, rejected, first, len(batch.series))
 
     def _inline(
-        self, name: str, raw: bytes, decode: Callable[[Dataset, int], Decoded], acks: Acks
+        self,
+        name: str,
+        raw: bytes,
+        decode: Callable[[Dataset, int], Decoded],
+        acks: Acks,
+        tenant: str | None,
     ) -> WriteResult | tuple[Dataset, Decoded] | None:
         """A common request handled on the event loop, where nothing in it can wait: its
         definition at hand, its body at most `INLINE_BYTES` decompressed, its producer free
@@ -535,7 +560,7 @@ class Ingestion:
             if e.status == 413:  # over the inline bound (or the limit: the thread says which)
                 return None
             raise
-        sent = self._write(dataset, decoded, acks, wait=False)
+        sent = self._write(dataset, decoded, acks, wait=False, tenant=tenant)
         return (dataset, decoded) if sent is None else sent
 
     async def handle(self, protocol: IngestProtocol, name: str, request: Request) -> Response:
@@ -567,13 +592,16 @@ class Ingestion:
                     Received(body, dataset, request.headers, request.query_params)
                 )
 
+            tenant = principal_of(request.scope).tenant
+
             def blocking() -> WriteResult:
                 dataset = self.dataset(name)
-                return self.write(dataset, decode(dataset, self.settings.max_decoded_bytes), acks)
+                decoded = decode(dataset, self.settings.max_decoded_bytes)
+                return self.write(dataset, decoded, acks, tenant)
 
-            sent = self._inline(name, raw, decode, acks)
+            sent = self._inline(name, raw, decode, acks, tenant)
             if isinstance(sent, tuple):  # decoded here; the sending could wait
-                sent = await anyio.to_thread.run_sync(self.write, *sent, acks)
+                sent = await anyio.to_thread.run_sync(self.write, *sent, acks, tenant)
             elif sent is None:
                 sent = await anyio.to_thread.run_sync(blocking)
             if acks.messages:

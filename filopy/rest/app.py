@@ -15,6 +15,7 @@ from fastapi.routing import APIRoute
 from prometheus_client import CollectorRegistry
 
 from core.config import Settings
+from filopy.auth import secure
 from filopy.ingest_http import Ingestion, serve_ingestion
 from filopy.rest import (
     datasets,
@@ -25,6 +26,7 @@ from filopy.rest import (
     promql_status,
     rebalancing,
     shards,
+    tokens,
 )
 from filopy.rest.console import mount_console
 from filopy.rest.deps import Cluster
@@ -65,9 +67,10 @@ def create_app(client: FiloPyClient, settings: Settings) -> FastAPI:
     app.router.add_event_handler("shutdown", queries.close)  # stop following maps before Ray goes
     mount_console(app)
     # In this order, the OpenAPI document lists the paths as it always has.
-    for resource in (datasets, shards, rebalancing, nodes, events, operations):
+    for resource in (datasets, shards, rebalancing, nodes, events, operations, tokens):
         app.include_router(resource.router)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    secure(app, settings)
     return app
 
 

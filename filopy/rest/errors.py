@@ -25,9 +25,11 @@ from core.errors import (
     Conflict,
     ExecutionFailed,
     FiloPyError,
+    Forbidden,
     Internal,
     Invalid,
     NotFound,
+    Unauthenticated,
     Unavailable,
     Unsupported,
 )
@@ -44,6 +46,8 @@ INTERNAL = "internal"
 EXECUTION = "execution"
 UNSUPPORTED = "unsupported"
 METHOD_NOT_ALLOWED = "method_not_allowed"
+UNAUTHORIZED = "unauthorized"
+FORBIDDEN = "forbidden"
 
 # Each category's answer: (HTTP status, errorType). The bare root is raised only for a request
 # the cluster refused without a category (a client-side failure): a 400 as any refusal.
@@ -51,6 +55,8 @@ ANSWERS: dict[type[FiloPyError], tuple[int, str]] = {
     NotFound: (404, NOT_FOUND),
     Conflict: (409, CONFLICT),
     Invalid: (400, BAD_DATA),
+    Unauthenticated: (401, UNAUTHORIZED),
+    Forbidden: (403, FORBIDDEN),
     Unsupported: (501, UNSUPPORTED),  # as Prometheus-compatible servers answer it
     Unavailable: (503, UNAVAILABLE),
     ExecutionFailed: (422, EXECUTION),

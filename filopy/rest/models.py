@@ -213,3 +213,30 @@ def event_data(
     if mapper is not None:
         out["status"] = str(mapper.status(event.shard))
     return out
+
+
+class TokenRequest(_Request):
+    name: str = Field(min_length=1, max_length=200, description="Who or what uses the token.")
+    scopes: list[Literal["read", "write", "admin"]] = Field(
+        min_length=1, description="read: queries, status, events; write: ingestion; admin: all."
+    )
+    datasets: list[str] = Field(
+        default_factory=list, description="The only datasets it may use; empty: every dataset."
+    )
+    tenant: str | None = Field(
+        default=None, description="A write token's tenant: the `_ws_` of everything it writes."
+    )
+
+
+class TokenData(BaseModel):
+    id: str = Field(description="Public: names the token (fpy_<id>_...) in lists and revocations.")
+    name: str
+    scopes: list[str]
+    datasets: list[str]
+    tenant: str | None
+    created_ms: int
+    revoked_ms: int | None
+
+
+class CreatedTokenData(TokenData):
+    token: str = Field(description="The token itself: shown this once, stored only as a hash.")

@@ -86,6 +86,17 @@ class ComposeRun:
         argv = command_argv(svc["command"])
         self.bed.spawn(name, argv, env=env, log=f"compose-{name}.log", cwd=self.root)
 
+    def exec(self, name: str, argv: list[str]) -> str:
+        """`docker compose exec NAME ARGV`: a command on a built service's host, in its
+        environment; its stdout."""
+        svc = self.services[name]
+        env = {
+            "PATH": f"{self.root / '.venv' / 'bin'}:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            **self.image_env,
+            **{k: str(v) for k, v in (svc.get("environment") or {}).items()},
+        }
+        return self.bed.sh(name, argv, env=env, cwd=self.root, timeout=120).stdout
+
     def _start_image(self, name: str, svc: dict[str, Any]) -> None:
         env = {k: str(v) for k, v in (svc.get("environment") or {}).items()}
         services_env = {

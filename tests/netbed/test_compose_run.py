@@ -34,8 +34,10 @@ def compose(tmp_path: Path) -> Iterator[ComposeRun]:
         bed.remove()
 
 
-def _curl(bed: Bed, *args: str) -> str:
-    return bed.sh("client", ["curl", "-sS", "--fail-with-body", "--max-time", "30", *args]).stdout
+def _curl(bed: Bed, token: str, *args: str) -> str:
+    argv = ["curl", "-sS", "--fail-with-body", "--max-time", "30",
+            "-H", f"Authorization: Bearer {token}", *args]  # fmt: skip
+    return bed.sh("client", argv).stdout
 
 
 def test_the_compose_file_runs_ingests_answers_and_survives_a_worker(compose: ComposeRun) -> None:
@@ -43,29 +45,34 @@ def test_the_compose_file_runs_ingests_answers_and_survives_a_worker(compose: Co
     try:
         compose.start()
         wait_for("the gateway serving", lambda: bed.reaches("client", "gateway", 8081), 300)
+        # As the file's header says: a token made on the head (auth is on by default).
+        token = compose.exec("head", ["filopy", "token", "create", "compose", "--scope", "admin"])
+        token = token.strip()
 
         def members() -> set[str]:
-            data = json.loads(_curl(bed, "http://head:8080/api/v1/nodes"))["data"]
+            data = json.loads(_curl(bed, token, "http://head:8080/api/v1/nodes"))["data"]
             return {m["name"] for m in data["members"]}
 
         wait_for("both workers members", lambda: members() == {"worker1", "worker2"}, 300)
         body = {"name": "compose", "num_shards": 4, "min_num_nodes": 1}
-        _curl(bed, "-H", "content-type: application/json", "--data", json.dumps(body),
+        _curl(bed, token, "-H", "content-type: application/json", "--data", json.dumps(body),
               "http://head:8080/api/v1/datasets")  # fmt: skip
 
         def shards() -> list[dict[str, str]]:
-            status = _curl(bed, "http://head:8080/api/v1/cluster/compose/status")
+            status = _curl(bed, token, "http://head:8080/api/v1/cluster/compose/status")
             return list(json.loads(status)["data"])
 
         wait_for("every shard Active", lambda: all(s["status"] == "Active" for s in shards()), 180)
         ts = 1_760_000_000_000
         lines = "\n".join(f"cpu,_ws_=demo,_ns_=app,host=h{i} usage={i} {ts}" for i in range(40))
-        _curl(bed, "--data-binary", lines,
+        _curl(bed, token, "--data-binary", lines,
               "http://gateway:8081/ingest/compose/api/v2/write?precision=ms")  # fmt: skip
         query = urllib.parse.urlencode({"query": "count(cpu_usage)", "time": str(ts / 1000)})
 
         def count() -> float:
-            out = json.loads(_curl(bed, f"http://head:8080/promql/compose/api/v1/query?{query}"))
+            out = json.loads(
+                _curl(bed, token, f"http://head:8080/promql/compose/api/v1/query?{query}")
+            )
             result = out["data"]["result"]
             return float(result[0]["value"][1]) if result else 0.0
 

@@ -24,7 +24,14 @@ from tests.netbed.cluster import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "deployment.md"
-WHERE = re.compile(r"^# on ([\w-]+)(, keeps running)?$")
+WHERE = re.compile(r"^# on ([\w-]+)(, keeps running)?(, .*)?$")
+# The token the page has the head make for the client (in the working directory, shared here).
+CLIENT_TOKEN = ROOT / "client.token"
+# The store of the page's head: where the test's own probe token is made.
+STORE_ENV = {
+    "FILOPY_STORE__BACKEND": "cassandra",
+    "FILOPY_CASSANDRA__CONTACT_POINTS": '["cassandra"]',
+}
 
 # What a block must print (regular expressions, in order), by its last command's first word(s).
 EXPECTED = {
@@ -74,6 +81,8 @@ def test_every_block_of_the_deployment_page_runs_as_written(clean_bed: Bed) -> N
         "FILOPY_STATE_DIR": str(bed.workdir / "deployment-state"),
     }
     ran = []
+    CLIENT_TOKEN.unlink(missing_ok=True)
+    _probe.clear()  # a token of an earlier run's store
     for host, keeps_running, script in blocks():
         assert host in bed.hosts, f"docs/deployment.md names a machine the bed lacks: {host}"
         host_env = env
@@ -86,6 +95,7 @@ def test_every_block_of_the_deployment_page_runs_as_written(clean_bed: Bed) -> N
             _expect(host, proc.stdout + proc.stderr, EXPECTED.get(host, []))
         ran.append(host)
     assert ran[-1] == "client" and {"head", "node-1", "node-2", "gateway"} <= set(ran)
+    CLIENT_TOKEN.unlink(missing_ok=True)
     # the page's own order: the dataset exists before the client writes to it
 
 
@@ -108,9 +118,23 @@ def _ready(bed: Bed, host: str, log: Path) -> Callable[[], bool]:
     return check
 
 
+_probe: list[str] = []
+
+
+def _probe_token(bed: Bed) -> str:
+    """A read token of the test's own, made on the head in the page's store (auth is on)."""
+    if not _probe:
+        env = {"PATH": f"{ROOT / '.venv' / 'bin'}:/usr/bin:/bin", **STORE_ENV}
+        argv = ["filopy", "token", "create", "deployment-test", "--scope", "read"]
+        _probe.append(bed.sh("head", argv, env=env, cwd=ROOT, timeout=120).stdout.strip())
+    return _probe[0]
+
+
 def _member(bed: Bed, node: str) -> bool:
+    argv = ["curl", "-sS", "--max-time", "10", "-H", f"Authorization: Bearer {_probe_token(bed)}",
+            "http://head:8080/api/v1/nodes"]  # fmt: skip
     try:
-        out = bed.sh("client", ["curl", "-sS", "--max-time", "10", "http://head:8080/api/v1/nodes"])
+        out = bed.sh("client", argv)
     except BedError:
         return False
     return node in {m["name"] for m in json.loads(out.stdout)["data"]["members"]}

@@ -19,6 +19,7 @@ import httpx
 import pytest
 import uvicorn
 from confluent_kafka import Consumer, TopicPartition
+from fastapi import FastAPI
 
 from core.config import Settings
 from core.dataset import Dataset
@@ -65,6 +66,7 @@ class Rest:
     url: str
     http: httpx.Client
     nodes: list[str]
+    app: FastAPI
 
     @property
     def client(self) -> FiloPyClient:
@@ -87,7 +89,7 @@ def start_rest(tmp_path: Path, nodes: int, settings: Settings | None = None) -> 
         cluster.wait_for(f"{nodes} members", lambda: set(cluster.client.members()) == set(ids))
         app = create_app(cluster.client, cluster.settings)
         with ServerThread(app) as url, httpx.Client(base_url=url, timeout=30) as http:
-            yield Rest(cluster, url, http, ids)
+            yield Rest(cluster, url, http, ids, app)
     finally:
         ray_cluster.shutdown()
 

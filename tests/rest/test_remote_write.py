@@ -263,13 +263,20 @@ def test_filopy_gateway_serves_alone(tmp_path: Path) -> None:
     """`filopy gateway` as its own process (no Ray): it starts and answers from its store."""
     port = free_port()
     env = {**os.environ, "FILOPY_STATE_DIR": str(tmp_path)}
+    # Auth on, as by default: a write token made with the CLI in the store the gateway reads.
+    made = subprocess.run(
+        [sys.executable, "-m", "filopy.cli", "token", "create", "gw", "--scope", "write"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    token = made.stdout.strip()
     cmd = [sys.executable, "-m", "filopy.cli", "gateway", "--port", str(port)]
     cmd += ["--max-body-bytes", "2000"]
     proc = subprocess.Popen(
         cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
     try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
+        auth = {"Authorization": f"Bearer {token}"}
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10, headers=auth) as http:
             deadline = time.monotonic() + 60
             while True:
                 assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
@@ -279,6 +286,8 @@ def test_filopy_gateway_serves_alone(tmp_path: Path) -> None:
                 except httpx.TransportError:
                     assert time.monotonic() < deadline, "filopy gateway did not start"
                     time.sleep(0.2)
+            anonymous = httpx.post(f"http://127.0.0.1:{port}/ingest/nosuch/api/v1/write")
+            assert anonymous.status_code == 401, anonymous.text
             assert resp.status_code == 404, resp.text
             assert resp.json()["error"] == "unknown dataset 'nosuch'"
             huge = http.post("/ingest/nosuch/api/v1/write", content=b"\0" * 2001)

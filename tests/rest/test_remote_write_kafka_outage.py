@@ -108,6 +108,7 @@ def _settings(tmp_path: Path, bootstrap: str) -> Settings:
             ),
             "gateway": base.gateway.model_copy(update={"ack_timeout_s": 3.0, "retry_after_s": 1}),
             "ingest": base.ingest.model_copy(update={"flush_interval_s": 1.0}),
+            "auth": base.auth.model_copy(update={"enabled": False}),  # tests/auth/'s subject
         }
     )
 

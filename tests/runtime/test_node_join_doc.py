@@ -27,8 +27,11 @@ def join_block() -> str:
     return blocks[0]
 
 
-def _members(rest_url: str) -> set[str]:
-    with urllib.request.urlopen(f"{rest_url}/api/v1/nodes", timeout=10) as r:
+def _members(rest_url: str, token: str) -> set[str]:
+    ask = urllib.request.Request(
+        f"{rest_url}/api/v1/nodes", headers={"Authorization": f"Bearer {token}"}
+    )
+    with urllib.request.urlopen(ask, timeout=10) as r:
         return {m["name"] for m in json.load(r)["data"]["members"]}
 
 
@@ -46,12 +49,13 @@ def test_the_documented_join_adds_a_named_node_and_sigterm_takes_it_out(
         assert up.returncode == 0, up.stderr
         state = json.loads((Path(env["FILOPY_STATE_DIR"]) / "local-cluster.json").read_text())
         rest = state["rest_url"]
-        wait_for("the two nodes of `up` members", lambda: len(_members(rest)) == 2, 120)
+        token = (Path(env["FILOPY_STATE_DIR"]) / "admin-token").read_text().strip()
+        wait_for("the two nodes of `up` members", lambda: len(_members(rest, token)) == 2, 120)
         joined = subprocess.Popen(
             ["bash", "-e", "-c", join_block()], cwd=ROOT, env=env, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, text=True, start_new_session=True,
         )  # fmt: skip
-        members = wait_for("the joined node a member", lambda: "extra" in _members(rest), 180)
+        members = wait_for("the joined node", lambda: "extra" in _members(rest, token), 180)
         assert members
         os.killpg(joined.pid, signal.SIGTERM)
         out, _ = joined.communicate(timeout=120)
@@ -59,8 +63,8 @@ def test_the_documented_join_adds_a_named_node_and_sigterm_takes_it_out(
         assert re.search(
             r"FiloPy node extra at 127\.0\.0\.1 joined the cluster at 127\.0\.0\.1", out
         )
-        wait_for("the stopped node gone", lambda: "extra" not in _members(rest), 120)
-        assert len(_members(rest)) == 2
+        wait_for("the stopped node gone", lambda: "extra" not in _members(rest, token), 120)
+        assert len(_members(rest, token)) == 2
     finally:
         if joined is not None and joined.poll() is None:
             os.killpg(joined.pid, signal.SIGKILL)

@@ -24,9 +24,32 @@ const state = {
 };
 const nameOf = (id) => (id ? state.names[id] || id.slice(0, 12) : "-");
 
+// The API wants a token (docs/security.md): the page keeps the one typed into the login form in
+// a cookie, which the browser sends with every read, the event stream's too (an EventSource
+// cannot send a header). Without one, or with one refused, the form shows.
+const TOKEN_COOKIE = "filopy_token";
+
+function askForToken(message) {
+  $("#login").hidden = false;
+  $("#login-error").textContent = message;
+  $("#live").textContent = "no token";
+  $("#live").className = "badge off";
+}
+
+function useToken(event) {
+  event.preventDefault();
+  const token = $("#token").value.trim();
+  if (!token) return;
+  document.cookie = `${TOKEN_COOKIE}=${token}; path=/; SameSite=Strict`;
+  $("#token").value = "";
+  $("#login").hidden = true;
+  loadDatasets().catch((e) => { $("#grid").textContent = `cannot reach the cluster: ${e.message}`; });
+}
+
 async function api(path) {
   const resp = await fetch(path, { headers: { Accept: "application/json" } });
   const body = await resp.json().catch(() => ({}));
+  if (resp.status === 401 || resp.status === 403) askForToken(body.error || resp.statusText);
   if (!resp.ok || body.status === "error") {
     throw new Error(body.error || `${resp.status} ${resp.statusText}`);
   }
@@ -433,6 +456,7 @@ async function loadDatasets() {
 renderLegend();
 $("#dataset").addEventListener("change", (e) => select(e.target.value));
 $("#query-form").addEventListener("submit", runQuery);
+$("#login").addEventListener("submit", useToken);
 setInterval(() => { if (state.ds) refreshNodes().catch(() => {}); }, 3000);
 setInterval(() => { if (state.ds) refreshPlanAndHistory().catch(() => {}); }, 10000);
 setInterval(() => loadDatasets().catch(() => {}), 3000);
