@@ -131,6 +131,26 @@ class AuthSettings(_Section):
     refresh_s: float = Field(gt=0)
 
 
+class TlsSettings(_Section):
+    """TLS for the HTTP servers (REST and gateway): docs/security.md. Empty: plain HTTP."""
+
+    cert_file: str
+    key_file: str
+    client_ca_file: str
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.cert_file)
+
+    @model_validator(mode="after")
+    def _complete(self) -> TlsSettings:
+        if bool(self.cert_file) != bool(self.key_file):
+            raise ValueError("tls.cert_file and tls.key_file go together: set both or neither")
+        if self.client_ca_file and not self.cert_file:
+            raise ValueError("tls.client_ca_file needs tls.cert_file and tls.key_file")
+        return self
+
+
 class Settings(BaseSettings):
     """All of FiloPy's settings. Build with `load_settings()`."""
 
@@ -147,6 +167,7 @@ class Settings(BaseSettings):
     ingest: IngestSettings
     gateway: GatewaySettings
     auth: AuthSettings
+    tls: TlsSettings
 
     @classmethod
     def settings_customise_sources(

@@ -125,6 +125,7 @@ def _supervise(nodes: int, port: int) -> None:
     from core.heap import keep_long_lived_frozen
     from filopy.auth import keep_admin_token
     from filopy.rest import create_app
+    from filopy.serving import scheme, uvicorn_options
 
     def stop(signum: int, _frame: object) -> None:
         raise SystemExit(128 + signum)  # runs the cleanup below; uvicorn replaces it while serving
@@ -154,13 +155,15 @@ def _supervise(nodes: int, port: int) -> None:
         if rest.state.tokens is not None:  # auth on: an admin token for this directory's CLI
             keep_admin_token(rest.state.tokens, directory / ADMIN_TOKEN_FILE)
         server = uvicorn.Server(
-            uvicorn.Config(rest, host="127.0.0.1", port=port, log_level="warning")
+            uvicorn.Config(
+                rest, host="127.0.0.1", port=port, log_level="warning", **uvicorn_options(settings)
+            )
         )
         keep_long_lived_frozen()
         state = LocalCluster(
             pid=os.getpid(),
             ray_address=cluster.address,
-            rest_url=f"http://127.0.0.1:{port}",
+            rest_url=f"{scheme(settings)}://127.0.0.1:{port}",
             nodes=nodes,
             namespace=settings.ray.namespace,
             log=str((directory / LOG_FILE).resolve()),

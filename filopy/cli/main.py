@@ -178,14 +178,16 @@ def _serve_rest(settings: Any, host: str, port: int) -> None:
     from coordinator.cluster_actor import start_cluster_actor
     from core.heap import keep_long_lived_frozen
     from filopy.rest import create_app
+    from filopy.serving import scheme, uvicorn_options
 
     actor = start_cluster_actor(settings)
     ray.get(actor.ready.remote(), timeout=120)
     client = FiloPyClient(actor, settings)
-    console.print(f"FiloPy singleton ready; REST API on http://{host}:{port} (OpenAPI at /docs)")
     app_ = create_app(client, settings)
+    url = f"{scheme(settings)}://{host}:{port}"
+    console.print(f"FiloPy singleton ready; REST API on {url} (OpenAPI at /docs)")
     keep_long_lived_frozen()
-    uvicorn.run(app_, host=host, port=port, log_level="warning")
+    uvicorn.run(app_, host=host, port=port, log_level="warning", **uvicorn_options(settings))
 
 
 @app.command()
@@ -334,6 +336,7 @@ def gateway(
     from core.config import load_settings
     from core.heap import keep_long_lived_frozen
     from filopy.ingest_http import create_gateway_app
+    from filopy.serving import scheme, uvicorn_options
 
     settings = load_settings()
     overrides = {"max_body_bytes": max_body_bytes, "ack_timeout_s": ack_timeout_s}
@@ -342,10 +345,10 @@ def gateway(
         settings = settings.model_copy(
             update={"gateway": settings.gateway.model_copy(update=overrides)}
         )
-    console.print(f"FiloPy ingestion gateway on http://{host}:{port}")
     app_ = create_gateway_app(settings)
+    console.print(f"FiloPy ingestion gateway on {scheme(settings)}://{host}:{port}")
     keep_long_lived_frozen()
-    uvicorn.run(app_, host=host, port=port, log_level="warning")
+    uvicorn.run(app_, host=host, port=port, log_level="warning", **uvicorn_options(settings))
 
 
 @app.command()
