@@ -81,12 +81,12 @@ def _ref(dataset: str | DatasetRef) -> DatasetRef:
 def resolve_address(address: str) -> str:
     """Resolve `auto` and check that something listens there, so a wrong address fails in
     seconds with a clear message instead of `ray.init` retrying forever."""
+    from core.local_state import ray_token_path, running
+
+    local = running()  # a cluster started by `filopy up` from this directory
     if address == "auto":
         from ray._private.utils import read_ray_address
 
-        from core.local_state import running
-
-        local = running()  # a cluster started by `filopy up` from this directory
         resolved = (
             os.environ.get("RAY_ADDRESS")
             or (local.ray_address if local is not None else None)
@@ -97,6 +97,8 @@ def resolve_address(address: str) -> str:
                 "no running Ray cluster found on this machine; start one or pass its address"
             )
         address = resolved
+    if local is not None and address == local.ray_address:
+        ray_env.use_ray_token(ray_token_path())  # it admits only holders of its Ray token
     host, _, port = address.rpartition(":")
     try:
         socket.create_connection((host or "127.0.0.1", int(port)), timeout=3).close()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 RAY_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 LOOPBACK_VAR = "FILOPY_RAY_LOOPBACK"
@@ -43,3 +44,29 @@ def bind_loopback() -> None:
 # Importing this module early still helps code that calls `ray.init()` itself.
 if loopback() and "ray" not in sys.modules:
     os.environ.setdefault(RAY_SWITCH, "0")
+
+
+AUTH_MODE_VAR = "RAY_AUTH_MODE"
+TOKEN_PATH_VAR = "RAY_AUTH_TOKEN_PATH"
+
+
+def ray_token_env(token_path: Path | None) -> dict[str, str]:
+    """The environment that makes Ray's processes and drivers authenticate with the token in
+    `token_path` (Ray's token authentication); nothing when there is no token, or when the user
+    chose Ray's auth mode (RAY_AUTH_MODE) themselves."""
+    if token_path is None or AUTH_MODE_VAR in os.environ:
+        return {}
+    return {AUTH_MODE_VAR: "token", TOKEN_PATH_VAR: str(token_path)}
+
+
+def use_ray_token(token_path: Path | None) -> None:
+    """Authenticate this process' Ray connections with the token in `token_path`, before
+    `ray.init()` or starting a node. Ray reads its auth mode into its config when imported, so
+    the config is read again (as Ray does when it turns token auth on itself)."""
+    env = ray_token_env(token_path)
+    if not env:
+        return
+    os.environ.update(env)
+    raylet = sys.modules.get("ray._raylet")
+    if raylet is not None:
+        raylet.Config.initialize("")

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
 STATE_FILE = "local-cluster.json"
 ADMIN_TOKEN_FILE = "admin-token"  # mode 0600: the admin token `filopy up` made (docs/security.md)
+RAY_TOKEN_FILE = "ray-token"  # mode 0600: the token Ray's processes and drivers authenticate with
 
 
 @dataclass(frozen=True)
@@ -61,3 +63,15 @@ def admin_token(directory: Path | None = None) -> str | None:
         return ((directory or state_dir()) / ADMIN_TOKEN_FILE).read_text().strip() or None
     except OSError:
         return None
+
+
+def ray_token_path(directory: Path | None = None, *, create: bool = False) -> Path | None:
+    """The Ray token file of this state directory (made, 0600, if `create`), or None if there
+    is none: a `filopy up` cluster admits only Ray processes and drivers that hold it."""
+    path = (directory or state_dir()) / RAY_TOKEN_FILE
+    if create and not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+    return path.resolve() if path.exists() else None

@@ -86,6 +86,20 @@ def test_up_ingest_down_up_recovers_the_dataset_without_replay(
             return all(s["status"] == "Active" for s in shards)
 
         wait_for("all shards active", active)
+        # Ray's token authentication: a driver without the state directory's Ray token is
+        # refused at connect (the CLI below holds it and gets in).
+        ray_token = tmp_path / "state" / "ray-token"
+        assert ray_token.stat().st_mode & 0o777 == 0o600
+        outsider = subprocess.run(
+            [sys.executable, "-c", f"import ray; ray.init(address={state['ray_address']!r})"],
+            env={
+                **{k: v for k, v in env.items() if not k.startswith("RAY_AUTH")},
+                "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",  # a loopback cluster (ray_env.py)
+            },
+            capture_output=True, text=True, timeout=180, check=False,
+        )  # fmt: skip
+        assert outsider.returncode != 0
+        assert "Authentication token is missing or incorrect" in outsider.stderr, outsider.stderr
         # The CLI finds the cluster from the state directory: no --address needed.
         status = filopy("status", name)
         assert status.returncode == 0, status.stderr

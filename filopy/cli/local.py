@@ -23,8 +23,17 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from coordinator import ray_env
 from core.errors import Unavailable
-from core.local_state import ADMIN_TOKEN_FILE, STATE_FILE, LocalCluster, alive, running, state_dir
+from core.local_state import (
+    ADMIN_TOKEN_FILE,
+    STATE_FILE,
+    LocalCluster,
+    alive,
+    ray_token_path,
+    running,
+    state_dir,
+)
 
 log = logging.getLogger("filopy.local")
 
@@ -51,9 +60,13 @@ def up(nodes: int, port: int, timeout_s: float = 180.0) -> LocalCluster:
     if not _port_free(port):
         raise LocalClusterError(f"port {port} on 127.0.0.1 is in use; choose another with --port")
     log_path = directory / LOG_FILE
+    # Ray's token authentication: only processes and drivers holding the state directory's
+    # Ray token join or call this cluster (docs/security.md).
+    ray_auth = ray_env.ray_token_env(ray_token_path(directory, create=True))
     with open(log_path, "ab") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "filopy.cli.local", "--nodes", str(nodes), "--port", str(port)],
+            env={**os.environ, **ray_auth},
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,

@@ -280,18 +280,20 @@ def node_join(
     """Start a FiloPy node on this machine and join it to a cluster, in the foreground (stop it
     with SIGTERM or Ctrl-C; its shards move to the other nodes). The singleton gives it shards
     as rebalancing allows."""
+    from coordinator import ray_env
     from coordinator.node_coordinator import NAME_LABEL
     from core.config import load_settings
+    from core.local_state import ray_token_path, running
     from filopy.cli import raynode
 
     settings = load_settings()
+    local = running()
     if address == "auto":
-        from core.local_state import running
-
-        local = running()
         if local is None:
             raise typer.BadParameter("no `filopy up` cluster here; give the head's --address")
         address = local.ray_address
+    if local is not None and address == local.ray_address:
+        ray_env.use_ray_token(ray_token_path())  # the `filopy up` cluster's Ray token
     host, port = raynode.split_address(address)
     raynode.wait_reachable(host, port, wait)
     here = bind or raynode.address_towards(host, port)
