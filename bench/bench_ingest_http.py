@@ -54,6 +54,7 @@ sys.path.insert(0, str(ROOT))
 
 from core.config import load_settings  # noqa: E402
 from core.dataset import Dataset, LabelLimits, SourceSettings  # noqa: E402
+from filopy.auth import TokenBook  # noqa: E402
 from ingest.topics import ensure_topic  # noqa: E402
 from ingest.wire.line_protocol import decode_lines  # noqa: E402
 from ingest.wire.prompb import write_v2_pb2  # noqa: E402
@@ -226,6 +227,7 @@ class Server:
         self._log = log.open("wb")
         self.proc = subprocess.Popen(argv, env=env, stdout=self._log, stderr=subprocess.STDOUT)
         self.paths: dict[str, str] = {}  # protocol -> path (a protocol it does not take: none)
+        self.headers: dict[str, str] = {}  # sent with every request (FiloPy's: its token)
         self.port = 0
         self.peers: list[Server] = []  # more processes of the same server (`--gateways`)
 
@@ -254,7 +256,7 @@ class Server:
 
     def get(self, path: str) -> str:
         c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
-        c.request("GET", path)
+        c.request("GET", path, headers=self.headers)
         body = c.getresponse().read().decode()
         c.close()
         return body
@@ -304,6 +306,9 @@ def start_filopy(tmp: Path, extra_env: dict[str, str] | None = None, processes: 
     meta, columns = open_stores(settings)
     try:
         meta.create_dataset(ds)
+        # Auth is on, as by default: every request carries a token, as agents' do (read too:
+        # the bench reads the gateway's /metrics).
+        _, token = TokenBook(meta).create("bench", ["write", "read"])
     finally:
         meta.close()
         columns.close()
@@ -325,6 +330,7 @@ def start_filopy(tmp: Path, extra_env: dict[str, str] | None = None, processes: 
         LP: f"/ingest/{ds.name}/write?precision=ms",
     }
     server.dataset = ds  # type: ignore[attr-defined]
+    server.headers = {"Authorization": f"Bearer {token}"}
     return server
 
 
@@ -425,7 +431,8 @@ class Run:
 def timed_run(
     server: Server, protocol: str, work: Workload, connections: int, broker: int | None
 ) -> Run:
-    bodies, path, headers = work.bodies(protocol), server.paths[protocol], HEADERS[protocol]
+    bodies, path = work.bodies(protocol), server.paths[protocol]
+    headers = {**HEADERS[protocol], **server.headers}
     for port in server.ports:  # warm-up: each process meets every series once
         send_all([port], path, bodies[: work.per_scrape], headers, connections)
     time.sleep(1.0)

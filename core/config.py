@@ -122,6 +122,10 @@ class GatewaySettings(_Section):
     retry_after_s: int = Field(ge=1)
     definitions_ttl_s: float = Field(ge=0)
     kafka_compression: Literal["none", "gzip", "snappy", "lz4", "zstd"]
+    tenant_samples_per_s: float = Field(ge=0)
+    tenant_burst_s: float = Field(gt=0)
+    tenant_active_series: int = Field(ge=0)
+    tenant_active_window_s: float = Field(gt=0)
 
 
 class AuthSettings(_Section):

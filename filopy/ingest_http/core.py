@@ -38,6 +38,7 @@ from core.errors import Conflict, FiloPyError, Invalid, NotFound, Unavailable
 from core.worker import Worker
 from filopy.auth import principal_of
 from filopy.ingest_http.metrics import IngestMetrics
+from filopy.ingest_http.tenants import TENANT_LABEL, OverLimit, TenantLimits
 from ingest.bad_records import (
     DEFAULT_TS_RANGE,
     SERIES_REASONS,
@@ -226,7 +227,6 @@ LINGER_MS = 2
 # on the GIL at every hand-over (docs/ingestion-http.md, "Requests on the event loop").
 # Anything larger, or that could wait, goes to a thread.
 INLINE_BYTES = 1 << 20
-TENANT_LABEL = "_ws_"  # the label a tenant-limited write token pins (docs/security.md)
 INLINE_BACKLOG = 10_000  # messages queued for Kafka past which a send could block
 
 # [gateway] kafka_compression -> the producer's settings. The gateway leaves the record format's
@@ -448,6 +448,13 @@ class Ingestion:
         self.metrics = metrics or IngestMetrics()
         self.definitions = Definitions(datasets, settings.definitions_ttl_s)
         self.pool = GatewayPool(settings.ack_timeout_s, settings.kafka_compression)
+        self.tenants = TenantLimits(
+            settings.tenant_samples_per_s,
+            settings.tenant_burst_s,
+            settings.tenant_active_series,
+            settings.tenant_active_window_s,
+            settings.retry_after_s,
+        )
 
     def close(self) -> None:
         self.pool.close()
@@ -488,6 +495,16 @@ class Ingestion:
                 f"{s.max_series_per_request}: send smaller requests",
             )
 
+    def admit(self, batch: SampleBatch, tenant: str | None) -> None:
+        """The tenants' limits (`TenantLimits`): 429 with Retry-After over one, nothing written."""
+        try:
+            taken = self.tenants.admit(batch, tenant)
+        except OverLimit as e:
+            self.metrics.tenant_refused.labels(e.tenant, e.limit).inc(len(batch))
+            raise Refused(429, "too_many_requests", str(e), e.retry_after_s) from None
+        for name, n in taken.items():
+            self.metrics.tenant_samples.labels(name).inc(n)
+
     @staticmethod
     def check_tenant(batch: SampleBatch, tenant: str | None) -> None:
         """A token limited to a tenant writes only series whose `_ws_` is that tenant: one
@@ -520,6 +537,8 @@ class Ingestion:
         batch = decoded.batch
         self.check_limits(batch)
         self.check_tenant(batch, tenant)
+        if self.tenants.enabled and len(batch):
+            self.admit(batch, tenant)
         rejected = dict(batch.bad_records)
         first = decoded.first_bad
         if len(batch):

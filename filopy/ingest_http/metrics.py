@@ -55,6 +55,18 @@ class IngestMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.tenant_samples = Counter(
+            "filopy_http_ingest_tenant_samples",
+            "Samples let in by the tenants' limits, by tenant (only with a tenant limit set).",
+            ["tenant"],
+            registry=r,
+        )
+        self.tenant_refused = Counter(
+            "filopy_http_ingest_tenant_refused_samples",
+            "Samples refused with 429 because their tenant was over a limit, by tenant and limit.",
+            ["tenant", "limit"],
+            registry=r,
+        )
         self.kafka_errors = Counter(
             "filopy_http_ingest_kafka_errors",
             "Requests answered 503 because Kafka did not acknowledge in time or was unreachable.",
