@@ -321,10 +321,52 @@ def open_token_book(settings: Settings) -> TokenBook | None:
     return TokenBook(meta, settings.auth.refresh_s)
 
 
+_REFUSAL_SCHEMA = {
+    "type": "object",
+    "required": ["status", "errorType", "error"],
+    "properties": {
+        "status": {"type": "string", "enum": ["error"]},
+        "errorType": {"type": "string", "enum": ["unauthorized", "forbidden"]},
+        "error": {"type": "string"},
+    },
+}
+_REFUSALS = {
+    "401": "No valid token: none sent, not a FiloPy token, a wrong secret or a revoked token",
+    "403": "The token's scopes or datasets do not allow the request",
+}
+
+
+def document_refusals(app: FastAPI) -> None:
+    """Every operation that needs a token lists the middleware's 401 and 403 in the app's
+    OpenAPI schema: clients (and schemathesis) generated from it expect them."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        schema = build()  # FastAPI's, cached after the first call
+        for path, item in schema.get("paths", {}).items():
+            for method, operation in item.items():
+                if required(method.upper(), path)[0] is None:
+                    continue  # open
+                responses = operation.setdefault("responses", {})
+                for code, text in _REFUSALS.items():
+                    responses.setdefault(
+                        code,
+                        {
+                            "description": text,
+                            "content": {"application/json": {"schema": _REFUSAL_SCHEMA}},
+                        },
+                    )
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
 def secure(app: FastAPI, settings: Settings) -> None:
     """Tokens checked before anything else sees a request (docs/security.md): added last, the
     middleware is outermost, ahead of the direct write and query dispatchers."""
     book = open_token_book(settings)
+    if book is not None:
+        document_refusals(app)
     app.state.tokens = book
     app.add_middleware(Authenticate, tokens=None if book is None else book.cache)
     if book is not None:

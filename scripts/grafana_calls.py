@@ -1,7 +1,12 @@
 #!/usr/bin/env python3
 """Replay the calls Grafana's Prometheus data source makes when a dashboard loads.
 
-    .venv/bin/python scripts/grafana_calls.py http://127.0.0.1:8080/promql/DATASET
+    .venv/bin/python scripts/grafana_calls.py http://127.0.0.1:8080/promql/DATASET \
+        [--bearer TOKEN | --basic USER:TOKEN] [--metric METRIC] [--label LABEL]
+
+With a FiloPy read token, sent as the data source sends it (docs/security.md): `--bearer`, as
+its custom `Authorization: Bearer` header, or `--basic`, as its basic auth with the token as
+the password; without either, `$FILOPY_TOKEN` as a bearer token if it is set.
 
 There is no Grafana package on the development machines, so this stands in for one: the same
 requests, in the same order and shape (POST with form bodies where Grafana posts, its default
@@ -26,6 +31,7 @@ expected shape, naming it.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from typing import Any
@@ -52,11 +58,18 @@ def check(resp: httpx.Response, kind: type | tuple[type, ...], what: str) -> Any
     return body["data"]
 
 
-def replay(base: str, metric: str | None, label: str | None, out: Any = sys.stdout) -> None:
+def replay(
+    base: str,
+    metric: str | None,
+    label: str | None,
+    out: Any = sys.stdout,
+    auth: httpx.Auth | None = None,
+    headers: dict[str, str] | None = None,
+) -> None:
     now = time.time()
     start, end = now - 3600, now
     rng = {"start": f"{start:.3f}", "end": f"{end:.3f}"}
-    with httpx.Client(base_url=base.rstrip("/"), timeout=30) as http:
+    with httpx.Client(base_url=base.rstrip("/"), timeout=30, auth=auth, headers=headers) as http:
 
         def call(method: str, path: str, params: dict[str, Any], kind: Any, what: str) -> Any:
             if method == "POST":
@@ -120,9 +133,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("url", help="the data source URL, e.g. http://127.0.0.1:8080/promql/prom")
     ap.add_argument("--metric", help="the metric to query (default: the first listed)")
     ap.add_argument("--label", help="the label of the variable (default: the first listed)")
+    how = ap.add_mutually_exclusive_group()
+    how.add_argument(
+        "--bearer",
+        metavar="TOKEN",
+        help="send 'Authorization: Bearer TOKEN' (default: $FILOPY_TOKEN)",
+    )
+    how.add_argument(
+        "--basic", metavar="USER:PASSWORD", help="basic auth, as Grafana's (the token as password)"
+    )
     args = ap.parse_args(argv)
+    auth: httpx.Auth | None = None
+    headers: dict[str, str] = {}
+    if args.basic is not None:
+        user, sep, password = args.basic.partition(":")
+        if not sep:
+            ap.error("--basic wants USER:PASSWORD")
+        auth = httpx.BasicAuth(user, password)
+    elif token := args.bearer or os.environ.get("FILOPY_TOKEN"):
+        headers["Authorization"] = f"Bearer {token}"
     try:
-        replay(args.url, args.metric, args.label)
+        replay(args.url, args.metric, args.label, auth=auth, headers=headers)
     except (Failed, httpx.HTTPError) as e:
         print(f"FAILED {e}", file=sys.stderr)
         return 1

@@ -46,10 +46,17 @@ function useToken(event) {
   loadDatasets().catch((e) => { $("#grid").textContent = `cannot reach the cluster: ${e.message}`; });
 }
 
+const tokenInUse = () =>
+  document.cookie.split("; ").find((c) => c.startsWith(`${TOKEN_COOKIE}=`)) || "";
+
 async function api(path) {
+  const token = tokenInUse();
   const resp = await fetch(path, { headers: { Accept: "application/json" } });
   const body = await resp.json().catch(() => ({}));
-  if (resp.status === 401 || resp.status === 403) askForToken(body.error || resp.statusText);
+  // A refusal of a request sent with an earlier token (a poll under way while the user typed a
+  // new one) says nothing of the token now in use.
+  const current = tokenInUse() === token;
+  if ((resp.status === 401 || resp.status === 403) && current) askForToken(body.error || resp.statusText);
   if (!resp.ok || body.status === "error") {
     throw new Error(body.error || `${resp.status} ${resp.statusText}`);
   }
