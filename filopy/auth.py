@@ -102,21 +102,29 @@ def required(method: str, path: str) -> tuple[TokenScope | None, str | None]:
 
 
 class TokenCache:
-    """The tokens of the store, read again every `refresh_s`; a token id it does not know is
-    looked up at once (a token made a moment ago on another server), at most once a second so
-    garbage tokens cannot make every request a store read."""
+    """The tokens of the store, read again every `refresh_s`. A token id it does not know (one
+    made a moment ago on another server) is looked up by itself at once, if `get_one` is given;
+    an id found missing is not asked for again within a second, and at most `lookups_per_s`
+    such lookups run a second, so garbage tokens cannot turn requests into store reads."""
 
     def __init__(
         self,
         load: Callable[[], Sequence[Token]],
         refresh_s: float,
         clock: Callable[[], float] = time.monotonic,
+        get_one: Callable[[str], Token | None] | None = None,
+        lookups_per_s: float = 10.0,
     ) -> None:
         self._load = load
+        self._get_one = get_one
         self._refresh_s = refresh_s
         self._clock = clock
         self._tokens: dict[str, Token] = {}
+        self._missing: dict[str, float] = {}  # id -> when it was found missing
         self._read_at = -float("inf")
+        self._lookups_per_s = lookups_per_s
+        self._budget = lookups_per_s
+        self._budget_at = clock()
         self._lock = threading.Lock()
 
     def fresh(self) -> bool:
@@ -124,10 +132,17 @@ class TokenCache:
 
     def lookup(self, token_id: str) -> Token | None:
         """The token of that id as of at most `refresh_s` ago (blocking: reads the store when
-        stale)."""
-        if not self.fresh() or (token_id not in self._tokens and not self._recent()):
+        stale, or the one token when unknown)."""
+        if not self.fresh():
             self.reload()
-        return self._tokens.get(token_id)
+        token = self._tokens.get(token_id)
+        if token is not None:
+            return token
+        if self._get_one is None:
+            if not self._recent():
+                self.reload()
+            return self._tokens.get(token_id)
+        return self._look_up_one(token_id)
 
     def known_fresh(self, token_id: str) -> Token | None:
         """The token without reading the store, when that is enough (cached and fresh)."""
@@ -135,6 +150,29 @@ class TokenCache:
 
     def _recent(self) -> bool:
         return self._clock() - self._read_at < 1.0
+
+    def _look_up_one(self, token_id: str) -> Token | None:
+        assert self._get_one is not None
+        now = self._clock()
+        with self._lock:
+            if now - self._missing.get(token_id, -float("inf")) < 1.0:
+                return None
+            self._budget = min(
+                self._lookups_per_s, self._budget + (now - self._budget_at) * self._lookups_per_s
+            )
+            self._budget_at = now
+            if self._budget < 1:
+                return None  # a flood of unknown ids: refused without a store read
+            self._budget -= 1
+        token = self._get_one(token_id)
+        if token is None:
+            with self._lock:
+                if len(self._missing) > 10_000:
+                    self._missing.clear()
+                self._missing[token_id] = now
+            return None
+        self.add(token)
+        return token
 
     def reload(self) -> None:
         with self._lock:
@@ -145,8 +183,9 @@ class TokenCache:
             self._read_at = self._clock()
 
     def add(self, token: Token) -> None:
-        """A token this server just made or revoked: known here at once."""
+        """A token this server just made, revoked or looked up: known here at once."""
         self._tokens = {**self._tokens, token.id: token}
+        self._missing.pop(token.id, None)
 
 
 def credentials(scope: Scope) -> str | None:
@@ -276,7 +315,7 @@ class TokenBook:
 
     def __init__(self, meta: MetaStore, refresh_s: float = 5.0) -> None:
         self.meta = meta
-        self.cache = TokenCache(meta.list_tokens, refresh_s)
+        self.cache = TokenCache(meta.list_tokens, refresh_s, get_one=meta.get_token)
 
     def create(
         self,

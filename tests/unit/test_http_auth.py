@@ -61,10 +61,15 @@ class Store:
     def __init__(self) -> None:
         self.tokens: list[Token] = []
         self.reads = 0
+        self.gets = 0
 
     def load(self) -> list[Token]:
         self.reads += 1
         return list(self.tokens)
+
+    def get(self, token_id: str) -> Token | None:
+        self.gets += 1
+        return next((t for t in self.tokens if t.id == token_id), None)
 
     def make(self, *scopes: str, **limits: Any) -> tuple[Token, str]:
         token, text = new_token("t", scopes, 1, **limits)
@@ -98,7 +103,8 @@ ROUTES = [
 def world() -> tuple[AppClient, Store, Clock]:
     store, clock = Store(), Clock()
     app = Starlette(routes=ROUTES)
-    app.add_middleware(Authenticate, tokens=TokenCache(store.load, 5.0, clock))
+    cache = TokenCache(store.load, 5.0, clock, get_one=store.get)
+    app.add_middleware(Authenticate, tokens=cache)
     return AppClient(app), store, clock
 
 
@@ -250,14 +256,20 @@ def test_a_revoked_token_is_refused_after_the_refresh(world: Any) -> None:
 
 def test_unknown_ids_are_looked_up_at_once_but_not_on_every_request(world: Any) -> None:
     client, store, clock = world
-    client.get("/metrics", headers=bearer("fpy_0123456789ab_" + "a" * 43))
-    reads = store.reads
-    for _ in range(20):  # garbage tokens cannot make every request a store read
-        client.get("/metrics", headers=bearer("fpy_0123456789ab_" + "a" * 43))
-    assert store.reads == reads
-    _, text = store.make("read")  # made a moment ago on another server
+    garbage = bearer("fpy_0123456789ab_" + "a" * 43)
+    assert client.get("/metrics", headers=garbage).status_code == 401
+    reads, gets = store.reads, store.gets
+    for _ in range(20):  # the same unknown id: asked for once a second at most
+        client.get("/metrics", headers=garbage)
+    assert (store.reads, store.gets) == (reads, gets)
+    for i in range(50):  # many unknown ids: at most 10 lookups a second, no full read
+        client.get("/metrics", headers=bearer(f"fpy_{i:012x}_" + "a" * 43))
+    assert store.reads == reads and store.gets - gets <= 10
+    # A token made a moment ago on another server is accepted at once, even now.
     clock.now += 1.0
+    _, text = store.make("read")
     assert client.get("/metrics", headers=bearer(text)).status_code == 200
+    assert store.reads == reads
 
 
 def test_a_store_that_cannot_be_read_is_503_not_a_pass() -> None:
