@@ -2,17 +2,18 @@
 
 Every error FiloPy raises descends from `FiloPyError` and from exactly one category:
 
-| category          | what it means                                           | REST answer       |
-|-------------------|---------------------------------------------------------|-------------------|
-| `NotFound`        | the request names something that does not exist         | 404 `not_found`   |
-| `Conflict`        | it contradicts what exists (another definition, owner)  | 409 `conflict`    |
-| `Invalid`         | the request or data is wrong: fix it (a `ValueError`)   | 400 `bad_data`    |
-| `Unauthenticated` | no credentials, or not a valid, unrevoked token         | 401 `unauthorized`|
-| `Forbidden`       | a valid token whose scopes or datasets do not allow it  | 403 `forbidden`   |
-| `Unsupported`     | valid, but FiloPy does not do it                        | 501 `unsupported` |
-| `Unavailable`     | Kafka, the store, a node or shards cannot answer: retry | 503 `unavailable` |
-| `ExecutionFailed` | a valid query failed on the data                        | 422 `execution`   |
-| `Internal`        | a broken invariant: a bug in FiloPy, not the caller's   | 500 `internal`    |
+| category          | what it means                                      | REST answer             |
+|-------------------|----------------------------------------------------|-------------------------|
+| `NotFound`        | the request names something that does not exist    | 404 `not_found`         |
+| `Conflict`        | it contradicts what exists (a definition, owner)   | 409 `conflict`          |
+| `Invalid`         | the request or data is wrong: fix it (ValueError) | 400 `bad_data`          |
+| `Unauthenticated` | no credentials, or no valid, unrevoked token       | 401 `unauthorized`      |
+| `Forbidden`       | a valid token whose scopes or datasets forbid it   | 403 `forbidden`         |
+| `Limited`         | over a limit of its tenant: retry later            | 429 `too_many_requests` |
+| `Unsupported`     | valid, but FiloPy does not do it                   | 501 `unsupported`       |
+| `Unavailable`     | Kafka, the store, a node or shards cannot answer   | 503 `unavailable`       |
+| `ExecutionFailed` | a valid query failed on the data                   | 422 `execution`         |
+| `Internal`        | a broken invariant: a bug in FiloPy                | 500 `internal`          |
 
 The REST layer answers by category in one table (`filopy/rest/errors.py`). Concrete errors live
 next to the code that raises them (the store's in `store/api.py`, Kafka's in
@@ -37,6 +38,7 @@ __all__ = [
     "Forbidden",
     "Internal",
     "Invalid",
+    "Limited",
     "NotFound",
     "Unauthenticated",
     "Unavailable",
@@ -101,6 +103,11 @@ class Forbidden(FiloPyError):
     that may."""
 
 
+class Limited(FiloPyError):
+    """The caller is over a limit of its tenant (samples per second, active series): retry
+    after the time the answer gives."""
+
+
 class Unsupported(FiloPyError):
     """A valid request that FiloPy does not carry out (e.g. a PromQL construct it does not
     evaluate)."""
@@ -126,6 +133,7 @@ CATEGORIES: tuple[type[FiloPyError], ...] = (
     Invalid,
     Unauthenticated,
     Forbidden,
+    Limited,
     Unsupported,
     Unavailable,
     ExecutionFailed,

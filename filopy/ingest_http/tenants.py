@@ -22,13 +22,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from core.errors import Limited
 from ingest.batch import SampleBatch
 
 TENANT_LABEL = "_ws_"
 NO_TENANT = "-"  # series without the label, written with a token of no tenant
 
 
-class OverLimit(Exception):
+class OverLimit(Limited):
     """A request a tenant may not make now: which limit, a message, when to retry."""
 
     def __init__(self, tenant: str, limit: str, message: str, retry_after_s: int) -> None:

@@ -28,6 +28,7 @@ from core.errors import (
     Forbidden,
     Internal,
     Invalid,
+    Limited,
     NotFound,
     Unauthenticated,
     Unavailable,
@@ -48,6 +49,7 @@ UNSUPPORTED = "unsupported"
 METHOD_NOT_ALLOWED = "method_not_allowed"
 UNAUTHORIZED = "unauthorized"
 FORBIDDEN = "forbidden"
+TOO_MANY_REQUESTS = "too_many_requests"
 
 # Each category's answer: (HTTP status, errorType). The bare root is raised only for a request
 # the cluster refused without a category (a client-side failure): a 400 as any refusal.
@@ -57,6 +59,7 @@ ANSWERS: dict[type[FiloPyError], tuple[int, str]] = {
     Invalid: (400, BAD_DATA),
     Unauthenticated: (401, UNAUTHORIZED),
     Forbidden: (403, FORBIDDEN),
+    Limited: (429, TOO_MANY_REQUESTS),
     Unsupported: (501, UNSUPPORTED),  # as Prometheus-compatible servers answer it
     Unavailable: (503, UNAVAILABLE),
     ExecutionFailed: (422, EXECUTION),

@@ -32,6 +32,7 @@ from core.errors import (
 )
 from core.mapper import ShardEventError
 from core.shard_status import IngestionStarted
+from filopy.ingest_http.tenants import OverLimit
 from filopy.rest.errors import ANSWERS, ApiError, api_error
 from ingest.topics import KafkaUnavailable, TopicMismatch, TopicMissing, TopicSetupError
 from query.executor import ShardsNotHere
@@ -73,6 +74,7 @@ def samples_args() -> dict[type[BaseException], list[tuple[Any, ...]]]:
         ShardsUnavailable: [("m", {2: "Down", 5: "Stopped"})],
         ShardsNotHere: [("m", "n1", [1, 3])],
         NodeUnknownError: [("ab12", ["ab12cd", "ef34"]), ("a", ["ab", "ac"], True)],
+        OverLimit: [("team-a", "active_series", "team-a is over its limit", 5)],
         ShardRequestError: [
             (ShardRequestRejected(DatasetRef(name="m"), RejectReason.UNKNOWN_NODE, "no node x"),)
         ],
