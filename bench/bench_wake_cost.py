@@ -6,7 +6,7 @@ queries come a few milliseconds apart, as in bench/bench_promql.py's interleaved
 measures how much more CPU the same work takes then, for three kinds of work:
 
 - a node part that finds no series (the query channel's request read, the lookups, the answer
-  pickled and signed): the fixed cost of every part;
+  encoded and signed): the fixed cost of every part;
 - a node part of `sum by (instance) (rate(...[5m]))` over 20 series, as in bench_promql.py;
 - a compiled loop (numba) of about the same CPU time, touching almost no memory.
 

@@ -202,7 +202,7 @@ class _ChannelCall:
             conn.close()
             self._caller.forget(self._node)
             raise NodeUnavailable(f"node {self._node} failed: {type(e).__name__}") from None
-        except BaseException:  # an answer that does not unpickle here: a bug; do not reuse
+        except BaseException:  # interrupted mid-answer: the connection cannot be reused
             conn.close()
             raise
         self._pool.checkin(conn)

@@ -8,18 +8,25 @@ thread writes one frame and reads one frame; on the node, the thread that owns t
 reads the frame, evaluates the part and writes the answer: no event loop, no thread hop, and
 the node actor's event loop (shard maps, health) is never blocked by a big query.
 
-Trust: frames are pickles (the cluster's trust domain is Ray's, whose calls are pickles too),
-so nothing is unpickled before its HMAC-SHA256 checks out. The key is random per node process
-and handed out with the address through Ray (`NodeCoordinator.query_endpoint`); it never
-crosses the socket. Each connection opens with a random nonce from the node, and every frame's
-MAC covers its direction, that nonce and its sequence number on the connection, so a recorded
-frame cannot be replayed, reordered or reflected. A frame that fails the check (or is garbage,
-or too large) closes that connection and nothing else.
+Trust: frames carry data, never code. Payloads are msgpack read by an explicit schema
+(`query.wire`: every type field by field, arrays as an allowed dtype, shape and bytes,
+expressions as PromQL text parsed on the node), so even a caller or node that holds the key, or
+a flaw in the MAC check, can send nothing but a query or an answer; a payload outside the
+schema closes its connection like a bad MAC. Nothing is decoded before its HMAC-SHA256 checks
+out. The key is random per node process and handed out with the address through Ray
+(`NodeCoordinator.query_endpoint`); it never crosses the socket. Each connection opens with a
+random nonce from the node, and every frame's MAC covers its direction, that nonce and its
+sequence number on the connection, so a recorded frame cannot be replayed, reordered or
+reflected. A frame that fails the check (or is garbage, too large, or not a message of the
+schema) closes that connection and nothing else.
 
-Wire format: the node sends `MAGIC + nonce`; then each frame is `!Q` payload length, 32 bytes of
-MAC, the payload. A request is `pickle((ref, shards, NodeQuery))`; an answer is
-`pickle(("ok", NodeAnswer))` or `pickle(("error", exception))`. One request at a time per
-connection: callers keep a pool for concurrent queries (`ChannelPool`).
+Wire format: the node sends `MAGIC + nonce` (`FQC2`: a node or caller of the pickled format,
+`FQC1`, and this one refuse each other at the greeting); then each frame is `!Q` payload length,
+32 bytes of MAC, the payload. A request is `query.wire.encode_request(ref, shards, NodeQuery)`;
+an answer is `encode_answer(NodeAnswer)` or `encode_error(exception)`: the error's class, args
+and fields for FiloPy's query errors (`query.wire.ERRORS`), `RemoteQueryError` with the type and
+message of any other. One request at a time per connection: callers keep a pool for concurrent
+queries (`ChannelPool`).
 
 Pure sockets and threads, no Ray: `coordinator.cluster_queries` finds endpoints through Ray
 and falls back to Ray calls when the channel cannot be used.
@@ -32,7 +39,6 @@ import hashlib
 import hmac
 import logging
 import os
-import pickle
 import secrets
 import select
 import socket
@@ -44,12 +50,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.dataset import DatasetRef
-from core.errors import FiloPyError, Internal, Unavailable
+from core.errors import FiloPyError, Unavailable
 from query.executor import NodeAnswer, NodeQuery
+from query.wire import (
+    RemoteQueryError,
+    WireError,
+    decode_reply,
+    decode_request,
+    encode_answer,
+    encode_error,
+    encode_request,
+)
 
 log = logging.getLogger("filopy.query")
 
-MAGIC = b"FQC1"
+MAGIC = b"FQC2"  # FQC1 was the pickled format
 NONCE_BYTES = 16
 HEADER = struct.Struct("!Q32s")  # payload length, HMAC-SHA256 of the frame
 REQUEST, ANSWER = b"Q", b"A"  # a frame's direction, part of its MAC
@@ -86,10 +101,6 @@ class ChannelError(Unavailable):
 
 class ChannelClosed(ChannelError):
     """The peer closed the connection."""
-
-
-class RemoteQueryError(Internal):
-    """A node failed on a query part with an error that does not pickle: its type and message."""
 
 
 def _mac(key: bytes, direction: bytes, nonce: bytes, seq: int, payload: bytes | bytearray) -> bytes:
@@ -187,7 +198,7 @@ class QueryServer:
         self._conns: set[socket.socket] = set()
         self._closed = False
         self.served = 0
-        self.cpu_s = 0.0  # CPU time of reading, evaluating and pickling the parts served
+        self.cpu_s = 0.0  # CPU time of decoding, evaluating and encoding the parts served
         self.wall_s = 0.0  # their wall time: well above cpu_s, they waited (the GIL, the lock)
         self.refused = 0
         self._refusal_logged = 0.0
@@ -267,7 +278,11 @@ class QueryServer:
                 signed = True
                 conn.settimeout(None)  # the answer is sent without the receive's deadline
                 cpu, wall = time.thread_time(), time.perf_counter()
-                answer = self._answer(payload)
+                try:
+                    answer = self._answer(payload)
+                except WireError as e:  # signed, but not a request: a broken or hostile peer
+                    self._refuse(peer, str(e))
+                    return
                 cpu, wall = time.thread_time() - cpu, time.perf_counter() - wall
                 with self._lock:
                     self.served += 1
@@ -284,20 +299,22 @@ class QueryServer:
             conn.close()
 
     def _answer(self, payload: bytearray) -> bytes:
+        """The answer's bytes; `WireError` (raised) if the payload is not a request."""
         try:
-            ref, shards, request = pickle.loads(payload)
+            ref, shards, request = decode_request(payload)
             with self._evaluating:
-                reply: tuple[str, Any] = ("ok", self._handler(ref, shards, request))
+                answer = self._handler(ref, shards, request)
+        except WireError:
+            raise
         except Exception as e:
             if not isinstance(e, FiloPyError):  # a bug, not a stale map or a bad query
                 log.exception("query channel: a query part failed")
-            reply = ("error", e)
+            return encode_error(e)
         try:
-            return pickle.dumps(reply, protocol=5)
-        except Exception as e:  # an answer or error that does not pickle
-            err = reply[1] if reply[0] == "error" else e
-            fallback = RemoteQueryError(f"{type(err).__name__}: {err}")
-            return pickle.dumps(("error", fallback), protocol=5)
+            return encode_answer(answer)
+        except Exception as e:  # a result of a type that does not cross: a bug
+            log.exception("query channel: an answer could not be encoded")
+            return encode_error(RemoteQueryError(f"{type(e).__name__}: {e}"))
 
     def _refuse(self, peer: Any, why: str) -> None:
         """Count a refused connection; log it, at most once per `REFUSAL_LOG_EVERY_S`."""
@@ -338,9 +355,13 @@ class Connection:
         self._framer.send(payload)
 
     def receive(self, deadline: float) -> tuple[str, Any]:
-        """The answer to the request sent: ("ok", answer) or ("error", exception)."""
-        kind, value = pickle.loads(self._framer.receive(deadline))
-        return kind, value
+        """The answer to the request sent: ("ok", answer) or ("error", exception);
+        `ChannelError` for one that is not an answer (the connection cannot be trusted)."""
+        payload = self._framer.receive(deadline)
+        try:
+            return decode_reply(payload)
+        except WireError as e:
+            raise ChannelError(f"a signed frame that is not an answer: {e}") from None
 
     def idle_and_open(self) -> bool:
         """Nothing to read on an idle connection: a readable one was closed by the node (or
@@ -354,7 +375,8 @@ class Connection:
 
 
 def request_payload(ref: DatasetRef, shards: Sequence[int], request: NodeQuery) -> bytes:
-    return pickle.dumps((ref, list(shards), request), protocol=5)
+    """A request frame's payload (`query.wire.encode_request`)."""
+    return encode_request(ref, shards, request)
 
 
 class ChannelPool:

@@ -8,8 +8,6 @@ ColumnStore read per shard for all the series that need one.
 
 from __future__ import annotations
 
-import functools
-import pickle
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -22,6 +20,7 @@ from core.errors import Unavailable
 from ingest.memstore import ShardMemstore
 from ingest.shard_reader import read_merged_batch
 from query.evaluator import eval_partial, eval_series_local
+from query.expr_wire import expr_bytes, expr_of
 from query.functions import SampleBatch
 from query.promql import Aggregate, Expr
 from query.routing import PROMETHEUS_METRIC
@@ -135,7 +134,8 @@ class ShardSource:
 
 @dataclass(frozen=True)
 class NodeQuery:
-    """One node's part of a query, as sent over Ray (everything in it pickles)."""
+    """One node's part of a query, as sent over Ray (everything in it pickles) or the query
+    channel (`query.wire`)."""
 
     kind: Literal["series_local", "partial", "series", "batch", "raw"]
     expr: Expr | None = None  # series_local: a series-local Expr; partial: a pushable Aggregate
@@ -150,14 +150,14 @@ class NodeQuery:
     parts: tuple[tuple[int, str, Expr, tuple[int, ...]], ...] = ()
 
     def __reduce__(self) -> tuple[Any, ...]:
-        """Pickled with each expression as the bytes of its own pickle, made once per tree
-        (`_packed`) and read once per node (`_unpacked`): a dashboard's queries send the same
-        trees again and again, and pickling a tree node by node was a good part of a small
-        query's time on both sides."""
-        parts = tuple((i, kind, _packed(e), shards) for i, kind, e, shards in self.parts)
+        """Pickled (for Ray) with each expression as its bytes from `query.expr_wire`, made once
+        per tree and read once per node: data, not a pickle of the tree, so a node reads no
+        code from a query part; and a dashboard's queries send the same trees again and again,
+        which pickling node by node made a good part of a small query's time on both sides."""
+        parts = tuple((i, kind, expr_bytes(e), shards) for i, kind, e, shards in self.parts)
         return _node_query, (
             self.kind,
-            None if self.expr is None else _packed(self.expr),
+            None if self.expr is None else expr_bytes(self.expr),
             self.times,
             self.lookback_ms,
             self.matchers,
@@ -179,35 +179,14 @@ def _node_query(
 ) -> NodeQuery:
     return NodeQuery(
         kind,
-        None if expr is None else _unpacked(expr),
+        None if expr is None else expr_of(expr),
         times,
         lookback_ms,
         matchers,
         start_ms,
         end_ms,
-        tuple((i, k, _unpacked(e), shards) for i, k, e, shards in parts),
+        tuple((i, k, expr_of(e), shards) for i, k, e, shards in parts),
     )
-
-
-_PACKED_MAX = 1024
-_packed_trees: dict[int, tuple[Expr, bytes]] = {}  # id -> (the tree, held so the id stays its)
-
-
-def _packed(expr: Expr) -> bytes:
-    hit = _packed_trees.get(id(expr))
-    if hit is not None and hit[0] is expr:
-        return hit[1]
-    data = pickle.dumps(expr, protocol=5)
-    if len(_packed_trees) >= _PACKED_MAX:
-        _packed_trees.clear()
-    _packed_trees[id(expr)] = (expr, data)
-    return data
-
-
-@functools.lru_cache(maxsize=_PACKED_MAX)
-def _unpacked(data: bytes) -> Expr:
-    """An expression from its pickle, the same (immutable) tree for the same bytes."""
-    return pickle.loads(data)  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True)

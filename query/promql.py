@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -356,17 +357,17 @@ def format_expr(expr: Expr) -> str:
     """PromQL text for an expression (for plans and messages; parses back to the same AST)."""
     match expr:
         case NumberLiteral(value=v):
+            if v != v or v in (math.inf, -math.inf):
+                return "NaN" if v != v else "Inf" if v > 0 else "-Inf"
             return repr(v) if v != int(v) or abs(v) >= 1e15 else str(int(v))
         case StringLiteral(value=v):
-            return json.dumps(v)
-        case VectorSelector(metric=metric, matchers=matchers, offset_ms=off):
-            rest = [
-                str(m)
-                for m in matchers
-                if not (m.label == "__name__" and m.op is MatchOp.EQ and m.value == metric)
-            ]
-            text = (metric or "") + ("{" + ", ".join(rest) + "}" if rest or not metric else "")
-            return text + _format_at(expr.at) + (f" offset {format_duration(off)}" if off else "")
+            return _quote(v)
+        case VectorSelector(offset_ms=off):
+            return (
+                _format_selector(expr)
+                + _format_at(expr.at)
+                + (f" offset {format_duration(off)}" if off else "")
+            )
         case MatrixSelector(selector=sel, range_ms=rng):
             inner = format_expr(VectorSelector(sel.metric, sel.matchers))
             off = f" offset {format_duration(sel.offset_ms)}" if sel.offset_ms else ""
@@ -394,9 +395,55 @@ def format_expr(expr: Expr) -> str:
             elif m.card == "one-to-many":
                 mod += f" group_right({', '.join(m.include)})"
             return f"{_operand(lhs)} {op}{mod} {_operand(rhs)}"
+        case Unary(op=op, expr=NumberLiteral() as inner):
+            return f"{op}({format_expr(inner)})"  # "-3" would parse as the literal -3
         case Unary(op=op, expr=inner):
             return f"{op}{_operand(inner)}"
     raise TypeError(f"not an expression: {expr!r}")
+
+
+# A metric name written before the braces must lex as one: an identifier that is no keyword
+# the parser reads otherwise (a number, a modifier). Any other name goes inside the braces.
+_BARE_METRIC = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")
+_NOT_BARE = frozenset(
+    {"inf", "nan", "bool", "on", "ignoring", "group_left", "group_right", "atan2"}
+)
+
+
+def _format_selector(sel: VectorSelector) -> str:
+    """A selector's name and matchers, in the order the parser gives them back: the name before
+    the braces stands for a leading `__name__` matcher (as `_selector` puts it first)."""
+    matchers = sel.matchers
+    metric = sel.metric
+    first = matchers[0] if matchers else None
+    bare = (
+        metric is not None
+        and first is not None
+        and first.label == "__name__"
+        and first.op is MatchOp.EQ
+        and first.value == metric
+        and _BARE_METRIC.fullmatch(metric) is not None
+        and metric.lower() not in _NOT_BARE
+    )
+    rest = matchers[1:] if bare else matchers
+    inner = ", ".join(f"{m.label}{m.op}{_quote(m.value)}" for m in rest)
+    return f"{metric}{{{inner}}}" if bare and rest else str(metric) if bare else f"{{{inner}}}"
+
+
+_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _quote(value: str) -> str:
+    """A PromQL string literal: characters as they are (UTF-8), but for the quote, the
+    backslash and control characters (JSON's escapes would write characters past U+FFFF as
+    surrogate pairs, which the parser refuses)."""
+    out = []
+    for ch in value:
+        esc = _ESCAPES.get(ch)
+        if esc is None and (ch < " " or ch == "\x7f"):
+            esc = f"\\x{ord(ch):02x}"
+        out.append(ch if esc is None else esc)
+    return '"' + "".join(out) + '"'
 
 
 def _format_at(at: At) -> str:

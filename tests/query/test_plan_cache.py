@@ -1,12 +1,13 @@
 """What a query keeps from one run to the next: its plan per text, each part's shards per
-dataset definition, and each expression's pickle. Cached state must never answer a run with
-another run's times, another definition's shards, or another tree."""
+dataset definition, and each expression's bytes (`query.expr_wire`). Cached state must never
+answer a run with another run's times, another definition's shards, or another tree."""
 
 from __future__ import annotations
 
 import pickle
 
 import numpy as np
+import pytest
 
 from core.dataset import Dataset, DatasetRef, SpreadSettings
 from query.evaluator import LocalBackend, evaluate
@@ -14,6 +15,7 @@ from query.executor import NodeQuery, run_node_query
 from query.promql import parse
 from query.service import QueryService, _Routes
 from query.values import MemorySource, StepMatrix
+from query.wire import decode_reply, decode_request, encode_answer, encode_error, encode_request
 from tests.query.test_service_fanout import (
     DS,
     NODES,
@@ -29,11 +31,25 @@ from tests.query.test_service_fanout import (
 
 
 class PicklingNodes(FakeNodes):
-    """Fake nodes that get their requests as the query channel delivers them: pickled."""
+    """Fake nodes that get their requests as Ray delivers them: pickled."""
 
     def submit(self, node: str, ref: DatasetRef, shards, request: NodeQuery) -> Done:  # type: ignore[no-untyped-def, override]
         sent = pickle.loads(pickle.dumps((ref, list(shards), request), protocol=5))
         return super().submit(node, *sent)
+
+
+class ChannelNodes(FakeNodes):
+    """Fake nodes that get their requests, and send their answers, as the query channel does
+    (`query.wire`)."""
+
+    def submit(self, node: str, ref: DatasetRef, shards, request: NodeQuery) -> Done:  # type: ignore[no-untyped-def, override]
+        done = super().submit(node, *decode_request(encode_request(ref, shards, request)))
+        if done.error is not None:
+            _, error = decode_reply(encode_error(done.error))
+            return Done(error=error)
+        assert done.answer is not None
+        _, answer = decode_reply(encode_answer(done.answer))
+        return Done(answer)
 
 
 def reference(query: str, at_ms: int) -> StepMatrix:
@@ -43,9 +59,12 @@ def reference(query: str, at_ms: int) -> StepMatrix:
     return value
 
 
-def test_a_tree_sent_again_is_read_as_the_same_tree_and_answers_alike() -> None:
+@pytest.mark.parametrize("nodes", [PicklingNodes, ChannelNodes], ids=["ray", "channel"])
+def test_a_tree_sent_again_is_read_as_the_same_tree_and_answers_alike(
+    nodes: type[FakeNodes],
+) -> None:
     query = "sum by (instance) (rate(a[5m])) / on(instance) sum by (instance) (rate(b[5m]))"
-    svc = QueryService(FakeMaps(active_map().snapshot()), PicklingNodes(NODES))
+    svc = QueryService(FakeMaps(active_map().snapshot()), nodes(NODES))
     for at in (T + 400_000, T + 500_000):  # the second run: same trees, other times
         got = svc.instant(DS.name, query, at)
         assert isinstance(got.value, StepMatrix)

@@ -3,14 +3,22 @@
 
 from __future__ import annotations
 
+import pickle
+import secrets
 import socket
+import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
+import msgpack
+import numpy as np
 import pytest
 
 from coordinator.query_channel import (
+    ANSWER,
     HEADER,
     MAGIC,
     NONCE_BYTES,
@@ -27,7 +35,7 @@ from coordinator.query_channel import (
 )
 from core.dataset import DatasetRef
 from query.executor import NodeAnswer, NodeQuery, ShardsNotHere
-from query.promql import QueryError
+from query.promql import QueryError, parse
 from tests.waiting import wait_for
 
 REF = DatasetRef(name="m")
@@ -259,3 +267,119 @@ def test_silent_and_idle_connections_are_closed(
     assert conn.receive(time.monotonic() + 5)[0] == "ok"
     wait_for("the idle connection closed", lambda: not conn.idle_and_open())
     assert server.stats()["refused"] == 1 and server.stats()["open"] == 0
+
+
+# ------------------------------------------------------------------- data, never code
+
+
+class Touch:
+    """A pickle that, if ever loaded, creates a file: what a key holder could have sent when
+    frames were pickles."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return open, (str(self.path), "w")
+
+
+def _signed(key: bytes, direction: bytes, nonce: bytes, seq: int, payload: bytes) -> bytes:
+    return HEADER.pack(len(payload), _mac(key, direction, nonce, seq, payload)) + payload
+
+
+def _with_times(times: object) -> bytes:
+    """A well-formed request whose step times are replaced by `times`."""
+    request = NodeQuery("series_local", parse("x"), np.zeros(2, np.int64))
+    fields = msgpack.unpackb(request_payload(REF, [1], request))
+    fields[4] = times
+    return msgpack.packb(fields)  # type: ignore[no-any-return]
+
+
+SIGNED_BUT_NOT_A_REQUEST: dict[str, Callable[[Path], bytes]] = {
+    "pickle": lambda path: pickle.dumps((REF, [1], Touch(path)), protocol=5),
+    "pickle calling os.system": lambda path: pickle.dumps(
+        (REF, [1], _System(f"touch {path}")), protocol=5
+    ),
+    "unknown ext type": lambda path: msgpack.packb([msgpack.ExtType(42, b"\x80\x05")]),
+    "object dtype": lambda path: _with_times(["|O", [1], struct.pack("<q", 0)]),
+    "a pickle as the expression": lambda path: msgpack.packb(
+        ["m", [1], "series_local", pickle.dumps(Touch(path)), None, 1, [], 0, 0, []]
+    ),
+}
+
+
+class _System:
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        import os
+
+        return os.system, (self.command,)
+
+
+@pytest.mark.parametrize("name", list(SIGNED_BUT_NOT_A_REQUEST))
+def test_a_signed_frame_that_is_not_a_request_closes_its_connection_and_runs_nothing(
+    server: QueryServer, tmp_path: Path, name: str
+) -> None:
+    """The key alone buys no code execution: a correctly signed pickle (or msgpack outside the
+    schema) is refused like a bad MAC, the file it would create is not created, and the
+    server goes on serving other connections."""
+    path = tmp_path / "touched"
+    good = Connection(server.endpoint, 2.0)
+    sock, nonce = _raw(server)
+    payload = SIGNED_BUT_NOT_A_REQUEST[name](path)
+    sock.sendall(_signed(server.endpoint.key, REQUEST, nonce, 0, payload))
+    assert _closed_by_peer(sock)
+    sock.close()
+    assert not path.exists()
+    stats = server.stats()
+    assert (stats["served"], stats["refused"]) == (0, 1)
+    assert ask(good, [1])[0] == "ok"
+    assert ask(Connection(server.endpoint, 2.0), [1])[0] == "ok"
+    assert not path.exists()
+
+
+def _fake_node(answer: Callable[[bytes, bytes], bytes], greeting: bytes = MAGIC) -> QueryEndpoint:
+    """A listener that greets, reads one request and writes `answer(key, nonce)` back."""
+    key = secrets.token_bytes(32)
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn, listener:
+            conn.settimeout(10)
+            nonce = secrets.token_bytes(NONCE_BYTES)
+            conn.sendall(greeting + nonce)
+            header = conn.recv(HEADER.size, socket.MSG_WAITALL)
+            if len(header) < HEADER.size:
+                return  # the caller hung up at the greeting
+            conn.recv(HEADER.unpack(header)[0], socket.MSG_WAITALL)
+            conn.sendall(answer(key, nonce))
+            conn.recv(1)  # until the caller closes
+
+    threading.Thread(target=serve, daemon=True).start()
+    return QueryEndpoint("127.0.0.1", listener.getsockname()[1], key)
+
+
+@pytest.mark.parametrize("kind", ["ok", "error"])
+def test_a_node_that_answers_with_a_signed_pickle_is_refused_and_runs_nothing(
+    tmp_path: Path, kind: str
+) -> None:
+    """The other way round: a caller never loads a pickle from a node either."""
+    path = tmp_path / "touched"
+    payload = pickle.dumps((kind, Touch(path)), protocol=5)
+    endpoint = _fake_node(lambda key, nonce: _signed(key, ANSWER, nonce, 0, payload))
+    conn = Connection(endpoint, 2.0)
+    conn.send(request_payload(REF, [1], SERIES))
+    with pytest.raises(ChannelError, match="not an answer"):
+        conn.receive(time.monotonic() + 5)
+    conn.close()
+    assert not path.exists()
+
+
+def test_a_node_of_the_pickled_format_is_refused_at_its_greeting() -> None:
+    """FQC1 (pickled frames) and FQC2 refuse each other before any frame is sent."""
+    endpoint = _fake_node(lambda key, nonce: b"", greeting=b"FQC1")
+    with pytest.raises(ChannelError, match="not a FiloPy query channel"):
+        Connection(endpoint, 2.0)
