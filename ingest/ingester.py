@@ -76,6 +76,7 @@ _TRANSIENT = frozenset(
         KafkaError.NOT_ENOUGH_REPLICAS,
         KafkaError._TRANSPORT,
         KafkaError._TIMED_OUT,
+        KafkaError._TIMED_OUT_QUEUE,  # timed out still queued to a broker it cannot reach
         KafkaError._ALL_BROKERS_DOWN,
         KafkaError._UNKNOWN_PARTITION,
         KafkaError._UNKNOWN_TOPIC,

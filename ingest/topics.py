@@ -198,6 +198,7 @@ def _create_error(topic: str, bootstrap: str, timeout_s: float, e: KafkaExceptio
     err = e.args[0] if e.args else None
     if isinstance(err, KafkaError) and err.code() in (
         KafkaError._TIMED_OUT,
+        KafkaError._TIMED_OUT_QUEUE,
         KafkaError._TRANSPORT,
         KafkaError.REQUEST_TIMED_OUT,
     ):

@@ -30,6 +30,7 @@ def test_leaderless_and_unknown_partitions_are_transient_but_bad_requests_are_no
         KafkaError.LEADER_NOT_AVAILABLE,
         KafkaError.UNKNOWN_TOPIC_OR_PART,
         KafkaError._TRANSPORT,
+        KafkaError._TIMED_OUT_QUEUE,  # get_watermark_offsets with the broker cut off (the bed)
     ):
         assert is_transient(KafkaError(code)), code
     for code in (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.INVALID_REQUEST):
