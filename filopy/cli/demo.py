@@ -212,8 +212,14 @@ class Demo:
         ok = self._verify(client, ds)
 
         c.rule("[bold]7. A PromQL query, routed by shard key and evaluated on the nodes")
-        ok = self._query(client, ds) and ok
-        sub.unsubscribe()
+        try:
+            ok = self._query(client, ds) and ok
+        finally:
+            # Nothing may call Ray once it is shut down: Ray's core worker ends the process
+            # (exit 1) when a thread does. The query service follows shard maps on threads.
+            client.queries().close()
+            sub.unsubscribe()
+            listener.join(timeout=30)
         return ok
 
     def _listen(self, sub: Any) -> None:
