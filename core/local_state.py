@@ -70,8 +70,17 @@ def ray_token_path(directory: Path | None = None, *, create: bool = False) -> Pa
     is none: a `filopy up` cluster admits only Ray processes and drivers that hold it."""
     path = (directory or state_dir()) / RAY_TOKEN_FILE
     if create and not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_hex(32))
+        write_private(path, secrets.token_hex(32))
     return path.resolve() if path.exists() else None
+
+
+def write_private(path: Path, text: str) -> None:
+    """Replace `path` with `text`, readable by this user only (0600) from its first byte: a
+    file next to it is written and renamed over it, so no reader sees it half written."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(tmp, 0o600)  # also when a stale .tmp was there with other bits
+    os.replace(tmp, path)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
-import os
 import re
 import threading
 import time
@@ -39,6 +38,7 @@ from core.auth import Principal, Token, new_token, split
 from core.auth import Scope as TokenScope
 from core.config import Settings
 from core.errors import NotFound
+from core.local_state import write_private
 from store import MetaStore, open_stores
 
 log = logging.getLogger("filopy.auth")
@@ -426,10 +426,5 @@ def keep_admin_token(book: TokenBook, path: Path) -> str:
         if token is not None and not token.revoked and token.matches(parts[1]):
             return text
     _, text = book.create("admin (filopy up)", ["admin"])
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text + "\n")
-    os.chmod(tmp, 0o600)  # also when the file was there with other bits
-    os.replace(tmp, path)
+    write_private(path, text + "\n")
     return text
