@@ -477,25 +477,45 @@ def _rate_windows(
                     if vals[k] < vals[k - 1]:  # (else + 0.0: no change, `added` is never -0.0)
                         added = added + vals[k - 1]
                 result = result + added
-            dur_start = np.float64(ts[a] - (upper[j] - range_ms)) / 1000.0
-            dur_end = np.float64(upper[j] - ts[b - 1]) / 1000.0
-            sampled = np.float64(ts[b - 1] - ts[a]) / 1000.0
-            avg_interval = sampled / np.float64(count - 1)
-            threshold = avg_interval * 1.1
-            if dur_start >= threshold:
-                dur_start = avg_interval / 2
-            if counter:
-                # Counters cannot go below zero: do not extrapolate the start past the zero point.
-                to_zero = sampled * (v0 / result)
-                if result > 0 and v0 >= 0 and to_zero < dur_start:
-                    dur_start = to_zero
-            if dur_end >= threshold:
-                dur_end = avg_interval / 2
-            factor = (sampled + dur_start + dur_end) / sampled
-            if per_second:
-                factor = factor / (np.float64(range_ms) / 1000.0)
-            out[s, j] = result * factor
+            out[s, j] = extrapolate(
+                result, v0, ts[a], ts[b - 1], count, upper[j], range_ms, counter, per_second
+            )
     return out
+
+
+@float_kernel
+def extrapolate(
+    result: float,
+    v0: float,
+    t0: int,
+    t1: int,
+    count: int,
+    upper: int,
+    range_ms: np.int64,
+    counter: bool,
+    per_second: bool,
+) -> float:
+    """Prometheus's extrapolation of a window's raw increase `result` (first sample `v0` at
+    `t0`, last at `t1`, `count` samples in (upper - range, upper]) to the whole window; per
+    second for rate. Shared by raw windows and downsampled ones (query/downsampled.py)."""
+    dur_start = np.float64(t0 - (upper - range_ms)) / 1000.0
+    dur_end = np.float64(upper - t1) / 1000.0
+    sampled = np.float64(t1 - t0) / 1000.0
+    avg_interval = sampled / np.float64(count - 1)
+    threshold = avg_interval * 1.1
+    if dur_start >= threshold:
+        dur_start = avg_interval / 2
+    if counter:
+        # Counters cannot go below zero: do not extrapolate the start past the zero point.
+        to_zero = sampled * (v0 / result)
+        if result > 0 and v0 >= 0 and to_zero < dur_start:
+            dur_start = to_zero
+    if dur_end >= threshold:
+        dur_end = avg_interval / 2
+    factor = (sampled + dur_start + dur_end) / sampled
+    if per_second:
+        factor = factor / (np.float64(range_ms) / 1000.0)
+    return result * factor
 
 
 def _last_two(batch: SampleBatch, lo: I64, hi: I64, per_second: bool) -> F64:
