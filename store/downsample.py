@@ -27,6 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from core.staleness import is_stale
+from store import encoding
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -126,3 +127,67 @@ def summarise(ts: I64, vals: F64, bounds: I64, resolution_ms: int) -> Periods:
         changes=np.add.reduceat(change.astype(np.int64), starts),
         bounds=group_of_series.astype(np.int64),
     )
+
+
+# ------------------------------------------------------------------------------------- records
+
+_RECORD_VERSION = 1
+_INT_COLUMNS = ("count", "resets", "changes")
+_FLOAT_COLUMNS = ("first_v", "last_v", "prev_v", "min", "max", "sum", "corrections")
+
+
+def series_periods(periods: Periods, i: int) -> Periods:
+    """Series `i`'s periods alone."""
+    a, b = int(periods.bounds[i]), int(periods.bounds[i + 1])
+    cols = {name: getattr(periods, name)[a:b] for name in _ARRAYS}
+    return Periods(periods.resolution_ms, **cols, bounds=np.array([0, b - a], np.int64))
+
+
+def encode_periods(periods: Periods) -> bytes:
+    """One series' periods (`series_periods`) as bytes, with the chunk format's streams: the
+    ends as deltas, the sample times as small offsets inside their periods, every float
+    bit-exact."""
+    if periods.n_series != 1 or len(periods) == 0:
+        raise ValueError("encode_periods takes the non-empty periods of one series")
+    res = periods.resolution_ms
+    out = bytearray((_RECORD_VERSION,))
+    encoding.uvarint(res, out)
+    encoding.uvarint(len(periods), out)
+    encoding.put_int_column(periods.end, out)
+    encoding.put_int_column(periods.first_t - (periods.end - res), out)
+    encoding.put_int_column(periods.end - periods.last_t, out)
+    one = periods.count < 2
+    encoding.put_int_column(np.where(one, 0, periods.end - periods.prev_t), out)
+    for name in _INT_COLUMNS:
+        encoding.put_int_column(getattr(periods, name), out)
+    for name in _FLOAT_COLUMNS:
+        encoding.put_float_column(getattr(periods, name), out)
+    return bytes(out)
+
+
+def decode_periods(data: bytes) -> Periods:
+    """The periods `encode_periods` wrote; ValueError if the bytes are corrupt."""
+    r = encoding.ColumnReader(data)
+    if r.uvarint() != _RECORD_VERSION:
+        raise ValueError("unsupported downsampled record version")
+    res, n = r.uvarint(), r.uvarint()
+    if res <= 0 or not 1 <= n <= encoding.MAX_SAMPLES:
+        raise ValueError(f"corrupt downsampled record: resolution {res}, {n} periods")
+    end = r.ints(n)
+    first_t = end - res + r.ints(n)
+    last_t = end - r.ints(n)
+    prev_offset = r.ints(n)
+    ints = {name: r.ints(n) for name in _INT_COLUMNS}
+    floats = {name: r.floats(n) for name in _FLOAT_COLUMNS}
+    r.finish()
+    prev_t = np.where(ints["count"] < 2, NO_TIME, end - prev_offset)
+    return Periods(
+        res, end=end, first_t=first_t, last_t=last_t, prev_t=prev_t, **ints, **floats,
+        bounds=np.array([0, n], np.int64),
+    )  # fmt: skip
+
+
+_ARRAYS = (
+    "end", "count", "first_t", "first_v", "last_t", "last_v", "prev_t", "prev_v",
+    "min", "max", "sum", "corrections", "resets", "changes",
+)  # fmt: skip

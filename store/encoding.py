@@ -410,6 +410,67 @@ def _get_xor(r: _Reader, n: int) -> FloatArray:
     return np.bitwise_xor.accumulate(xo.astype(U64)).view(np.float64)
 
 
+# ------------------------------------------------------------------------- columns of other shapes
+
+
+def put_int_column(v: IntArray, out: bytearray) -> None:
+    """Append int64s as the chunk format's int stream (the difference order that packs
+    smallest): for records other than chunks (store/downsample.py)."""
+    _put_best_diffs(np.asarray(v, I64), range(3), out)
+
+
+def put_float_column(x: FloatArray, out: bytearray) -> None:
+    """Append float64s as the chunk format's values, bit-exact (NaN payloads included)."""
+    _put_values(np.asarray(x, np.float64), out)
+
+
+class ColumnReader:
+    """Reads back, in order, what `uvarint`, `put_int_column` and `put_float_column` wrote."""
+
+    def __init__(self, data: bytes) -> None:
+        self._r = _Reader(bytes(data))
+
+    def uvarint(self) -> int:
+        return self._r.uvarint()
+
+    def ints(self, n: int) -> IntArray:
+        order = self._r.u8()
+        if order > 2:
+            raise ValueError("corrupt record: bad int column order")
+        return _get_diffs(self._r, n, order)
+
+    def floats(self, n: int) -> FloatArray:
+        return _get_values(self._r, n)
+
+    def finish(self) -> None:
+        if self._r.pos != len(self._r.buf):
+            raise ValueError("corrupt record: trailing bytes")
+
+
+uvarint = _uvarint
+
+
+def _put_values(x: FloatArray, out: bytearray) -> None:
+    """Decimal mode, or XOR where that is smaller (full-precision floats)."""
+    vals = bytearray()
+    _put_decimal(x, vals)
+    if len(vals) > 4 * len(x):  # a poor decimal fit (e.g. full-precision floats): try XOR too
+        xor = bytearray()
+        _put_xor(x, xor)
+        if len(xor) < len(vals):
+            vals = xor
+    out += vals
+
+
+def _get_values(r: _Reader, n: int) -> FloatArray:
+    mode = r.u8()
+    if mode == _DECIMAL:
+        return _get_decimal(r, n)
+    if mode == _XOR:
+        return _get_xor(r, n)
+    raise ValueError(f"corrupt chunk: unknown value mode {mode}")
+
+
 # ---------------------------------------------------------------------------------------- chunks
 
 
@@ -436,14 +497,7 @@ def encode_chunk(timestamps: npt.ArrayLike, values: npt.ArrayLike) -> bytes:
     out = bytearray((VERSION,))
     _uvarint(n, out)
     _put_best_diffs(ts, range(1, 3), out)
-    vals = bytearray()
-    _put_decimal(x, vals)
-    if len(vals) > 4 * n:  # a poor decimal fit (e.g. full-precision floats): try XOR too
-        xor = bytearray()
-        _put_xor(x, xor)
-        if len(xor) < len(vals):
-            vals = xor
-    out += vals
+    _put_values(x, out)
     return bytes(out)
 
 
@@ -460,13 +514,7 @@ def decode_chunk(data: bytes) -> tuple[IntArray, FloatArray]:
     if order not in (1, 2):
         raise ValueError("corrupt chunk: bad timestamp order")
     ts = _get_diffs(r, n, order)
-    mode = r.u8()
-    if mode == _DECIMAL:
-        x = _get_decimal(r, n)
-    elif mode == _XOR:
-        x = _get_xor(r, n)
-    else:
-        raise ValueError(f"corrupt chunk: unknown value mode {mode}")
+    x = _get_values(r, n)
     if r.pos != len(r.buf):
         raise ValueError("corrupt chunk: trailing bytes")
     return ts, x

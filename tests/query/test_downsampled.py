@@ -11,7 +11,14 @@ from hypothesis import strategies as st
 from core.staleness import STALE_NAN
 from query.downsampled import EXACT, aligned, answer
 from query.functions import SampleBatch, range_function
-from store.downsample import Periods, period_ends, summarise
+from store.downsample import (
+    Periods,
+    decode_periods,
+    encode_periods,
+    period_ends,
+    series_periods,
+    summarise,
+)
 
 RES = 60_000  # one period: a minute (the same arithmetic as 5 m or 1 h, with fewer samples)
 
@@ -120,3 +127,28 @@ def test_refuses_what_it_cannot_answer_exactly() -> None:
     assert aligned(RES, np.array([120_000]), 2 * RES, 0)
     assert not aligned(RES, np.array([120_000]), 90_000, 0)
     assert not aligned(RES, np.array([120_000]), RES, 30_000)
+
+
+@settings(max_examples=100, deadline=None)
+@given(series(counters=True), st.sampled_from([1, 60_000, 300_000, 3_600_000]))
+def test_a_series_periods_round_trip_through_bytes_bit_for_bit(one, resolution_ms) -> None:
+    ts, vals = one
+    periods = summarise(ts, vals, np.array([0, len(ts)]), resolution_ms)
+    if len(periods) == 0:
+        with pytest.raises(ValueError, match="non-empty"):
+            encode_periods(periods)
+        return
+    back = decode_periods(encode_periods(series_periods(periods, 0)))
+    for name in ("end", "count", "first_t", "last_t", "prev_t", "resets", "changes"):
+        np.testing.assert_array_equal(getattr(back, name), getattr(periods, name), err_msg=name)
+    for name in ("first_v", "last_v", "prev_v", "min", "max", "sum", "corrections"):
+        assert getattr(back, name).tobytes() == getattr(periods, name).tobytes(), name
+    assert back.resolution_ms == resolution_ms
+
+
+def test_corrupt_records_are_value_errors() -> None:
+    p = summarise(np.array([1, 2, 70_000], np.int64), np.array([1.0, 0.5, 3.0]), [0, 3], RES)
+    data = encode_periods(p)
+    for bad in (data[:-1], data + b"\0", b"\x02" + data[1:], b""):
+        with pytest.raises(ValueError):
+            decode_periods(bad)
