@@ -22,7 +22,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -56,11 +55,13 @@ from schemathesis.checks import (
 
 from filopy.auth import TokenBook
 from store import open_stores
+from tests import prometheus
 from tests.cluster import cluster_settings
+from tests.prometheus import PROMETHEUS
 from tests.rest.conftest import Rest, start_rest
 from tests.rest.test_influx_http import T0, held, key, new_dataset
 from tests.rest.test_otlp import instant, now_ms
-from tests.rest.test_remote_write import PROMETHEUS, free_port, held_counts
+from tests.rest.test_remote_write import free_port, held_counts
 from tests.rest.test_schemathesis import REASONS, narrowed
 from tests.rest.test_vmagent import VMAGENT, vmagent
 from tests.waiting import eventually, wait_for
@@ -182,15 +183,8 @@ def test_prometheus_remote_write_with_bearer_and_basic_auth(
         "other-dataset": ("403 Forbidden", "is limited to datasets"),
     }
     port = free_port()
-    queue = """
-    queue_config:
-      batch_send_deadline: 1s
-      min_backoff: 100ms
-      max_backoff: 1s"""
     victim_url = f"{rest.url}/ingest/{cluster.victim}/api/v1/write"
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
-        f"""
+    config = f"""
 global:
   scrape_interval: 1s
   evaluation_interval: 1s
@@ -202,59 +196,36 @@ remote_write:
   - name: bearer
     url: {rest.url}/ingest/{a}/api/v1/write
     authorization:
-      credentials_file: {files["bearer"]}{queue}
+      credentials_file: {files["bearer"]}
+{prometheus.QUEUE}
   - name: basic
     url: {rest.url}/ingest/{b}/api/v1/write
     basic_auth:
       username: prometheus
-      password_file: {files["basic"]}{queue}
+      password_file: {files["basic"]}
+{prometheus.QUEUE}
   - name: read-scope
     url: {victim_url}
     authorization:
-      credentials_file: {files["read"]}{queue}
+      credentials_file: {files["read"]}
+{prometheus.QUEUE}
   - name: revoked
     url: {victim_url}
     authorization:
-      credentials_file: {files["revoked"]}{queue}
+      credentials_file: {files["revoked"]}
+{prometheus.QUEUE}
   - name: other-dataset
     url: {victim_url}
     authorization:
-      credentials_file: {files["bearer"]}{queue}
+      credentials_file: {files["bearer"]}
+{prometheus.QUEUE}
 """
-    )
-    log_path = tmp_path / "prometheus.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [
-                PROMETHEUS,
-                f"--config.file={config}",
-                f"--storage.tsdb.path={tmp_path / 'data'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    prom = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10)
-    try:
-
-        def query(q: str, at: float | None = None) -> list[dict]:
-            params = {"query": q} | ({"time": f"{at:.3f}"} if at is not None else {})
-            resp = prom.get("/api/v1/query", params=params)
-            assert resp.status_code == 200, resp.text
-            return resp.json()["data"]["result"]
+    with prometheus.running(config, tmp_path, port) as prom:
 
         def by_remote(metric: str) -> dict[str, float]:
-            return {r["metric"]["remote_name"]: float(r["value"][1]) for r in query(metric)}
+            return {r["metric"]["remote_name"]: float(r["value"][1]) for r in prom.query(metric)}
 
-        def scrapes() -> int:
-            assert proc.poll() is None, log_path.read_text()[-3000:]
-            try:
-                result = query('count_over_time(up{job="prometheus"}[1h])')
-            except (httpx.TransportError, AssertionError):  # not up, or 503 while starting
-                return 0
-            return int(result[0]["value"][1]) if result else 0
-
-        wait_for("8 scrapes", lambda: scrapes() >= 8)
+        wait_for("8 scrapes", lambda: prom.scrapes() >= 8)
         end_ms = int(time.time() * 1000)
         end = end_ms / 1000
 
@@ -271,19 +242,10 @@ remote_write:
         wait_for("every refused queue counted failed samples", lambda: all(
             failed().get(r, 0) > 0 for r in refused))  # fmt: skip
         assert failed().get("bearer", 0) == failed().get("basic", 0) == 0, failed()
-        want = {
-            json.dumps(series["metric"], sort_keys=True): len(series["values"])
-            for series in query('{job="prometheus"}[1h]', at=end)
-        }
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(90) == 0
-    finally:
-        prom.close()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        want = prom.series_counts('{job="prometheus"}', at=end)
+        assert prom.stop() == 0
     assert len(want) > 100 and sum(want.values()) > 8 * 100  # a real, varied workload
-    log_text = log_path.read_text()
+    log_text = prom.log()
     errors = [ln for ln in log_text.splitlines() if "non-recoverable error" in ln]
     for remote, (status, says) in refused.items():
         mine = [ln for ln in errors if f"remote_name={remote} " in ln]

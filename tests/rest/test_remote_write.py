@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -30,14 +28,13 @@ from filopy import Dataset
 from filopy.ingest_http import Ingestion, create_gateway_app, ingest_router
 from filopy.ingest_http.core import DEFAULT_SETTINGS
 from ingest.wire.prompb.remote_pb2 import WriteRequest
+from tests import prometheus
 from tests.cluster import cluster_settings
 from tests.rest.conftest import Rest, ServerThread, start_rest
 from tests.rest.test_cluster import all_active
 from tests.waiting import eventually
 
 pytestmark = [pytest.mark.kafka, pytest.mark.ray]
-
-PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 
 
 @pytest.fixture(scope="module")
@@ -87,8 +84,6 @@ def test_prometheus_remote_write_series_and_samples_match(
 ) -> None:
     """`serve`: the endpoint of the REST app (`filopy serve` / `filopy up`); `gateway`: the
     standalone app of `filopy gateway`, reading definitions from the store, without Ray."""
-    if not Path(PROMETHEUS).exists():  # the real sender is the point: fail, never skip
-        pytest.fail(f"{PROMETHEUS} not found: run scripts/system-deps.sh (Debian's prometheus)")
     name = new_dataset(rest, kafka_bootstrap)
     if server == "serve":
         send_to(rest.url, rest, name, kafka_bootstrap, tmp_path)
@@ -99,9 +94,7 @@ def test_prometheus_remote_write_series_and_samples_match(
 
 def send_to(base_url: str, rest: Rest, name: str, kafka_bootstrap: str, tmp_path: Path) -> None:
     port = free_port()
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
-        f"""
+    config = f"""
 global:
   scrape_interval: 1s
   evaluation_interval: 1s
@@ -111,65 +104,17 @@ scrape_configs:
       - targets: ["127.0.0.1:{port}"]
 remote_write:
   - url: {base_url}/ingest/{name}/api/v1/write
-    queue_config:
-      batch_send_deadline: 1s
-      min_backoff: 100ms
-      max_backoff: 1s
+{prometheus.QUEUE}
 """
-    )
-    log = (tmp_path / "prometheus.log").open("wb")
-    proc = subprocess.Popen(
-        [
-            PROMETHEUS,
-            f"--config.file={config}",
-            f"--storage.tsdb.path={tmp_path / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    prom = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10)
-    try:
-
-        def query(q: str, at: float | None = None) -> list[dict]:
-            params = {"query": q} | ({"time": f"{at:.3f}"} if at is not None else {})
-            resp = prom.get("/api/v1/query", params=params)
-            assert resp.status_code == 200, resp.text
-            return resp.json()["data"]["result"]
-
-        def scrapes() -> int:
-            try:
-                result = query('count_over_time(up{job="prometheus"}[1h])')
-            except (httpx.TransportError, AssertionError):  # not up, or 503 while starting
-                return 0
-            return int(result[0]["value"][1]) if result else 0
-
-        rest.wait_for("8 scrapes", lambda: scrapes() >= 8, timeout_s=60)
+    with prometheus.running(config, tmp_path, port) as prom:
+        rest.wait_for("8 scrapes", lambda: prom.scrapes() >= 8, timeout_s=60)
         end_ms = int(time.time() * 1000)
         end = end_ms / 1000
-
-        def sent_past_end() -> bool:
-            # Samples reach the queues in WAL order: once a later scrape's are sent, every
-            # sample up to `end` is in the queues, and shutdown flushes them.
-            sent = query("prometheus_remote_storage_queue_highest_sent_timestamp_seconds")
-            return bool(sent) and float(sent[0]["value"][1]) > end + 1
-
-        rest.wait_for("samples after the range sent", sent_past_end, timeout_s=60)
-        want = {
-            json.dumps(series["metric"], sort_keys=True): len(series["values"])
-            for series in query('{job="prometheus"}[1h]', at=end)
-        }
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(90) == 0
-    finally:
-        prom.close()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        log.close()
+        rest.wait_for("samples after the range sent", lambda: prom.sent_past(end + 1), timeout_s=60)
+        want = prom.series_counts('{job="prometheus"}', at=end)
+        assert prom.stop() == 0
     assert len(want) > 100 and sum(want.values()) > 8 * 100  # a real, varied workload
-    log_text = (tmp_path / "prometheus.log").read_text()
-    assert "non-recoverable error" not in log_text, log_text[-3000:]
+    assert "non-recoverable error" not in prom.log(), prom.log()[-3000:]
 
     eventually(lambda: held_counts(rest, name, end_ms), want)
     rest.http.delete(f"/api/v1/datasets/{name}")

@@ -16,7 +16,6 @@ import json
 import os
 import random
 import re
-import signal
 import socket
 import subprocess
 import time
@@ -34,8 +33,8 @@ from filopy.ingest_http import create_gateway_app
 from ingest.ingester import KafkaShardIngester
 from ingest.topics import ensure_topic
 from store import open_stores
+from tests import prometheus
 from tests.rest.conftest import ServerThread
-from tests.rest.test_remote_write import PROMETHEUS
 from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -167,8 +166,7 @@ def _read_back(ds: Dataset, settings: Settings) -> dict[str, list[int]]:
 def test_kafka_stopped_mid_stream_is_503_then_the_sender_retries_and_nothing_is_lost(
     tmp_path: Path, kafka: PrivateKafka
 ) -> None:
-    if not Path(PROMETHEUS).exists():  # the real sender is the point: fail, never skip
-        pytest.fail(f"{PROMETHEUS} not found: run scripts/system-deps.sh (Debian's prometheus)")
+    prometheus.require()
     settings = _settings(tmp_path, kafka.bootstrap)
     ds = Dataset(
         name=f"out{uuid.uuid4().hex[:8]}",
@@ -183,9 +181,7 @@ def test_kafka_stopped_mid_stream_is_503_then_the_sender_retries_and_nothing_is_
 
     port = _port_pair()
     with ServerThread(create_gateway_app(settings)) as gateway:
-        config = tmp_path / "prometheus.yml"
-        config.write_text(
-            f"""
+        config = f"""
 global:
   scrape_interval: 1s
 scrape_configs:
@@ -194,45 +190,20 @@ scrape_configs:
       - targets: ["127.0.0.1:{port}"]
 remote_write:
   - url: {gateway}/ingest/{ds.name}/api/v1/write
-    queue_config:
-      batch_send_deadline: 1s
-      min_backoff: 200ms
-      max_backoff: 1s
+{prometheus.QUEUE}
 """
-        )
-        log_path = tmp_path / "prometheus.log"
-        log = log_path.open("wb")
-        proc = subprocess.Popen(
-            [
-                PROMETHEUS,
-                f"--config.file={config}",
-                f"--storage.tsdb.path={tmp_path / 'data'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        prom = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10)
-        http = httpx.Client(base_url=gateway, timeout=10)
+        with (
+            prometheus.running(config, tmp_path, port) as prom,
+            httpx.Client(base_url=gateway, timeout=10) as http,
+        ):
 
-        def query(q: str, at: float | None = None) -> list[dict]:
-            params = {"query": q} | ({"time": f"{at:.3f}"} if at is not None else {})
-            resp = prom.get("/api/v1/query", params=params)
-            assert resp.status_code == 200, resp.text
-            return resp.json()["data"]["result"]
+            def gateway_count(name: str, **labels: str) -> float:
+                return _counter(http.get("/metrics").text, name, **labels)
 
-        def gateway_count(name: str, **labels: str) -> float:
-            return _counter(http.get("/metrics").text, name, **labels)
-
-        def sent_past(t: float) -> bool:
-            try:
-                sent = query("prometheus_remote_storage_queue_highest_sent_timestamp_seconds")
-            except (httpx.TransportError, AssertionError):
-                return False
-            return bool(sent) and float(sent[0]["value"][1]) > t
-
-        try:
-            wait_for("samples acknowledged before the outage", lambda: sent_past(time.time() - 3))
+            wait_for(
+                "samples acknowledged before the outage",
+                lambda: prom.sent_past(time.time() - 3),
+            )
             accepted_before = gateway_count("filopy_http_ingest_samples_accepted_total")
             assert accepted_before > 0
 
@@ -247,25 +218,17 @@ remote_write:
 
             end_ms = int(time.time() * 1000)
             end = end_ms / 1000
-            wait_for("Prometheus to send past the outage", lambda: sent_past(end + 1), 180)
+            wait_for("Prometheus to send past the outage", lambda: prom.sent_past(end + 1), 180)
             want = {
                 json.dumps(s["metric"], sort_keys=True): [
                     round(float(t) * 1000) for t, _ in s["values"]
                 ]
-                for s in query('{job="prometheus"}[1h]', at=end)
+                for s in prom.query('{job="prometheus"}[1h]', at=end)
             }
-            retried = query("sum(prometheus_remote_storage_samples_retried_total)")
-            proc.send_signal(signal.SIGTERM)
-            assert proc.wait(90) == 0
-        finally:
-            prom.close()
-            http.close()
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            log.close()
+            retried = prom.scalar("sum(prometheus_remote_storage_samples_retried_total)")
+            assert prom.stop() == 0
 
-    assert retried and float(retried[0]["value"][1]) > 0, "Prometheus retried nothing"
+    assert retried > 0, "Prometheus retried nothing"
     assert len(want) > 100
     got = _read_back(ds, settings)
     held = {k: [t for t in ts if t <= end_ms] for k, ts in got.items()}

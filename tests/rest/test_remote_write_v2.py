@@ -19,9 +19,7 @@ are refused (400) after the float samples beside them are written, and the heade
 
 from __future__ import annotations
 
-import json
 import re
-import signal
 import subprocess
 import threading
 import time
@@ -52,6 +50,7 @@ from ingest.wire import remote_write_v2
 from ingest.wire.prompb.remote_pb2 import WriteRequest
 from ingest.wire.prompb.write_v2_pb2 import Request
 from store import open_stores
+from tests import prometheus
 from tests.cluster import cluster_settings
 from tests.rest.conftest import Rest, ServerThread, start_rest, topic_batches
 from tests.rest.test_remote_write import free_port, held_counts, new_dataset
@@ -549,9 +548,7 @@ def test_prometheus3_remote_write_2_series_and_samples_match(
     before = ingest_requests(rest)
     port = free_port()
     with exemplar_target() as target:
-        config = tmp_path / "prometheus.yml"
-        config.write_text(
-            f"""
+        config = f"""
 global:
   scrape_interval: 1s
   evaluation_interval: 1s
@@ -568,77 +565,28 @@ remote_write:
     protobuf_message: io.prometheus.write.v2.Request
     send_exemplars: true
     send_native_histograms: {str(native_histograms).lower()}
-    queue_config:
-      batch_send_deadline: 1s
-      min_backoff: 100ms
-      max_backoff: 1s
+{prometheus.QUEUE}
 """
-        )
-        log_path = tmp_path / "prometheus.log"
-        log = log_path.open("wb")
-        proc = subprocess.Popen(
-            [
-                str(binary),
-                f"--config.file={config}",
-                f"--storage.tsdb.path={tmp_path / 'data'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-                "--enable-feature=exemplar-storage,metadata-wal-records",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        prom = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10)
-        try:
-
-            def query(q: str, at: float | None = None) -> list[dict]:
-                params = {"query": q} | ({"time": f"{at:.3f}"} if at is not None else {})
-                resp = prom.get("/api/v1/query", params=params)
-                assert resp.status_code == 200, resp.text
-                return resp.json()["data"]["result"]
-
-            def scalar(q: str) -> float:
-                return sum(float(r["value"][1]) for r in query(q))
-
-            def scrapes() -> int:
-                try:
-                    result = query('min(count_over_time(up{job=~"prometheus|worker"}[1h]))')
-                except (httpx.TransportError, AssertionError):  # not up, or 503 while starting
-                    return 0
-                return int(float(result[0]["value"][1])) if result else 0
-
-            rest.wait_for("8 scrapes", lambda: scrapes() >= 8, timeout_s=90)
+        flags = ["--enable-feature=exemplar-storage,metadata-wal-records"]
+        with prometheus.running(config, tmp_path, port, str(binary), flags) as prom:
+            rest.wait_for("8 scrapes", lambda: prom.scrapes("prometheus|worker") >= 8, 90)
             end_ms = int(time.time() * 1000)
             end = end_ms / 1000
-
-            def sent_past_end() -> bool:
-                sent = query("prometheus_remote_storage_queue_highest_sent_timestamp_seconds")
-                return bool(sent) and float(sent[0]["value"][1]) > end + 1
-
-            rest.wait_for("samples after the range sent", sent_past_end, timeout_s=90)
-            series = query('{job=~"prometheus|worker"}[1h]', at=end)
-            want = {  # float series; native histogram series have "histograms" instead
-                json.dumps(s["metric"], sort_keys=True): len(s["values"])
-                for s in series
-                if "values" in s
-            }
-            histogram_series = sum(1 for s in series if "histograms" in s)
+            rest.wait_for("samples after the range sent", lambda: prom.sent_past(end + 1), 90)
+            want = prom.series_counts('{job=~"prometheus|worker"}', at=end)
+            histogram_series = sum(
+                1 for s in prom.query('{job=~"prometheus|worker"}[1h]', at=end) if "histograms" in s
+            )
             sent = {
-                kind: scalar(f"prometheus_remote_storage_{kind}_total")
+                kind: prom.scalar(f"prometheus_remote_storage_{kind}_total")
                 for kind in ("samples", "exemplars", "histograms")
             }
             failed = {
-                kind: scalar(f"prometheus_remote_storage_{kind}_failed_total")
+                kind: prom.scalar(f"prometheus_remote_storage_{kind}_failed_total")
                 for kind in ("samples", "exemplars", "histograms", "metadata")
             }
-            proc.send_signal(signal.SIGTERM)
-            assert proc.wait(90) == 0
-        finally:
-            prom.close()
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            log.close()
-    log_text = log_path.read_text()
+            assert prom.stop() == 0
+    log_text = prom.log()
     requests = ingest_requests(rest) - before
     assert len(want) > 100 and sum(want.values()) > 8 * 100  # a real, varied workload
     assert any('"job": "worker"' in k and "filopy_test_jobs_total" in k for k in want)

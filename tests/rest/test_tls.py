@@ -22,8 +22,9 @@ from core.config import load_settings
 from core.dataset import Dataset, SourceSettings
 from ingest.topics import ensure_topic
 from store import open_stores
+from tests import prometheus
 from tests.rest.conftest import topic_batches
-from tests.rest.test_remote_write import PROMETHEUS, free_port
+from tests.rest.test_remote_write import free_port
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.kafka]
@@ -126,13 +127,9 @@ def test_tls_with_curl_httpx_and_prometheus(setup: dict, pki: Path, tmp_path: Pa
         assert httpx.post(f"{url}/ingest/{ds.name}/write", verify=trust).status_code == 401
 
         # Prometheus remote-writes over TLS (tls_config.ca_file) with its token.
-        if not Path(PROMETHEUS).exists():  # the real sender is the point: fail, never skip
-            pytest.fail(f"{PROMETHEUS} not found: run scripts/system-deps.sh")
         (tmp_path / "token").write_text(token)
         port = free_port()
-        config = tmp_path / "prometheus.yml"
-        config.write_text(
-            f"""
+        config = f"""
 global:
   scrape_interval: 1s
 scrape_configs:
@@ -145,28 +142,15 @@ remote_write:
       credentials_file: {tmp_path / "token"}
     tls_config:
       ca_file: {ca}
-    queue_config:
-      batch_send_deadline: 1s
-      min_backoff: 100ms
-      max_backoff: 1s
+{prometheus.QUEUE}
 """
-        )
-        log = (tmp_path / "prometheus.log").open("wb")
-        prom = subprocess.Popen(
-            [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
-             f"--web.listen-address=127.0.0.1:{port}"],
-            stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        try:
+        with prometheus.running(config, tmp_path, port) as prom:
             wait_for(
                 "Prometheus' samples in Kafka through the TLS gateway",
                 lambda: sum(len(b) for b in topic_batches(ds)) > 500,
             )
-        finally:
-            prom.terminate()
-            prom.wait(60)
-            log.close()
-        said = (tmp_path / "prometheus.log").read_text()
+            assert prom.stop() == 0
+        said = prom.log()
         assert "x509" not in said and "401" not in said, said[-2000:]
 
 
