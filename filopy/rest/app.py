@@ -84,9 +84,9 @@ def serve_promql(
     under /api/v1 (the dataset a parameter) and under /promql/{dataset}/api/v1; `query` and
     `query_range` called directly (`DirectQueries`)."""
     registry = registry or CollectorRegistry()
-    app.state.promql = PromQL(
-        client, service, query_latency(registry), TenantQueryMetrics.registered(registry)
-    )
+    limited = service.max_samples or service.max_series  # the tenants' counters only then
+    tenants = TenantQueryMetrics.registered(registry) if limited else None
+    app.state.promql = PromQL(client, service, query_latency(registry), tenants)
     # Each router under both prefixes, its operations named `promql_{endpoint}_{where}_{method}`.
     for prefix, where in (("/api/v1", "param"), ("/promql/{dataset}/api/v1", "path")):
 

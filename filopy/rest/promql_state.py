@@ -52,7 +52,7 @@ def query_latency(registry: CollectorRegistry) -> Histogram:
 
 @dataclass(frozen=True)
 class TenantQueryMetrics:
-    """Per tenant: the samples its queries read, and its queries refused by a limit. Counted
+    """Per tenant: the samples its queries read, and its queries refused by a limit. Exported
     only while query limits are on (a tenant is then known for every query)."""
 
     samples: Counter
