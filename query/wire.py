@@ -16,8 +16,8 @@ batch, a map from part index to a `StepMatrix` or `Partial`. An error is its cla
 args and its fields, for the FiloPy errors a node raises on a query (`ERRORS`); another FiloPy
 error crosses as its category (every category is in `ERRORS`) with its message, so the caller
 answers it with the same status; any other error arrives as `RemoteQueryError` with its type
-and message. A request carries the query's limits (`query.limits`) last; a request without
-them (from an older caller) is read as one without limits.
+and message. A request carries the query's limits (`query.limits`) last, if it has any: a
+request without them is the same bytes as before the limits, so nodes of either version read it.
 
 In the query layer, beside the types it encodes, so it is tested without sockets; the channel
 itself (`coordinator.query_channel`) only frames and signs these bytes.
@@ -133,6 +133,7 @@ _REMOTE = f"{RemoteQueryError.__module__}.{RemoteQueryError.__qualname__}"
 def encode_request(ref: DatasetRef, shards: Sequence[int], request: NodeQuery) -> bytes:
     """`(ref, shards, request)` as the channel sends it."""
     q = request
+    limits = [] if q.limits is None else [_limits(q.limits)]  # none: as callers before them
     return pack(
         [
             ref.name,
@@ -148,7 +149,7 @@ def encode_request(ref: DatasetRef, shards: Sequence[int], request: NodeQuery) -
                 [int(i), kind, expr_bytes(expr), [int(s) for s in part_shards]]
                 for i, kind, expr, part_shards in q.parts
             ],
-            _limits(q.limits),
+            *limits,
         ]
     )
 
@@ -193,9 +194,7 @@ def decode_request(payload: bytes | bytearray) -> tuple[DatasetRef, list[int], N
         raise WireError(f"a malformed request: {type(e).__name__}: {e}") from None
 
 
-def _limits(limits: QueryLimits | None) -> list[Any] | None:
-    if limits is None:
-        return None
+def _limits(limits: QueryLimits) -> list[Any]:
     return [
         limits.tenant,
         int(limits.max_samples),

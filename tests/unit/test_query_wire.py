@@ -505,10 +505,23 @@ def tampered(index: int, value: Any) -> bytes:
     return pack(req)
 
 
-def test_a_request_of_a_caller_without_limits_is_read_as_unlimited() -> None:
-    old = good_request()[:10]  # as callers sent it before the limits
-    _, _, back = decode_request(pack(old))
+def test_a_request_without_limits_is_as_it_was_before_them() -> None:
+    """Ten fields, as before the limits: nodes of either version read it."""
+    assert len(good_request()) == 10
+    _, _, back = decode_request(pack(good_request()))
     assert back.limits is None and back.kind == "series_local"
+
+
+def limited_request() -> list[Any]:
+    matchers = ((LabelMatcher("a", MatchOp.EQ, "b"),),)
+    query = NodeQuery("raw", matchers=matchers, limits=QueryLimits("t", 5, 0, 0, 0))
+    return msgpack.unpackb(encode_request(REF, [1], query))  # type: ignore[no-any-return]
+
+
+def with_limits(value: Any) -> bytes:
+    req = limited_request()
+    req[10] = value
+    return pack(req)
 
 
 class OwnInvalid(Invalid):
@@ -563,10 +576,10 @@ REFUSED_REQUESTS = {
     "truncated": lambda p: encode_request(REF, [1], NodeQuery("series"))[:-3],
     "not a list": lambda p: pack({"kind": "series"}),
     "extra data": lambda p: encode_request(REF, [1], NodeQuery("series")) + b"\xc0",
-    "limits not a list": lambda p: tampered(10, {"tenant": "a"}),
-    "limits short": lambda p: tampered(10, ["a", 1, 2]),
-    "limits of floats": lambda p: tampered(10, ["a", 1.5, 0, 0, 0]),
-    "a field past the limits": lambda p: pack([*good_request(), None]),
+    "limits not a list": lambda p: with_limits({"tenant": "a"}),
+    "limits short": lambda p: with_limits(["a", 1, 2]),
+    "limits of floats": lambda p: with_limits(["a", 1.5, 0, 0, 0]),
+    "a field past the limits": lambda p: pack([*limited_request(), None]),
 }
 
 
