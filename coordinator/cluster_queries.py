@@ -26,6 +26,7 @@ from coordinator.query_channel import (
     request_payload,
 )
 from core.backoff import Backoff
+from core.config import QuerySettings
 from core.dataset import Dataset, DatasetRef
 from core.errors import DatasetUnknownError
 from core.mapper import ShardMapper
@@ -338,9 +339,13 @@ DEFAULT_TRANSPORT = "channel"
 
 
 def cluster_query_service(
-    client: FiloPyClient, timeout_s: float = 60.0, transport: str | None = None
+    client: FiloPyClient,
+    timeout_s: float = 60.0,
+    transport: str | None = None,
+    limits: QuerySettings | None = None,
 ) -> QueryService:
-    """PromQL over the cluster `client` is connected to; `close()` it before disconnecting."""
+    """PromQL over the cluster `client` is connected to, with per-tenant query `limits` (the
+    client's settings' if not given); `close()` it before disconnecting."""
     transport = transport or DEFAULT_TRANSPORT
     if transport not in TRANSPORTS:
         raise ValueError(f"transport {transport!r}: one of {', '.join(TRANSPORTS)}")
@@ -348,7 +353,14 @@ def cluster_query_service(
     nodes: NodeCaller = (
         SocketNodeCaller(namespace) if transport == "channel" else RayNodeCaller(namespace)
     )
-    return QueryService(ClusterMaps(client), nodes, timeout_s)
+    limits = limits or client.settings.query
+    return QueryService(
+        ClusterMaps(client),
+        nodes,
+        timeout_s,
+        max_samples=limits.tenant_max_samples,
+        max_series=limits.tenant_max_series,
+    )
 
 
 __all__ = ["ClusterMaps", "RayNodeCaller", "SocketNodeCaller", "cluster_query_service"]

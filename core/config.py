@@ -128,6 +128,13 @@ class GatewaySettings(_Section):
     tenant_active_window_s: float = Field(gt=0)
 
 
+class QuerySettings(_Section):
+    """Per-tenant limits of PromQL queries (docs/security.md); 0 turns a limit off."""
+
+    tenant_max_samples: int = Field(ge=0)
+    tenant_max_series: int = Field(ge=0)
+
+
 class AuthSettings(_Section):
     """Who may call the HTTP servers (REST, PromQL, ingestion, gateway): docs/security.md."""
 
@@ -170,6 +177,7 @@ class Settings(BaseSettings):
     rebalance: RebalanceSettings
     ingest: IngestSettings
     gateway: GatewaySettings
+    query: QuerySettings
     auth: AuthSettings
     tls: TlsSettings
 

@@ -22,6 +22,7 @@ from ingest.shard_reader import read_merged_batch
 from query.evaluator import eval_partial, eval_series_local
 from query.expr_wire import expr_bytes, expr_of
 from query.functions import SampleBatch
+from query.limits import QueryLimits
 from query.promql import Aggregate, Expr
 from query.routing import PROMETHEUS_METRIC
 from query.values import SeriesData
@@ -38,6 +39,17 @@ class ScanStats:
     samples: int = 0
 
 
+# Under limits, a shard's matching series are read this many at a time, so a query over a
+# limit stops within a slice of one shard rather than after the whole shard.
+LIMITED_SLICE_SERIES = 1024
+
+
+def _slices(sids: list[int], limits: QueryLimits | None) -> list[list[int]]:
+    if limits is None or len(sids) <= LIMITED_SLICE_SERIES:
+        return [sids]
+    return [sids[i : i + LIMITED_SLICE_SERIES] for i in range(0, len(sids), LIMITED_SLICE_SERIES)]
+
+
 class ShardSource:
     """The series of some of this node's shards of one dataset, with PromQL's `__name__`."""
 
@@ -52,13 +64,14 @@ class ShardSource:
         self._memstores = memstores
         self._columns = column_store
         self.stats = ScanStats()
+        self.limits: QueryLimits | None = None  # the query's, checked as samples are read
 
     def restricted(self, shards: Sequence[int]) -> ShardSource:
         """The same source over some of its shards, counting into the same stats."""
         part = ShardSource(
             self.dataset, {s: m for s, m in self._memstores.items() if s in shards}, self._columns
         )
-        part.stats = self.stats
+        part.stats, part.limits = self.stats, self.limits
         return part
 
     def _translate(self, matchers: Sequence[LabelMatcher]) -> list[LabelMatcher]:
@@ -105,16 +118,21 @@ class ShardSource:
         start_ms, end_ms = max(start_ms, INT64_MIN), min(end_ms, INT64_MAX)
         labels: list[dict[str, str]] = []
         ts_parts, val_parts, size_parts = [], [], []
-        for shard, mem, sids in self._matching(matchers, start_ms, end_ms):
-            ts, vals, bounds = read_merged_batch(
-                mem, self._columns, self._ref, shard, sids, start_ms, end_ms
-            )
-            sizes = np.diff(bounds)
-            held = np.flatnonzero(sizes)
-            labels.extend(self._labels(mem, map(sids.__getitem__, held.tolist())))
-            ts_parts.append(ts)
-            val_parts.append(vals)
-            size_parts.append(sizes[held])
+        limits, samples = self.limits, 0
+        for shard, mem, matched in self._matching(matchers, start_ms, end_ms):
+            for sids in _slices(matched, limits):
+                ts, vals, bounds = read_merged_batch(
+                    mem, self._columns, self._ref, shard, sids, start_ms, end_ms
+                )
+                sizes = np.diff(bounds)
+                held = np.flatnonzero(sizes)
+                labels.extend(self._labels(mem, map(sids.__getitem__, held.tolist())))
+                ts_parts.append(ts)
+                val_parts.append(vals)
+                size_parts.append(sizes[held])
+                samples += len(ts)
+                if limits is not None:
+                    limits.check(self.stats.samples + samples, self.stats.series + len(labels))
         if not labels:
             return SampleBatch([], np.empty(0, np.int64), np.empty(0), np.zeros(1, np.int64))
         sizes = np.concatenate(size_parts)
@@ -148,6 +166,8 @@ class NodeQuery:
     # batch: every part of one query this node evaluates, as (index, "series_local" or
     # "partial", expression, its shards here); the answer maps each index to its result.
     parts: tuple[tuple[int, str, Expr, tuple[int, ...]], ...] = ()
+    # The query's per-tenant limits and what it spent before this call (None: no limits).
+    limits: QueryLimits | None = None
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickled (for Ray) with each expression as its bytes from `query.expr_wire`, made once
@@ -164,6 +184,7 @@ class NodeQuery:
             self.start_ms,
             self.end_ms,
             parts,
+            self.limits,
         )
 
 
@@ -176,6 +197,7 @@ def _node_query(
     start_ms: int,
     end_ms: int,
     parts: tuple[tuple[int, str, bytes, tuple[int, ...]], ...],
+    limits: QueryLimits | None = None,
 ) -> NodeQuery:
     return NodeQuery(
         kind,
@@ -186,6 +208,7 @@ def _node_query(
         start_ms,
         end_ms,
         tuple((i, k, expr_of(e), shards) for i, k, e, shards in parts),
+        limits,
     )
 
 
@@ -198,8 +221,11 @@ class NodeAnswer:
 
 
 def run_node_query(query: NodeQuery, source: ShardSource) -> NodeAnswer:
-    """Evaluate a node's part of a query over its shards (called on the node, off its loop)."""
+    """Evaluate a node's part of a query over its shards (called on the node, off its loop);
+    `QueryLimitExceeded` as soon as it reads more than the query's limits allow."""
     result: Any
+    if query.limits is not None and query.limits.enabled:
+        source.limits = query.limits
     if query.kind == "batch":
         assert query.times is not None
         result = {}

@@ -570,6 +570,24 @@ _DEPTH_TOKENS = re.compile(
 )
 
 
+# An `@` with a negative time (before 1970): the parser accepts it, then panics (a Rust panic,
+# not an exception) when its time is read; so the text is refused first. Strings and comments
+# are skipped, as for the depth.
+_NEGATIVE_AT = re.compile(
+    r""""(?:[^"\\]|\\.)*"?|'(?:[^'\\]|\\.)*'?|`[^`]*`?|#[^\n]*|@\s*-""", re.DOTALL
+)
+
+
+def check_at(text: str) -> None:
+    """Raise QueryError (bad_data) for an `@` modifier with a negative time."""
+    for m in _NEGATIVE_AT.finditer(text):
+        if m.group()[0] == "@":
+            raise QueryError(
+                "bad_data",
+                "parse error: the @ modifier's time must not be negative (before 1970-01-01)",
+            )
+
+
 def _too_deep(limit: int) -> QueryError:
     return QueryError(
         "bad_data",
@@ -640,11 +658,17 @@ PARSED_CACHED = 1024
 @functools.lru_cache(maxsize=PARSED_CACHED)
 def _parse(text: str, max_depth: int, matrix_ok: bool) -> Expr:
     depth_bound(text, max_depth)
+    check_at(text)
     try:
         raw = pp.parse(text)
     except Exception as e:  # the Rust parser raises ValueError; be robust to others
         raise QueryError("bad_data", f"parse error: {e}") from None
-    expr = _convert(raw)
+    try:
+        expr = _convert(raw)
+    except BaseException as e:  # a panic in the parser's objects is a BaseException
+        if type(e).__name__ != "PanicException":
+            raise
+        raise QueryError("bad_data", f"parse error: the parser failed on it: {e}") from None
     if isinstance(expr, MatrixSelector | Subquery) and not matrix_ok:
         raise _unsupported("range vector (matrix) query results")
     return expr

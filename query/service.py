@@ -35,6 +35,7 @@ from core.shard_status import (
 from query.aggregate import Partial
 from query.evaluator import eval_partial, eval_range_vector, eval_series_local, evaluate
 from query.executor import NodeAnswer, NodeQuery, ShardsNotHere
+from query.limits import QueryLimits, tenant_of
 from query.promql import (
     PARSED_CACHED,
     Aggregate,
@@ -122,18 +123,30 @@ class QueryResult:
     nodes: dict[str, list[int]] = field(default_factory=dict)
     series_scanned: int = 0
     samples_scanned: int = 0
+    tenant: str | None = None  # whose limits the query counted against (None: no limits)
 
 
 class QueryService:
     """PromQL over the datasets of one cluster: maps from a `MapSource`, node parts through a
     `NodeCaller` (the cluster's are in `coordinator.cluster_queries`; tests pass fakes).
-    `close()` it before the cluster connection goes (the map source may follow maps on threads)."""
+    `close()` it before the cluster connection goes (the map source may follow maps on threads).
+    `max_samples` / `max_series` (0: none) limit every instant and range query per tenant
+    (`query.limits`)."""
 
-    def __init__(self, maps: MapSource, nodes: NodeCaller, timeout_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        maps: MapSource,
+        nodes: NodeCaller,
+        timeout_s: float = 60.0,
+        *,
+        max_samples: int = 0,
+        max_series: int = 0,
+    ) -> None:
         self._maps = maps
         self._nodes = nodes
         self._timeout_s = timeout_s
         self._routes = _Routes()
+        self.max_samples, self.max_series = max_samples, max_series
 
     # ----- cluster state ---------------------------------------------------------------------
 
@@ -170,9 +183,11 @@ class QueryService:
         spread: int | None = None,
         partial: bool = False,
         lookback_ms: int = DEFAULT_LOOKBACK_MS,
+        tenant: str | None = None,
     ) -> QueryResult:
+        """`tenant`: the token's, if it has one (else the query's `_ws_` counts)."""
         times = np.array([time_ms], np.int64)
-        return self._run(dataset, query, times, spread, partial, lookback_ms)
+        return self._run(dataset, query, times, spread, partial, lookback_ms, tenant=tenant)
 
     def range(
         self,
@@ -186,6 +201,7 @@ class QueryService:
         partial: bool = False,
         lookback_ms: int = DEFAULT_LOOKBACK_MS,
         max_points: int = 11_000,
+        tenant: str | None = None,
     ) -> QueryResult:
         if step_ms <= 0:
             raise QueryError("bad_data", "step must be positive")
@@ -199,7 +215,9 @@ class QueryService:
                 "try decreasing the query resolution (?step=XX)",
             )
         times = np.arange(start_ms, end_ms + 1, step_ms, dtype=np.int64)
-        res = self._run(dataset, query, times, spread, partial, lookback_ms, range_query=True)
+        res = self._run(
+            dataset, query, times, spread, partial, lookback_ms, range_query=True, tenant=tenant
+        )
         if isinstance(res.value, Scalar):  # a range query's answer is a matrix, as Prometheus'
             values = res.value.values[None, :]  # every step (a NaN scalar is a value)
             value = StepMatrix(res.value.times, [{}], values, np.ones(values.shape, bool))
@@ -265,6 +283,7 @@ class QueryService:
         lookback_ms: int,
         *,
         range_query: bool = False,
+        tenant: str | None = None,
     ) -> QueryResult:
         ds = self.dataset(dataset)
         self._check_spread(ds, spread)
@@ -281,6 +300,8 @@ class QueryService:
                 "Vector",
             )
         run = _Run(self, ds, self.shard_map(dataset), spread, partial, lookback_ms)
+        if self.max_samples or self.max_series:
+            run.limits = QueryLimits(tenant_of(expr, tenant), self.max_samples, self.max_series)
         if isinstance(expr, MatrixSelector | Subquery):  # an instant query of a range vector
             return run.result(eval_range_vector(expr, run, int(times[0]), lookback_ms))
         run.prefetch(plan.parts, times)  # every node part, one call per node
@@ -354,6 +375,7 @@ class _Run:
         self.nodes: dict[str, set[int]] = {}
         self.series = 0
         self.samples = 0
+        self.limits: QueryLimits | None = None
         self._done: dict[int, tuple[Expr, npt.NDArray[np.int64], Any]] = {}  # by id(expr)
 
     def result(self, value: Value) -> QueryResult:
@@ -364,6 +386,7 @@ class _Run:
             {n: sorted(s) for n, s in sorted(self.nodes.items())},
             self.series,
             self.samples,
+            None if self.limits is None else self.limits.tenant,
         )
 
     def _shards_of(self, expr: Expr) -> tuple[int, ...]:
@@ -453,6 +476,9 @@ class _Run:
                 down[s] = str(status)
             else:
                 by_node.setdefault(owner, []).append(s)
+        if self.limits is not None:  # each node is told what earlier calls spent
+            request = _limited(request, self.limits.after(self.samples, self.series))
+
         nodes = self.svc._nodes
         ref = self.dataset.ref
         calls = {n: nodes.submit(n, ref, ns, request(ns)) for n, ns in by_node.items()}
@@ -519,6 +545,8 @@ class _Run:
         self.shards.update(served)
         self.series += answer.series
         self.samples += answer.samples
+        if self.limits is not None:  # the nodes' reads together: stop at once when over
+            self.limits.check(self.samples, self.series)
         self._warn_catching_up(served)
 
     def _answer(
@@ -572,6 +600,17 @@ class _Run:
                 f"{self.dataset.name!r} {'is' if len(group) == 1 else 'are'} {reason}; "
                 "results may miss recent samples"
             )
+
+
+def _limited(
+    request: Callable[[Sequence[int]], NodeQuery], limits: QueryLimits
+) -> Callable[[Sequence[int]], NodeQuery]:
+    """`request` with the query's limits in every node's part."""
+
+    def limited(node_shards: Sequence[int]) -> NodeQuery:
+        return dataclasses.replace(request(node_shards), limits=limits)
+
+    return limited
 
 
 def _names_as_live(state: ShardMapState, moved: dict[int, str]) -> bool:

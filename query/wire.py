@@ -13,8 +13,11 @@ What crosses (`query.executor`): a request is the dataset's name, the shards and
 (its expressions as `query.expr_wire` bytes, its step times, label matchers); an answer is a
 `NodeAnswer` whose result is a `StepMatrix`, a `Partial`, label sets, `SeriesData` or, for a
 batch, a map from part index to a `StepMatrix` or `Partial`. An error is its class's name, its
-args and its fields, for the FiloPy errors a node raises on a query (`ERRORS`); any other error
-arrives as `RemoteQueryError` with its type and message.
+args and its fields, for the FiloPy errors a node raises on a query (`ERRORS`); another FiloPy
+error crosses as its category (every category is in `ERRORS`) with its message, so the caller
+answers it with the same status; any other error arrives as `RemoteQueryError` with its type
+and message. A request carries the query's limits (`query.limits`) last, if it has any: a
+request without them is the same bytes as before the limits, so nodes of either version read it.
 
 In the query layer, beside the types it encodes, so it is tested without sockets; the channel
 itself (`coordinator.query_channel`) only frames and signs these bytes.
@@ -35,15 +38,19 @@ from core.errors import (
     DatasetUnknownError,
     ExecutionFailed,
     FiloPyError,
+    Forbidden,
     Internal,
     Invalid,
+    Limited,
     NotFound,
+    Unauthenticated,
     Unavailable,
     Unsupported,
 )
 from query.aggregate import PUSHABLE_OPS, LabelKey, Partial
 from query.executor import NodeAnswer, NodeQuery, ShardsNotHere
 from query.expr_wire import WireError, expr_bytes, expr_of, pack, unpack
+from query.limits import QueryLimitExceeded, QueryLimits
 from query.promql import QueryError
 from query.service import NodeUnavailable
 from query.values import SeriesData, StepMatrix
@@ -97,6 +104,9 @@ ERRORS: dict[str, type[FiloPyError]] = {
         NotFound,
         Conflict,
         Invalid,
+        Unauthenticated,
+        Forbidden,
+        Limited,
         Unsupported,
         Unavailable,
         ExecutionFailed,
@@ -111,6 +121,7 @@ ERRORS: dict[str, type[FiloPyError]] = {
         StoreTimeout,
         StaleEpochError,
         RemoteQueryError,
+        QueryLimitExceeded,
     )
 }
 _REMOTE = f"{RemoteQueryError.__module__}.{RemoteQueryError.__qualname__}"
@@ -122,6 +133,7 @@ _REMOTE = f"{RemoteQueryError.__module__}.{RemoteQueryError.__qualname__}"
 def encode_request(ref: DatasetRef, shards: Sequence[int], request: NodeQuery) -> bytes:
     """`(ref, shards, request)` as the channel sends it."""
     q = request
+    limits = [] if q.limits is None else [_limits(q.limits)]  # none: as callers before them
     return pack(
         [
             ref.name,
@@ -137,6 +149,7 @@ def encode_request(ref: DatasetRef, shards: Sequence[int], request: NodeQuery) -
                 [int(i), kind, expr_bytes(expr), [int(s) for s in part_shards]]
                 for i, kind, expr, part_shards in q.parts
             ],
+            *limits,
         ]
     )
 
@@ -157,8 +170,9 @@ def decode_request(payload: bytes | bytearray) -> tuple[DatasetRef, list[int], N
                 start_ms,
                 end_ms,
                 list() as parts,
-            ] if kind in REQUEST_KINDS:
-                pass
+                *rest,
+            ] if kind in REQUEST_KINDS and len(rest) <= 1:
+                pass  # without the limits: a caller older than them
             case _:
                 raise WireError("not a query part request")
         ref = DatasetRef.of(name)
@@ -171,12 +185,32 @@ def decode_request(payload: bytes | bytearray) -> tuple[DatasetRef, list[int], N
             _int(start_ms),
             _int(end_ms),
             tuple(_part(p) for p in parts),
+            _limits_of(rest[0]) if rest else None,
         )
         return ref, _ints(shards), query
     except (WireError, QueryError):
         raise
     except Exception as e:  # a field of the wrong type or value
         raise WireError(f"a malformed request: {type(e).__name__}: {e}") from None
+
+
+def _limits(limits: QueryLimits) -> list[Any]:
+    return [
+        limits.tenant,
+        int(limits.max_samples),
+        int(limits.max_series),
+        int(limits.spent_samples),
+        int(limits.spent_series),
+    ]
+
+
+def _limits_of(v: Any) -> QueryLimits | None:
+    match v:
+        case None:
+            return None
+        case [str() as tenant, *counts] if len(counts) == 4:
+            return QueryLimits(tenant, *(_int(c) for c in counts))
+    raise WireError("query limits are not [tenant, max samples, max series, spent, spent]")
 
 
 def _part(v: Any) -> tuple[int, str, Any, tuple[int, ...]]:
@@ -219,7 +253,9 @@ def encode_answer(answer: NodeAnswer) -> bytes:
 
 def encode_error(err: BaseException) -> bytes:
     """("error", err) as the channel sends it: as itself if it is one of `ERRORS` with plain
-    args and fields, else a `RemoteQueryError` with its type and message."""
+    args and fields; else a FiloPy error as its category (so the caller answers the same
+    status) with its message and errorType; anything else a `RemoteQueryError` with its type
+    and message."""
     cls = type(err)
     name = f"{cls.__module__}.{cls.__qualname__}"
     if ERRORS.get(name) is cls:
@@ -227,6 +263,13 @@ def encode_error(err: BaseException) -> bytes:
         args = list(err.args)
         if _plain(args) and _plain(fields):
             return pack(["error", [name, args, fields]])
+    if isinstance(err, FiloPyError) and err.category not in (None, Internal):
+        category = err.category
+        assert category is not None
+        message = f"{err.context}: {err}" if err.context else str(err)
+        fields = {"error_type": err.error_type} if isinstance(err.error_type, str) else {}
+        name = f"{category.__module__}.{category.__qualname__}"
+        return pack(["error", [name, [message], fields]])
     return pack(["error", [_REMOTE, [f"{cls.__name__}: {err}"], {}]])
 
 

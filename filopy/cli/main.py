@@ -868,7 +868,11 @@ def token_create(
         typer.Option("--dataset", "-d", help="Only this dataset (repeat); default: all."),
     ] = None,
     tenant: Annotated[
-        str | None, typer.Option(help="A write token's tenant: the _ws_ of all it writes.")
+        str | None,
+        typer.Option(
+            help="The token's tenant: the _ws_ of all it writes; its queries count against "
+            "that tenant's query limits."
+        ),
     ] = None,
 ) -> None:
     """Make a token and print it (on stdout, alone: `TOKEN=$(filopy token create ...)`). It is

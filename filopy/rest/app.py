@@ -32,7 +32,7 @@ from filopy.rest.console import mount_console
 from filopy.rest.deps import Cluster
 from filopy.rest.errors import install_handlers
 from filopy.rest.metrics import ClusterCollector
-from filopy.rest.promql_state import PromQL, query_latency
+from filopy.rest.promql_state import PromQL, TenantQueryMetrics, query_latency
 from query.service import QueryService
 
 if TYPE_CHECKING:
@@ -59,7 +59,7 @@ def create_app(client: FiloPyClient, settings: Settings) -> FastAPI:
     app.state.cluster = Cluster(client, settings)
     app.state.registry = registry
     install_handlers(app, timeout_s)
-    queries = cluster_query_service(client, timeout_s)
+    queries = cluster_query_service(client, timeout_s, limits=settings.query)
     serve_promql(app, client, queries, registry)  # docs/query.md
     ingestion = Ingestion(client.datasets, settings.gateway)  # docs/ingestion-http.md
     serve_ingestion(app, ingestion)  # write POSTs called directly: docs/ingestion-http.md
@@ -83,7 +83,10 @@ def serve_promql(
     """Prometheus' query API on `app` (docs/query.md), answered by `service`: every endpoint
     under /api/v1 (the dataset a parameter) and under /promql/{dataset}/api/v1; `query` and
     `query_range` called directly (`DirectQueries`)."""
-    app.state.promql = PromQL(client, service, query_latency(registry or CollectorRegistry()))
+    registry = registry or CollectorRegistry()
+    limited = service.max_samples or service.max_series  # the tenants' counters only then
+    tenants = TenantQueryMetrics.registered(registry) if limited else None
+    app.state.promql = PromQL(client, service, query_latency(registry), tenants)
     # Each router under both prefixes, its operations named `promql_{endpoint}_{where}_{method}`.
     for prefix, where in (("/api/v1", "param"), ("/promql/{dataset}/api/v1", "path")):
 

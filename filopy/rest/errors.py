@@ -83,7 +83,7 @@ def error_response(status: int, error_type: str, message: str) -> JSONResponse:
     return JSONResponse(body, status_code=status)
 
 
-def _cause(exc: BaseException) -> BaseException:
+def unwrapped(exc: BaseException) -> BaseException:
     """The exception raised inside the actor, not Ray's wrapper around it."""
     import ray.exceptions  # here, not at the top: the CLI and unit tests import us without Ray
 
@@ -105,7 +105,7 @@ def api_error(exc: BaseException, timeout_s: float) -> ApiError:
 
     if isinstance(exc, ApiError):
         return exc
-    cause = _cause(exc)
+    cause = unwrapped(exc)
     if isinstance(cause, FiloPyError) and cause.category is not Internal:
         return _answer(cause)
     if isinstance(cause, ValidationError):
@@ -120,6 +120,12 @@ def api_error(exc: BaseException, timeout_s: float) -> ApiError:
             UNAVAILABLE,
             "the FiloPy cluster singleton is unavailable (it may be restarting); retry shortly",
         )
+    from query.wire import RemoteQueryError  # here: the CLI reads this module without it
+
+    if isinstance(cause, RemoteQueryError):  # a node failed: its message, the node's own
+        log.error("a node failed on a query: %s", cause)
+        status, error_type = ANSWERS[Internal]
+        return ApiError(status, error_type, f"a node failed on the query: {cause}")
     # A bug (an `Internal` error or anything unexpected): the details go to the log only.
     log.error("unexpected error", exc_info=(type(exc), exc, exc.__traceback__))
     status, error_type = ANSWERS[Internal]

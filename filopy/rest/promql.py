@@ -30,7 +30,7 @@ from starlette.responses import Response
 
 from filopy.rest.errors import BAD_DATA, UNSUPPORTED, ApiError
 from filopy.rest.models import ErrorBody
-from query.promql import QueryError, VectorSelector, depth_bound, parse
+from query.promql import QueryError, VectorSelector, check_at, depth_bound, parse
 from query.values import RangeVector, Scalar, StepMatrix, String, Value
 from store.api import LabelMatcher
 
@@ -273,6 +273,7 @@ def valid_promql(text: str) -> Any:
     """The parser's tree of any valid PromQL (also what FiloPy does not evaluate); 400 else."""
     try:
         depth_bound(text)
+        check_at(text)
         return pp.parse(text)
     except QueryError as e:
         raise ApiError(400, BAD_DATA, f'invalid parameter "query": {e.message}') from None

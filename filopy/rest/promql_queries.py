@@ -13,6 +13,7 @@ from starlette.responses import Response
 from starlette.routing import get_route_path
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from filopy.auth import principal_of
 from filopy.rest.errors import BAD_DATA, ApiError, error_response
 from filopy.rest.promql import (
     MAX_TIME_MS,
@@ -55,7 +56,9 @@ async def query(request: Request, dataset: str | None = None) -> dict[str, Any]:
         at = parse_time(t, "time") if t else int(time.time() * 1000)
         ds = await promql.dataset_of(p, request.path_params.get("dataset"))
         opts = options(p)
-        res = await promql.run(lambda: promql.service.instant(ds, text, at, **opts))
+        tenant = principal_of(request.scope).tenant
+        run = promql.service.instant
+        res = promql.counted(await promql.run(lambda: run(ds, text, at, **opts, tenant=tenant)))
         body = envelope(res, result_json(res.value, fragments=True))
         return JsonAnswer(body)  # type: ignore[return-value]
 
@@ -81,7 +84,12 @@ async def query_range(request: Request, dataset: str | None = None) -> dict[str,
             )
         ds = await promql.dataset_of(p, request.path_params.get("dataset"))
         opts = options(p)
-        res = await promql.run(lambda: promql.service.range(ds, text, start, end, step, **opts))
+        tenant = principal_of(request.scope).tenant
+        res = promql.counted(
+            await promql.run(
+                lambda: promql.service.range(ds, text, start, end, step, **opts, tenant=tenant)
+            )
+        )
         data = result_json(res.value, fragments=True)
         if data["resultType"] == "vector":  # a one-step range is still a matrix
             data = {

@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import parse_qsl
 
 from fastapi import APIRouter, Request
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from filopy.rest.errors import BAD_DATA, ApiError, api_error
+from filopy.rest.errors import BAD_DATA, ApiError, api_error, unwrapped
 from filopy.rest.promql import ERRORS, PARAMETERS, parse_duration
+from query.limits import QueryLimitExceeded
 from query.service import QueryResult, QueryService
 
 if TYPE_CHECKING:
@@ -49,6 +50,33 @@ def query_latency(registry: CollectorRegistry) -> Histogram:
     )
 
 
+@dataclass(frozen=True)
+class TenantQueryMetrics:
+    """Per tenant: the samples its queries read, and its queries refused by a limit. Exported
+    only while query limits are on (a tenant is then known for every query)."""
+
+    samples: Counter
+    refused: Counter
+
+    @classmethod
+    def registered(cls, registry: CollectorRegistry) -> TenantQueryMetrics:
+        return cls(
+            Counter(
+                "filopy_query_tenant_samples",
+                "Samples read by a tenant's instant and range queries (query limits on).",
+                ["tenant"],
+                registry=registry,
+            ),
+            Counter(
+                "filopy_query_tenant_refused",
+                "A tenant's queries refused for reading more than a limit allows, by limit "
+                "(samples, series).",
+                ["tenant", "limit"],
+                registry=registry,
+            ),
+        )
+
+
 @dataclass(eq=False)
 class PromQL:
     """One app's query API: the service that evaluates, the client that lists datasets."""
@@ -56,6 +84,7 @@ class PromQL:
     client: FiloPyClient
     service: QueryService
     latency: Histogram
+    tenants: TenantQueryMetrics | None = None
     started: float = field(default_factory=time.time)
 
     @asynccontextmanager
@@ -81,7 +110,16 @@ class PromQL:
         except ApiError:
             raise
         except Exception as e:
+            cause = unwrapped(e)
+            if isinstance(cause, QueryLimitExceeded) and self.tenants is not None:
+                self.tenants.refused.labels(cause.tenant, cause.limit).inc()
             raise api_error(e, self.client.timeout_s) from None
+
+    def counted(self, res: QueryResult) -> QueryResult:
+        """`res`, its samples counted for its tenant (when query limits are on)."""
+        if res.tenant is not None and self.tenants is not None:
+            self.tenants.samples.labels(res.tenant).inc(res.samples_scanned)
+        return res
 
     async def dataset_of(self, p: Params, path_dataset: str | None) -> str:
         """The dataset a request asks: from the path, the `dataset` parameter, or the only one."""

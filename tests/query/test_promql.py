@@ -159,6 +159,9 @@ def test_parse_unsupported(text: str, construct: str) -> None:
         ('foo{a=~"(?=x)y"}', "illegal regex"),  # a lookahead: Python's `re` has it, Go not
         ('foo{a=~"(x)\\\\1"}', "illegal regex"),  # a backreference, likewise
         ("", ""),
+        ("foo @ -1", "must not be negative"),  # the parser panics reading such a time
+        ("rate(foo[5m] @-1.5)", "must not be negative"),
+        ("sum(foo[1m:] @ - 100)", "must not be negative"),
     ],
 )
 def test_parse_bad_data(text: str, parser_message: str) -> None:
@@ -166,6 +169,11 @@ def test_parse_bad_data(text: str, parser_message: str) -> None:
         parse(text)
     assert err.value.kind == "bad_data"
     assert parser_message in str(err.value)
+
+
+def test_an_at_inside_strings_and_comments_is_not_a_modifier() -> None:
+    assert parse('foo{a="@ -1"} @ 5').at == 5000  # type: ignore[attr-defined]
+    assert parse("# @ -1\nfoo @ 0").at == 0  # type: ignore[attr-defined]
 
 
 def test_query_error_pickles() -> None:

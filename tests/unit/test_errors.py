@@ -36,8 +36,10 @@ from filopy.ingest_http.tenants import OverLimit
 from filopy.rest.errors import ANSWERS, ApiError, api_error
 from ingest.topics import KafkaUnavailable, TopicMismatch, TopicMissing, TopicSetupError
 from query.executor import ShardsNotHere
+from query.limits import QueryLimitExceeded
 from query.promql import QUERY_ERROR_CATEGORIES, QueryError
 from query.service import ShardsUnavailable
+from query.wire import RemoteQueryError
 from store.api import DatasetConflict, StaleEpochError, StoreError, StoreUnavailable
 
 PACKAGES = ("core", "store", "ingest", "query", "coordinator", "filopy")
@@ -75,6 +77,7 @@ def samples_args() -> dict[type[BaseException], list[tuple[Any, ...]]]:
         ShardsNotHere: [("m", "n1", [1, 3])],
         NodeUnknownError: [("ab12", ["ab12cd", "ef34"]), ("a", ["ab", "ac"], True)],
         OverLimit: [("team-a", "active_series", "team-a is over its limit", 5)],
+        QueryLimitExceeded: [("team-a", "samples", 1000), ("-", "series", 10)],
         ShardRequestError: [
             (ShardRequestRejected(DatasetRef(name="m"), RejectReason.UNKNOWN_NODE, "no node x"),)
         ],
@@ -248,7 +251,9 @@ def test_rest_answers_every_error_by_its_category() -> None:
             category = category_of(err)
             status, error_type = ANSWERS[category or FiloPyError]
             assert answer.status == status, err
-            if category is Internal:  # a bug: the details stay in the server log
+            if cls is RemoteQueryError:  # a node's failure: its message, the node's own
+                assert answer.message == f"a node failed on the query: {err}"
+            elif category is Internal:  # a bug: the details stay in the server log
                 assert answer.message == f"internal error ({cls.__name__}); see the server log"
             else:
                 assert answer.error_type == (getattr(err, "error_type", None) or error_type), err

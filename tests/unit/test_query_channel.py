@@ -34,7 +34,10 @@ from coordinator.query_channel import (
     request_payload,
 )
 from core.dataset import DatasetRef
+from core.errors import DatasetUnknownError, Invalid
+from filopy.rest.errors import api_error
 from query.executor import NodeAnswer, NodeQuery, ShardsNotHere
+from query.limits import QueryLimitExceeded
 from query.promql import QueryError, parse
 from tests.waiting import wait_for
 
@@ -383,3 +386,45 @@ def test_a_node_of_the_pickled_format_is_refused_at_its_greeting() -> None:
     endpoint = _fake_node(lambda key, nonce: b"", greeting=b"FQC1")
     with pytest.raises(ChannelError, match="not a FiloPy query channel"):
         Connection(endpoint, 2.0)
+
+
+class NodeOwnInvalid(Invalid):
+    """A node's error for a bad query, not on the channel's allow-list."""
+
+    error_type = "bad_shape"
+
+
+def test_every_error_of_a_node_gets_its_own_rest_answer_across_the_channel() -> None:
+    """A node's error crosses as itself or as its category, and the REST answer is the one
+    the node's error has (a 4xx for a bad query, the limit's 422); a bug is a 500 that says
+    what the node said."""
+    raised: dict[int, Exception] = {
+        1: NodeOwnInvalid("the shape is wrong"),
+        2: QueryLimitExceeded("team-a", "samples", 1000),
+        3: QueryError("unsupported", "unsupported: limitk"),
+        4: DatasetUnknownError("gone"),
+        5: KeyError("a bug"),
+    }
+
+    def failing(ref: DatasetRef, shards: list[int], request: NodeQuery) -> NodeAnswer:
+        raise raised[shards[0]]
+
+    srv = QueryServer("127.0.0.1", failing)
+    conn = Connection(srv.endpoint, 2.0)
+    try:
+        answers = {}
+        for shard in raised:
+            kind, err = ask(conn, [shard])
+            assert kind == "error" and isinstance(err, Exception)
+            a = api_error(err, 5.0)
+            answers[shard] = (a.status, a.error_type, a.message)
+    finally:
+        conn.close()
+        srv.close()
+    assert answers[1] == (400, "bad_shape", "the shape is wrong")
+    assert (
+        answers[2][:2] == (422, "execution") and "query.tenant_max_samples = 1000" in answers[2][2]
+    )
+    assert answers[3] == (501, "unsupported", "unsupported: limitk")
+    assert answers[4] == (404, "not_found", "unknown dataset 'gone'")
+    assert answers[5] == (500, "internal", "a node failed on the query: KeyError: 'a bug'")

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.dataset import DatasetRef
-from core.errors import DatasetUnknownError, Invalid
+from core.errors import DatasetUnknownError, Internal, Invalid, Unavailable
 from query.aggregate import PUSHABLE_OPS, Partial, label_key
 from query.executor import NodeAnswer, NodeQuery, ShardsNotHere
 from query.expr_wire import (
@@ -31,6 +31,7 @@ from query.expr_wire import (
     tree_data,
     tree_of,
 )
+from query.limits import QueryLimitExceeded, QueryLimits
 from query.promql import (
     Binary,
     Call,
@@ -43,7 +44,7 @@ from query.promql import (
     walk,
 )
 from query.pushdown import absent_count, is_pushable, is_series_local
-from query.service import NodeUnavailable
+from query.service import NodeUnavailable, ShardsUnavailable
 from query.values import SeriesData, StepMatrix
 from query.wire import (
     RemoteQueryError,
@@ -213,6 +214,7 @@ def node_queries() -> list[NodeQuery]:
         NodeQuery("series"),
         NodeQuery("raw", matchers=matchers[:1], start_ms=5, end_ms=9),
         NodeQuery("batch", times=times, lookback_ms=300_000, parts=parts),
+        NodeQuery("raw", matchers=matchers[:1], limits=QueryLimits("team-a", 10, 0, 4, 1)),
     ]
 
 
@@ -220,7 +222,7 @@ def same_query(a: NodeQuery, b: NodeQuery) -> bool:
     times = (a.times is None and b.times is None) or (
         a.times is not None and b.times is not None and same_array(a.times, b.times)
     )
-    fields = ("kind", "lookback_ms", "matchers", "start_ms", "end_ms")
+    fields = ("kind", "lookback_ms", "matchers", "start_ms", "end_ms", "limits")
 
     def tree(e: Any) -> bytes | None:  # bit for bit: a NaN literal is not == another
         return None if e is None else pack(tree_data(e))
@@ -465,7 +467,7 @@ def test_filopy_errors_cross_as_themselves_with_their_fields() -> None:
 
 @pytest.mark.parametrize(
     "err",
-    [ValueError("no"), KeyError("x"), Unpicklable("boom"), ShardsNotHere("m", "n", [object()])],  # type: ignore[list-item]
+    [ValueError("no"), KeyError("x"), Unpicklable("boom"), AssertionError("a bug")],
 )
 def test_any_other_error_arrives_as_a_remote_error_with_its_type_and_message(
     err: BaseException,
@@ -503,6 +505,63 @@ def tampered(index: int, value: Any) -> bytes:
     return pack(req)
 
 
+def test_a_request_without_limits_is_as_it_was_before_them() -> None:
+    """Ten fields, as before the limits: nodes of either version read it."""
+    assert len(good_request()) == 10
+    _, _, back = decode_request(pack(good_request()))
+    assert back.limits is None and back.kind == "series_local"
+
+
+def limited_request() -> list[Any]:
+    matchers = ((LabelMatcher("a", MatchOp.EQ, "b"),),)
+    query = NodeQuery("raw", matchers=matchers, limits=QueryLimits("t", 5, 0, 0, 0))
+    return msgpack.unpackb(encode_request(REF, [1], query))  # type: ignore[no-any-return]
+
+
+def with_limits(value: Any) -> bytes:
+    req = limited_request()
+    req[10] = value
+    return pack(req)
+
+
+class OwnInvalid(Invalid):
+    """A node's error that is not on the allow-list."""
+
+    error_type = "bad_shape"
+
+
+class OwnInternal(Internal):
+    pass
+
+
+def test_a_limit_error_crosses_as_itself() -> None:
+    back = error_round_trip(QueryLimitExceeded("team-a", "samples", 1000))
+    assert type(back) is QueryLimitExceeded
+    assert (back.tenant, back.limit, back.maximum) == ("team-a", "samples", 1000)
+    assert "query.tenant_max_samples = 1000" in str(back)
+
+
+@pytest.mark.parametrize(
+    ("err", "category"),
+    [
+        (OwnInvalid("the shape is wrong"), Invalid),
+        (ShardsNotHere("m", "n", [object()]), Unavailable),  # type: ignore[list-item]
+        (ShardsUnavailable("m", {2: "Down"}), Unavailable),
+    ],
+)
+def test_a_filopy_error_not_crossing_as_itself_crosses_as_its_category(
+    err: BaseException, category: type[BaseException]
+) -> None:
+    back = error_round_trip(err)
+    assert isinstance(back, category) and str(err) in str(back)
+    assert getattr(back, "error_type", None) == getattr(err, "error_type", None)
+
+
+def test_an_internal_error_of_a_node_arrives_as_a_remote_error_with_its_message() -> None:
+    back = error_round_trip(OwnInternal("an invariant broke"))
+    assert type(back) is RemoteQueryError and str(back) == "OwnInternal: an invariant broke"
+
+
 REFUSED_REQUESTS = {
     "pickle": lambda p: pickle.dumps((REF, [1], Touch(p))),
     "ext type": lambda p: msgpack.packb([msgpack.ExtType(42, b"\x80\x04")]),
@@ -517,6 +576,10 @@ REFUSED_REQUESTS = {
     "truncated": lambda p: encode_request(REF, [1], NodeQuery("series"))[:-3],
     "not a list": lambda p: pack({"kind": "series"}),
     "extra data": lambda p: encode_request(REF, [1], NodeQuery("series")) + b"\xc0",
+    "limits not a list": lambda p: with_limits({"tenant": "a"}),
+    "limits short": lambda p: with_limits(["a", 1, 2]),
+    "limits of floats": lambda p: with_limits(["a", 1.5, 0, 0, 0]),
+    "a field past the limits": lambda p: pack([*limited_request(), None]),
 }
 
 
