@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
@@ -34,8 +34,12 @@ from store import (
     encode_chunk,
     open_stores,
 )
+from tests.cluster import cluster_settings, start_cluster
 from tests.conftest import ROOT, SERVICES
 from tests.waiting import wait_for
+
+if TYPE_CHECKING:
+    from coordinator.local_cluster import LocalRayCluster
 
 pytestmark = [pytest.mark.kafka, pytest.mark.cassandra]
 
@@ -291,3 +295,69 @@ def test_settings_never_show_the_secrets(secure_dir: Path, tmp_path: Path) -> No
     for text in (repr(s), str(s), s.model_dump_json(), str(s.model_dump())):
         assert "s3cret" not in text
     assert s.kafka.password() == "kafka-s3cret" and s.cassandra.secret() == "cass-s3cret"
+
+
+# ----- end to end ---------------------------------------------------------------------------------
+
+
+@pytest.mark.ray
+def test_a_cluster_ingests_from_secured_kafka_into_secured_cassandra(
+    secure_dir: Path, tmp_path: Path, ray_cluster: LocalRayCluster
+) -> None:
+    """The singleton creates the topic, two nodes consume over SASL_SSL and flush to Cassandra
+    over TLS with a password: the settings reach every process of the cluster."""
+    secured = _settings(secure_dir, tmp_path, {}, {"connect_timeout_s": 20.0})
+    base = cluster_settings(tmp_path, "kafka", flush_interval_s=0.5, max_chunk_samples=10)
+    settings = base.model_copy(
+        update={
+            "kafka": secured.kafka,
+            "cassandra": secured.cassandra,
+            "store": base.store.model_copy(update={"backend": "cassandra"}),
+        }
+    )
+    c = start_cluster(ray_cluster, settings)
+    for _ in range(2):
+        c.add_node()
+    c.wait_for("2 members", lambda: len(c.client.members()) == 2)
+    ds = Dataset(
+        name=f"e2e{uuid.uuid4().hex[:8]}",
+        num_shards=2,
+        min_num_nodes=2,
+        source=SourceSettings(bootstrap_servers=secured.kafka.bootstrap_servers),
+    )
+    assert c.client.setup_dataset(ds)
+    c.wait_for("both shards active", lambda: c.client.shard_map(ds.name).is_healthy(), 90)
+    series = [{"_metric_": "up", "_ws_": "w", "_ns_": "n", "instance": f"i{i}"} for i in range(20)]
+    rows = [(s, 1_700_000_000_000 + 1000 * k, float(k)) for k in range(30) for s in series]
+    with Gateway(ds, kafka=settings.kafka, timeout_s=10) as gw:
+        gw.send(rows)
+    assert gw.progress(final=True).samples_acked == len(rows)
+
+    meta, columns = open_stores(settings)  # what the nodes flushed, read over TLS
+
+    def stored() -> int:
+        keys = [k.part_key for s in range(2) for k in columns.list_part_keys(ds.ref, s)]
+        return sum(
+            ch.num_samples
+            for s in range(2)
+            for chunks in columns.read_chunks(ds.ref, s, keys, 0, 2**62).values()
+            for ch in chunks
+        )
+
+    try:
+        # Chunks of 10 samples are sealed and flushed; the last open one may stay in memory.
+        c.wait_for("sealed chunks of every series in Cassandra", lambda: stored() >= 20 * 20)
+        assert c.client.shard_map(ds.name).is_healthy()
+        meta._conn.session.execute(f"DROP KEYSPACE {settings.cassandra.keyspace}", timeout=60)
+    finally:
+        meta.close()
+        columns.close()
+
+
+def test_status_names_the_secured_instances_beside_the_plain_ones(secure_dir: Path) -> None:
+    status = _script("status")
+    assert status.returncode == 0, status.stderr
+    for name in ("kafka-secure", "cassandra-secure"):
+        assert f"{name}: running" in status.stderr, status.stderr
+    assert (secure_dir / "ca.pem").is_file()
+    assert (secure_dir / "kafka.password").stat().st_mode & 0o077 == 0  # this user's only
