@@ -34,6 +34,7 @@ from core.dataset import Dataset, RecordFormat, SourceSettings, SpreadSettings  
 from ingest.batch import SampleBatch  # noqa: E402
 from ingest.gateway import Gateway  # noqa: E402
 from ingest.ingester import KafkaShardIngester  # noqa: E402
+from ingest.kafka_config import kafka_client_config  # noqa: E402
 from ingest.topics import ensure_topic  # noqa: E402
 from store.sqlite import open_sqlite_stores  # noqa: E402
 
@@ -75,7 +76,7 @@ def fill_binary(ds: Dataset) -> int:
 
 
 def fill_lines(ds: Dataset) -> int:
-    producer = Producer({"bootstrap.servers": BOOTSTRAP, "linger.ms": 20})
+    producer = Producer({**kafka_client_config(None, BOOTSTRAP), "linger.ms": 20})
     tags = [
         ",".join(f"{t}={v}" for t, v in sorted(labels(i).items()) if t != "_metric_")
         for i in range(SERIES)

@@ -33,6 +33,7 @@ from confluent_kafka.admin import AdminClient
 from core.dataset import Dataset, SourceSettings
 from ingest.batch import SampleBatch
 from ingest.gateway import Gateway
+from ingest.kafka_config import kafka_client_config
 from ingest.topics import ensure_topic
 from ingest.wire.binary_format import decode_binary, encode_binary_parts, encode_labels
 from ingest.wire.line_protocol import decode_influx
@@ -179,7 +180,7 @@ def bench_gateway(lines: list[str], bootstrap: str) -> None:
         source=SourceSettings(bootstrap_servers=bootstrap),
     )
     ensure_topic(dataset)
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient(kafka_client_config(None, bootstrap))
     try:
         n_series, scrapes = 10_000, 100
         batch = _scrapes(n_series, scrapes, seed=3)

@@ -559,6 +559,7 @@ class FiloPyResult:
 def run_filopy(args: argparse.Namespace, t0: int, tmp: Path, ctx: Any) -> FiloPyResult:
     from confluent_kafka.admin import AdminClient
 
+    from ingest.kafka_config import kafka_client_config
     from ingest.topics import ensure_topic
 
     ds = make_dataset(f"sustained{uuid.uuid4().hex[:8]}")
@@ -665,7 +666,7 @@ def run_filopy(args: argparse.Namespace, t0: int, tmp: Path, ctx: Any) -> FiloPy
             if p.is_alive():
                 p.kill()
                 p.join(10)
-        admin = AdminClient({"bootstrap.servers": BOOTSTRAP})
+        admin = AdminClient(kafka_client_config(None, BOOTSTRAP))
         try:
             admin.delete_topics([ds.topic], operation_timeout=30)[ds.topic].result(60)
         except Exception as e:  # report, go on cleaning up

@@ -152,7 +152,7 @@ class NodeClusterActor:
         if self._settings.ingest.source == "kafka":
             # One partition per shard; a topic with another partition count is refused here
             # (TopicMismatch) rather than silently mis-routing samples later.
-            await asyncio.to_thread(ensure_topic, dataset)
+            await asyncio.to_thread(ensure_topic, dataset, kafka=self._settings.kafka)
         # DatasetConflict (same name, other definition) propagates to the caller as is.
         await asyncio.to_thread(meta.create_dataset, dataset)
         return self._deliver(self._mgr.add_dataset(dataset))

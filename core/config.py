@@ -11,13 +11,15 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
 )
+
+from core.errors import Unavailable
 
 DEFAULT_CONFIG_FILE = Path(__file__).resolve().parent.parent / "config" / "filopy.toml"
 
@@ -29,8 +31,79 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class CredentialsUnreadable(Unavailable):
+    """A password file or a TLS file the settings name cannot be read: no client can connect."""
+
+
+def read_secret(value: SecretStr, file: str, name: str) -> str:
+    """A secret given inline (the toml, or its environment variable) or by `<name>_file`.
+
+    The file is read each time a client is made, so a rotated secret is picked up by the next
+    connection without a restart; one trailing newline is dropped."""
+    if not file:
+        return value.get_secret_value()
+    try:
+        text = Path(file).read_text()
+    except OSError as e:
+        why = e.strerror or str(e)
+        raise CredentialsUnreadable(f"cannot read {name}_file {file!r}: {why}") from None
+    return text[:-1] if text.endswith("\n") else text
+
+
+def check_readable(**files: str) -> None:
+    """Raise `CredentialsUnreadable` naming the first setting whose file cannot be read (the
+    clients would fail later, less clearly, or not at all until a connection is made)."""
+    for name, path in files.items():
+        if path and not os.access(path, os.R_OK):
+            why = "does not exist" if not os.path.exists(path) else "is not readable"
+            raise CredentialsUnreadable(f"{name} {path!r} {why}")
+
+
+def _one_secret(value: SecretStr, file: str, name: str) -> None:
+    if value.get_secret_value() and file:
+        raise ValueError(f"{name} and {name}_file are two ways to give one secret: set one")
+
+
+def _tls_files(enabled: bool, ca: str, cert: str, key: str, where: str) -> None:
+    if bool(cert) != bool(key):
+        raise ValueError(f"{where}.ssl_cert_file and {where}.ssl_key_file go together")
+    if not enabled and (ca or cert):
+        raise ValueError(f"{where}.ssl_* files are set but {where} does not use TLS")
+
+
 class KafkaSettings(_Section):
     bootstrap_servers: str
+    security_protocol: Literal["PLAINTEXT", "SASL_PLAINTEXT", "SSL", "SASL_SSL"]
+    sasl_mechanism: Literal["SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN"]
+    sasl_username: str
+    sasl_password: SecretStr
+    sasl_password_file: str
+    ssl_ca_file: str
+    ssl_cert_file: str
+    ssl_key_file: str
+    ssl_check_hostname: bool
+
+    @property
+    def sasl(self) -> bool:
+        return self.security_protocol.startswith("SASL_")
+
+    @property
+    def tls(self) -> bool:
+        return self.security_protocol in ("SSL", "SASL_SSL")
+
+    @model_validator(mode="after")
+    def _complete(self) -> KafkaSettings:
+        _one_secret(self.sasl_password, self.sasl_password_file, "kafka.sasl_password")
+        if self.sasl and not self.sasl_username:
+            raise ValueError(
+                f"kafka.security_protocol {self.security_protocol} needs a sasl_username"
+            )
+        _tls_files(self.tls, self.ssl_ca_file, self.ssl_cert_file, self.ssl_key_file, "kafka")
+        return self
+
+    def password(self) -> str:
+        """The SASL password, from the settings or its file."""
+        return read_secret(self.sasl_password, self.sasl_password_file, "kafka.sasl_password")
 
 
 class StoreSettings(_Section):
@@ -53,6 +126,27 @@ class CassandraSettings(_Section):
     request_timeout_s: float = Field(gt=0)
     write_concurrency: int = Field(gt=0)
     read_concurrency: int = Field(gt=0)
+    username: str
+    password: SecretStr
+    password_file: str
+    ssl: bool
+    ssl_ca_file: str
+    ssl_cert_file: str
+    ssl_key_file: str
+    ssl_check_hostname: bool
+
+    @model_validator(mode="after")
+    def _complete(self) -> CassandraSettings:
+        _one_secret(self.password, self.password_file, "cassandra.password")
+        has_secret = bool(self.password.get_secret_value() or self.password_file)
+        if has_secret and not self.username:
+            raise ValueError("cassandra.password needs cassandra.username")
+        _tls_files(self.ssl, self.ssl_ca_file, self.ssl_cert_file, self.ssl_key_file, "cassandra")
+        return self
+
+    def secret(self) -> str:
+        """The password, from the settings or its file."""
+        return read_secret(self.password, self.password_file, "cassandra.password")
 
 
 class RaySettings(_Section):

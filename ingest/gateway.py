@@ -31,6 +31,7 @@ import numpy as np
 import numpy.typing as npt
 from confluent_kafka import KafkaError, Message, Producer
 
+from core.config import KafkaSettings
 from core.dataset import Dataset
 from core.errors import Invalid, Unavailable
 from core.hashing import shard_for_series
@@ -38,6 +39,7 @@ from core.jit import kernel, warms
 from ingest.bad_records import DEFAULT_TS_RANGE, SERIES_REASONS, BadRecord, series_problem
 from ingest.batch import IntKeyedBatch, KeyedBatch, Labels, SampleBatch
 from ingest.byte_table import new_slots
+from ingest.kafka_config import ConnectionErrors, kafka_client_config
 from ingest.topics import DEFAULT_TIMEOUT_S, check_topic
 from ingest.wire.binary_format import (
     DEFAULT_COMPRESSION_LEVEL,
@@ -297,6 +299,7 @@ class Gateway:
     with the rule broken and kept in `rejected`. With `strict=True` a series breaking the
     contract raises `InvalidSeries` instead, before anything of that call is sent. Call
     `flush()` to wait for Kafka's acknowledgements; `close()` flushes and reports the end.
+    The producer connects as `kafka` says (this process's `[kafka]` settings if None).
     """
 
     def __init__(
@@ -315,6 +318,7 @@ class Gateway:
         verify_topic: bool = True,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         strict: bool = False,
+        kafka: KafkaSettings | None = None,
     ) -> None:
         if max_message_bytes < MIN_MESSAGE_BYTES:
             raise ValueError(f"max_message_bytes must be at least {MIN_MESSAGE_BYTES}")
@@ -341,9 +345,10 @@ class Gateway:
         self._acks: Acks | None = None  # the tracked send in progress
         self._closed = False
         if verify_topic:  # a wrong partition count would route samples to the wrong shards
-            check_topic(dataset, self.bootstrap_servers, timeout_s)
+            check_topic(dataset, self.bootstrap_servers, timeout_s, kafka)
+        self._errors = ConnectionErrors()
         config: dict[str, Any] = {
-            "bootstrap.servers": self.bootstrap_servers,
+            **kafka_client_config(kafka, self.bootstrap_servers, self._errors),
             "acks": "all",
             "enable.idempotence": True,
             "compression.type": "none",  # the body is zstd-compressed already
@@ -800,6 +805,7 @@ class Gateway:
     def _produce(self, shard: int, message: bytes, n_samples: int) -> None:
         acks = self._acks
         c = self._c
+        explain = self._errors.explain  # names a refused password, an untrusted certificate
 
         def delivered(err: KafkaError | None, _msg: Message) -> None:
             if err is None:
@@ -811,11 +817,12 @@ class Gateway:
                 if acks is None:
                     c.failed_messages += 1
                     if len(c.errors) < 10:
-                        c.errors.append(f"partition {shard}: {err}")
+                        c.errors.append(explain(f"partition {shard}: {err}"))
                 else:
                     c.tracked_failures += 1
             if acks is not None:
-                acks.answered(n_samples, None if err is None else f"partition {shard}: {err}")
+                failed = None if err is None else explain(f"partition {shard}: {err}")
+                acks.answered(n_samples, failed)
 
         while True:
             try:

@@ -53,6 +53,7 @@ from core.shard_status import (
 from core.worker import Worker
 from ingest.base import EventReporter, ReportingIngester
 from ingest.flush import Flusher, recover_shard
+from ingest.kafka_config import ConnectionErrors, kafka_client_config
 from ingest.memstore import ShardMemstore
 from ingest.records import decoder_for
 from ingest.shard_reader import read_merged
@@ -107,6 +108,17 @@ def stale_epoch_rejections(dataset: str) -> dict[int, int]:
     """Per shard of `dataset`: checkpoint commits this process had rejected as stale."""
     with _stale_lock:
         return {s: n for (d, s), n in _stale_epoch_rejections.items() if d == dataset}
+
+
+def _watermarks(consumer: Consumer, partition: TopicPartition) -> tuple[int, int]:
+    """The partition's offsets, asked of the broker. On failure the consumer is polled once
+    (nothing is assigned yet, so no message is taken), which hands the error callback why its
+    connections failed."""
+    try:
+        return consumer.get_watermark_offsets(partition, timeout=5)
+    except KafkaException:
+        consumer.poll(0)
+        raise
 
 
 class KafkaShardIngester(ReportingIngester):
@@ -165,6 +177,7 @@ class KafkaShardIngester(ReportingIngester):
         self.pauses = 0
         self._health_key: tuple[object, ...] | None = None
         self._tenure: Tenure | None = None  # this ingester's hold on the shard, once claimed
+        self._errors = ConnectionErrors()  # why Kafka connections fail, for the Degraded reason
 
     async def start(self) -> None:
         self._worker.start()
@@ -180,7 +193,9 @@ class KafkaShardIngester(ReportingIngester):
         cfg = self._ingest
         return Consumer(
             {
-                "bootstrap.servers": self.dataset.source.bootstrap_servers,
+                **kafka_client_config(
+                    self._settings.kafka, self.dataset.source.bootstrap_servers, self._errors
+                ),
                 # Required by librdkafka even though FiloPy never joins a group or commits.
                 "group.id": f"filopy-{self.dataset.name}",
                 "enable.auto.commit": False,
@@ -206,7 +221,7 @@ class KafkaShardIngester(ReportingIngester):
             partition = TopicPartition(self.dataset.topic, shard)
             low, high = self._retrying(
                 "reading the partition's offsets",
-                lambda: consumer.get_watermark_offsets(partition, timeout=5),
+                lambda: _watermarks(consumer, partition),
             )
             plan = self._store_retrying(
                 "reading checkpoints",
@@ -487,8 +502,8 @@ class KafkaShardIngester(ReportingIngester):
     def _kafka_trouble(self, err: object) -> None:
         if self._kafka_since is None:
             self._kafka_since = time.monotonic()
-        self._kafka_error = str(err)
-        log.warning("%s shard %d: %s", self.dataset.name, self.shard, err)
+        self._kafka_error = self._errors.explain(str(err))
+        log.warning("%s shard %d: %s", self.dataset.name, self.shard, self._kafka_error)
 
     def _probe_kafka(self, consumer: Consumer, partition: TopicPartition) -> None:
         """No message lately: is the broker answering (again)? A failure starts or continues
@@ -502,7 +517,7 @@ class KafkaShardIngester(ReportingIngester):
             if self._kafka_since is None:
                 self._kafka_trouble(err)  # starts it, said once in the log
             else:
-                self._kafka_error = str(err)
+                self._kafka_error = self._errors.explain(str(err))
             return
         self._kafka_since = self._kafka_error = None
 
@@ -598,7 +613,7 @@ class KafkaShardIngester(ReportingIngester):
                         raise
                     if self._kafka_since is None:
                         self._kafka_since = time.monotonic()
-                    self._kafka_error = f"{what}: {err}"
+                    self._kafka_error = self._errors.explain(f"{what}: {err}")
                     log.info(
                         "%s shard %d: %s: %s; retrying", self.dataset.name, self.shard, what, err
                     )

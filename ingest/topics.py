@@ -14,8 +14,10 @@ from collections.abc import Mapping
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic, OffsetSpec
 
+from core.config import KafkaSettings
 from core.dataset import Dataset
 from core.errors import Conflict, Unavailable
+from ingest.kafka_config import ConnectionErrors, kafka_client_config
 
 DEFAULT_TIMEOUT_S = 15.0
 _log = logging.getLogger("filopy.kafka")
@@ -58,17 +60,34 @@ class TopicMismatch(Conflict):
         self.actual = actual
 
 
-def admin_client(bootstrap_servers: str, timeout_s: float) -> AdminClient:
+def admin_client(
+    bootstrap_servers: str, timeout_s: float, kafka: KafkaSettings | None = None
+) -> AdminClient:
+    """An admin client of `bootstrap_servers`, connected as `[kafka]` says (this process's
+    settings if None), remembering why its connections fail (`explain`)."""
     ms = str(max(int(timeout_s * 1000), 1))
-    return AdminClient(
+    errors = ConnectionErrors()
+    admin = AdminClient(
         {
-            "bootstrap.servers": bootstrap_servers,
+            **kafka_client_config(kafka, bootstrap_servers, errors),
             "socket.timeout.ms": ms,
             "socket.connection.setup.timeout.ms": ms,
             "log.connection.close": False,
             "logger": _log,  # librdkafka's connection errors go to logging, not raw stderr
         }
     )
+    admin.filopy_errors = errors  # type: ignore[attr-defined]
+    return admin
+
+
+def explain(admin: AdminClient, message: str) -> str:
+    """The message with the cause the client's failed connections reported, if any (a refused
+    password, an untrusted certificate): served by a `poll`, as librdkafka holds it till then."""
+    errors: ConnectionErrors | None = getattr(admin, "filopy_errors", None)
+    if errors is None:
+        return message
+    admin.poll(0)
+    return errors.explain(message)
 
 
 def _metadata(admin: AdminClient, bootstrap: str, timeout_s: float) -> ClusterMetadata:
@@ -76,7 +95,7 @@ def _metadata(admin: AdminClient, bootstrap: str, timeout_s: float) -> ClusterMe
         return admin.list_topics(timeout=max(timeout_s, 0.001))
     except KafkaException as e:
         raise KafkaUnavailable(
-            f"Kafka at {bootstrap} did not answer within {timeout_s:.1f} s: {e}"
+            explain(admin, f"Kafka at {bootstrap} did not answer within {timeout_s:.1f} s: {e}")
         ) from None
 
 
@@ -97,21 +116,25 @@ def _leaders_elected(md: ClusterMetadata, topic: str) -> bool:
 
 
 def topic_partitions(
-    topic: str, bootstrap_servers: str, timeout_s: float = DEFAULT_TIMEOUT_S
+    topic: str,
+    bootstrap_servers: str,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    kafka: KafkaSettings | None = None,
 ) -> int | None:
     """The topic's partition count, or None if it does not exist."""
-    return _partitions(
-        _metadata(admin_client(bootstrap_servers, timeout_s), bootstrap_servers, timeout_s),
-        topic,
-    )
+    admin = admin_client(bootstrap_servers, timeout_s, kafka)
+    return _partitions(_metadata(admin, bootstrap_servers, timeout_s), topic)
 
 
 def check_topic(
-    dataset: Dataset, bootstrap_servers: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S
+    dataset: Dataset,
+    bootstrap_servers: str | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    kafka: KafkaSettings | None = None,
 ) -> None:
     """Raise unless the dataset's topic exists with exactly `num_shards` partitions."""
     bootstrap = bootstrap_servers or dataset.source.bootstrap_servers
-    actual = topic_partitions(dataset.topic, bootstrap, timeout_s)
+    actual = topic_partitions(dataset.topic, bootstrap, timeout_s, kafka)
     if actual is None:
         raise TopicMissing(dataset.topic)
     if actual != dataset.num_shards:
@@ -125,6 +148,7 @@ def ensure_topic(
     replication_factor: int = 1,
     topic_config: Mapping[str, str] | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    kafka: KafkaSettings | None = None,
 ) -> bool:
     """Create the dataset's topic with `num_shards` partitions unless it exists; idempotent.
 
@@ -140,7 +164,7 @@ def ensure_topic(
     def left() -> float:
         return deadline - time.monotonic()
 
-    admin = admin_client(bootstrap, timeout_s)
+    admin = admin_client(bootstrap, timeout_s, kafka)
     actual = _partitions(_metadata(admin, bootstrap, left()), topic)
     created = False
     if actual is None:
@@ -158,10 +182,14 @@ def ensure_topic(
         except KafkaException as e:
             err = e.args[0] if e.args else None
             if not (isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS):
-                raise _create_error(topic, bootstrap, timeout_s, e) from None
+                raise _create_error(admin, topic, bootstrap, timeout_s, e) from None
         except TimeoutError:
             raise KafkaUnavailable(
-                f"creating Kafka topic {topic!r} at {bootstrap} took more than {timeout_s:.1f} s"
+                explain(
+                    admin,
+                    f"creating Kafka topic {topic!r} at {bootstrap} took more than "
+                    f"{timeout_s:.1f} s",
+                )
             ) from None
     # Confirm (after creating, or after losing a creation race) what the cluster now says.
     while True:
@@ -191,10 +219,13 @@ def end_offsets(
         futures = admin.list_offsets(wanted, request_timeout=timeout_s)
         return {tp.partition: int(f.result(timeout=timeout_s).offset) for tp, f in futures.items()}
     except (KafkaException, TimeoutError) as e:
-        raise KafkaUnavailable(f"end offsets of Kafka topic {topic!r}: {e}") from None
+        message = explain(admin, f"end offsets of Kafka topic {topic!r}: {e}")
+        raise KafkaUnavailable(message) from None
 
 
-def _create_error(topic: str, bootstrap: str, timeout_s: float, e: KafkaException) -> Exception:
+def _create_error(
+    admin: AdminClient, topic: str, bootstrap: str, timeout_s: float, e: KafkaException
+) -> Exception:
     err = e.args[0] if e.args else None
     if isinstance(err, KafkaError) and err.code() in (
         KafkaError._TIMED_OUT,
@@ -203,6 +234,12 @@ def _create_error(topic: str, bootstrap: str, timeout_s: float, e: KafkaExceptio
         KafkaError.REQUEST_TIMED_OUT,
     ):
         return KafkaUnavailable(
-            f"creating Kafka topic {topic!r} at {bootstrap} failed within {timeout_s:.1f} s: {e}"
+            explain(
+                admin,
+                f"creating Kafka topic {topic!r} at {bootstrap} failed within {timeout_s:.1f} s: "
+                f"{e}",
+            )
         )
-    return TopicSetupError(f"creating Kafka topic {topic!r} at {bootstrap} failed: {e}")
+    return TopicSetupError(
+        explain(admin, f"creating Kafka topic {topic!r} at {bootstrap} failed: {e}")
+    )

@@ -5,6 +5,7 @@
 #   scripts/services.sh down [kafka|cassandra|redis]  stop exactly the processes this script started
 #   scripts/services.sh status                   say what runs
 #   scripts/services.sh fetch                    only download the jars
+#   scripts/services.sh up kafka-secure|cassandra-secure  the secured instances (see below)
 #
 # Jars come from Maven Central through the poms in scripts/maven/ and are cached under
 # .services/cache/<service>-<pom hash>/ (git-ignored): a second `up` does not download again.
@@ -18,6 +19,13 @@
 # <repo>/.venv/bin/python, used for the readiness checks), FILOPY_KAFKA_PORT (9092),
 # FILOPY_CASSANDRA_PORT (9042), FILOPY_REDIS_PORT (6380), FILOPY_KAFKA_HEAP (512m), FILOPY_CASSANDRA_HEAP (1G),
 # FILOPY_SERVICE_TIMEOUT (seconds to wait for each service, 240).
+#
+# Secured instances, beside the plain ones (own ports, data and pid files; only by name):
+# `kafka-secure` (FILOPY_KAFKA_SECURE_PORT, 9094: a SASL_SSL listener, SCRAM-SHA-256/512 user
+# `filopy`) and `cassandra-secure` (FILOPY_CASSANDRA_SECURE_PORT, 9142: PasswordAuthenticator,
+# role `filopy`, client TLS required). Their CA (ca.pem), server certificate and the generated
+# passwords (kafka.password, cassandra.password) are made once with openssl under
+# $FILOPY_SERVICES_DIR/secure/ (docs/security.md).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -32,6 +40,11 @@ CASSANDRA_PORT=${FILOPY_CASSANDRA_PORT:-9042}
 CASSANDRA_STORAGE_PORT=${FILOPY_CASSANDRA_STORAGE_PORT:-7000}
 TIMEOUT=${FILOPY_SERVICE_TIMEOUT:-240}
 CONF=$ROOT/scripts/conf
+KAFKA_SECURE_PORT=${FILOPY_KAFKA_SECURE_PORT:-9094}
+CASSANDRA_SECURE_PORT=${FILOPY_CASSANDRA_SECURE_PORT:-9142}
+CASSANDRA_SECURE_STORAGE_PORT=${FILOPY_CASSANDRA_SECURE_STORAGE_PORT:-7100}
+SECURE=$SVC/secure
+ALL="kafka cassandra redis kafka-secure cassandra-secure"
 
 log() { printf '[services] %s\n' "$*" >&2; }
 die() { printf '[services] error: %s\n' "$*" >&2; exit 1; }
@@ -84,58 +97,124 @@ port_free() { ! (exec 3<>"/dev/tcp/$HOST/$1") 2>/dev/null; }
 wait_ready() {
   local svc=$1 addr=$2 pid=$3
   [ -x "$PY" ] || die "no Python with the project installed at $PY (run 'make venv' or set FILOPY_PYTHON)"
-  if ! "$PY" "$ROOT/scripts/wait_ready.py" "$svc" "$addr" --timeout "$TIMEOUT" --pid "$pid"; then
+  if ! "$PY" "$ROOT/scripts/wait_ready.py" "$svc" "$addr" --timeout "$TIMEOUT" --pid "$pid" \
+      --secure-dir "$SECURE"; then
     log "last lines of $(logfile "$svc"):"
     tail -n 25 "$(logfile "$svc")" >&2 || true
     die "$svc did not become ready; its log is $(logfile "$svc")"
   fi
 }
 
-start_kafka() {
-  local pid dir data props cluster_id
-  if pid=$(running_pid kafka); then log "kafka already running (pid $pid)"; return; fi
-  port_free "$KAFKA_PORT" || die "port $KAFKA_PORT is taken by a process this script did not start"
-  dir=$(fetch kafka)
-  data=$SVC/data/kafka
-  mkdir -p "$data" "$SVC/run" "$SVC/logs"
-  props=$data/server.properties
-  sed -e "s|@PORT@|$KAFKA_PORT|g" -e "s|@CONTROLLER_PORT@|$KAFKA_CONTROLLER_PORT|g" \
-      -e "s|@DATA@|$data|g" -e "s|@HOST@|$HOST|g" "$CONF/kafka-server.properties" >"$props"
-  if [ ! -f "$data/log/meta.properties" ]; then
-    cluster_id=$(java -cp "$dir/lib/*" kafka.tools.StorageTool random-uuid 2>>"$(logfile kafka)") \
-      || die "Kafka's StorageTool failed; see $(logfile kafka)"
-    java -cp "$dir/lib/*" -Dlog4j2.configurationFile="$CONF/kafka-log4j2.xml" \
-      kafka.tools.StorageTool format -t "$cluster_id" -c "$props" >>"$(logfile kafka)" 2>&1 \
-      || die "formatting Kafka storage failed; see $(logfile kafka)"
+# The CA, the servers' certificate (one PKCS12 keystore, SAN 127.0.0.1, localhost and $HOST) and
+# the passwords of the secured instances: made once, readable by this user only.
+secure_material() {
+  if [ -f "$SECURE/.complete" ]; then
+    [ "$(cat "$SECURE/.complete")" = "$HOST" ] \
+      || die "$SECURE was made for host $(cat "$SECURE/.complete"), not $HOST: remove it and $SVC/data/*-secure"
+    return
   fi
-  log "starting kafka on $HOST:$KAFKA_PORT (log: $(logfile kafka))"
-  nohup java -Dfilopy.service=kafka -Xms"${FILOPY_KAFKA_HEAP:-512m}" -Xmx"${FILOPY_KAFKA_HEAP:-512m}" \
-    -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -Djava.awt.headless=true \
-    -Dlog4j2.configurationFile="$CONF/kafka-log4j2.xml" \
-    -cp "$dir/lib/*" kafka.Kafka "$props" >>"$(logfile kafka)" 2>&1 </dev/null &
-  echo $! >"$(pidfile kafka)"
-  wait_ready kafka "$HOST:$KAFKA_PORT" "$!"
+  command -v openssl >/dev/null || die "openssl is needed for the secured services: apt-get install openssl"
+  log "making a CA, a server certificate and passwords in $SECURE"
+  rm -rf "$SECURE"
+  mkdir -p "$SECURE" "$SVC/logs"
+  chmod 700 "$SECURE"
+  if ! (
+    cd "$SECURE" && umask 077
+    for f in keystore kafka kafka-admin cassandra; do openssl rand -hex 16 >"$f.password"; done
+    openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -keyout ca.key -out ca.pem \
+      -subj "/CN=FiloPy development CA" -addext "basicConstraints=critical,CA:TRUE" \
+      -addext "keyUsage=critical,keyCertSign,cRLSign"
+    openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr -subj "/CN=$HOST"
+    printf '%s\n' "subjectAltName=IP:127.0.0.1,DNS:localhost,$( [[ $HOST =~ ^[0-9.]+$ ]] && echo IP || echo DNS ):$HOST" \
+      "basicConstraints=CA:FALSE" "keyUsage=critical,digitalSignature,keyEncipherment" \
+      "extendedKeyUsage=serverAuth" "authorityKeyIdentifier=keyid,issuer" >server.ext
+    openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 825 \
+      -extfile server.ext -out server.pem
+    openssl pkcs12 -export -in server.pem -inkey server.key -certfile ca.pem -name server \
+      -out server.p12 -passout "file:keystore.password"
+    chmod 644 ca.pem
+  ) >>"$SVC/logs/secure.log" 2>&1; then
+    die "making the certificates failed; see $SVC/logs/secure.log"
+  fi
+  echo "$HOST" >"$SECURE/.complete"
 }
 
-start_cassandra() {
-  local pid dir data opts
-  if pid=$(running_pid cassandra); then log "cassandra already running (pid $pid)"; return; fi
-  port_free "$CASSANDRA_PORT" || die "port $CASSANDRA_PORT is taken by a process this script did not start"
-  dir=$(fetch cassandra)
-  data=$SVC/data/cassandra
+# Render a config template: the placeholders every service shares, then the secured ones.
+render() {
+  local port=$1 extra=$2 data=$3; shift 3
+  sed -e "s|@PORT@|$port|g" -e "s|@CONTROLLER_PORT@|$((port + 1))|g" -e "s|@DATA@|$data|g" \
+      -e "s|@HOST@|$HOST|g" -e "s|@STORAGE_PORT@|$extra|g" -e "s|@SECURE@|$SECURE|g" \
+      -e "s|@KEYSTORE_PASSWORD@|$(cat "$SECURE/keystore.password" 2>/dev/null)|g" \
+      -e "s|@ADMIN_PASSWORD@|$(cat "$SECURE/kafka-admin.password" 2>/dev/null)|g" "$@"
+}
+
+start_kafka() { start_kafka_as kafka "$KAFKA_PORT"; }
+
+start_kafka-secure() {
+  secure_material
+  local p
+  p=$(cat "$SECURE/kafka.password")
+  start_kafka_as kafka-secure "$KAFKA_SECURE_PORT" "$CONF/kafka-secure.properties" \
+    --add-scram "SCRAM-SHA-512=[name=admin,password=$(cat "$SECURE/kafka-admin.password")]" \
+    --add-scram "SCRAM-SHA-512=[name=filopy,password=$p]" \
+    --add-scram "SCRAM-SHA-256=[name=filopy,password=$p]"
+}
+
+# start_kafka_as NAME PORT [FRAGMENT [FORMAT ARGS...]]: the fragment is appended to the plain
+# properties (later keys win); the format arguments go to the storage format (SCRAM users).
+start_kafka_as() {
+  local name=$1 port=$2 fragment=${3:-} pid dir data props cluster_id
+  shift $(($# < 3 ? $# : 3))
+  if pid=$(running_pid "$name"); then log "$name already running (pid $pid)"; return; fi
+  port_free "$port" || die "port $port is taken by a process this script did not start"
+  dir=$(fetch kafka)
+  data=$SVC/data/$name
   mkdir -p "$data" "$SVC/run" "$SVC/logs"
-  sed -e "s|@PORT@|$CASSANDRA_PORT|g" -e "s|@STORAGE_PORT@|$CASSANDRA_STORAGE_PORT|g" \
-      -e "s|@DATA@|$data|g" -e "s|@HOST@|$HOST|g" "$CONF/cassandra.yaml" >"$data/cassandra.yaml"
+  props=$data/server.properties
+  (umask 077 && render "$port" "" "$data" "$CONF/kafka-server.properties" ${fragment:+"$fragment"} >"$props")
+  if [ ! -f "$data/log/meta.properties" ]; then
+    cluster_id=$(java -cp "$dir/lib/*" kafka.tools.StorageTool random-uuid 2>>"$(logfile "$name")") \
+      || die "Kafka's StorageTool failed; see $(logfile "$name")"
+    java -cp "$dir/lib/*" -Dlog4j2.configurationFile="$CONF/kafka-log4j2.xml" \
+      kafka.tools.StorageTool format -t "$cluster_id" -c "$props" "$@" >>"$(logfile "$name")" 2>&1 \
+      || die "formatting Kafka storage failed; see $(logfile "$name")"
+  fi
+  log "starting $name on $HOST:$port (log: $(logfile "$name"))"
+  nohup java -Dfilopy.service="$name" -Xms"${FILOPY_KAFKA_HEAP:-512m}" -Xmx"${FILOPY_KAFKA_HEAP:-512m}" \
+    -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -Djava.awt.headless=true \
+    -Dlog4j2.configurationFile="$CONF/kafka-log4j2.xml" \
+    -cp "$dir/lib/*" kafka.Kafka "$props" >>"$(logfile "$name")" 2>&1 </dev/null &
+  echo $! >"$(pidfile "$name")"
+  wait_ready "$name" "$HOST:$port" "$!"
+}
+
+start_cassandra() { start_cassandra_as cassandra "$CASSANDRA_PORT" "$CASSANDRA_STORAGE_PORT"; }
+
+start_cassandra-secure() {
+  secure_material
+  start_cassandra_as cassandra-secure "$CASSANDRA_SECURE_PORT" "$CASSANDRA_SECURE_STORAGE_PORT" \
+    "$CONF/cassandra-secure.yaml"
+}
+
+# start_cassandra_as NAME PORT STORAGE_PORT [FRAGMENT]: the fragment is appended to the yaml.
+start_cassandra_as() {
+  local name=$1 port=$2 storage=$3 fragment=${4:-} pid dir data opts
+  if pid=$(running_pid "$name"); then log "$name already running (pid $pid)"; return; fi
+  port_free "$port" || die "port $port is taken by a process this script did not start"
+  dir=$(fetch cassandra)
+  data=$SVC/data/$name
+  mkdir -p "$data" "$SVC/run" "$SVC/logs"
+  (umask 077 && render "$port" "$storage" "$data" "$CONF/cassandra.yaml" ${fragment:+"$fragment"} >"$data/cassandra.yaml")
   mapfile -t opts < <(grep -vE '^\s*(#|$)' "$CONF/cassandra-jvm17.options")
-  log "starting cassandra on $HOST:$CASSANDRA_PORT (log: $(logfile cassandra))"
-  nohup java -Dfilopy.service=cassandra "${opts[@]}" \
+  log "starting $name on $HOST:$port (log: $(logfile "$name"))"
+  nohup java -Dfilopy.service="$name" "${opts[@]}" \
     -Xms"${FILOPY_CASSANDRA_HEAP:-1G}" -Xmx"${FILOPY_CASSANDRA_HEAP:-1G}" \
     -Dcassandra.config="file://$data/cassandra.yaml" -Dcassandra.storagedir="$data" \
     -Dcassandra.logdir="$SVC/logs" -Dlogback.configurationFile="$CONF/cassandra-logback.xml" \
     -Dcassandra-foreground=yes \
-    -cp "$dir/lib/*" org.apache.cassandra.service.CassandraDaemon >>"$(logfile cassandra)" 2>&1 </dev/null &
-  echo $! >"$(pidfile cassandra)"
-  wait_ready cassandra "$HOST:$CASSANDRA_PORT" "$!"
+    -cp "$dir/lib/*" org.apache.cassandra.service.CassandraDaemon >>"$(logfile "$name")" 2>&1 </dev/null &
+  echo $! >"$(pidfile "$name")"
+  wait_ready "$name" "$HOST:$port" "$!"
 }
 
 # Redis for Ray's GCS fault tolerance: append-only, so what Ray wrote survives a Redis restart.
@@ -167,7 +246,7 @@ stop() {
 
 status() {
   local svc pid
-  for svc in kafka cassandra redis; do
+  for svc in $ALL; do
     if pid=$(running_pid "$svc"); then log "$svc: running (pid $pid), log $(logfile "$svc")"
     else log "$svc: stopped"; fi
   done
@@ -177,15 +256,15 @@ services() { if [ $# -eq 0 ]; then echo kafka cassandra; else echo "$@"; fi; }
 
 cmd=${1:-}
 [ $# -gt 0 ] && shift
-for s in "$@"; do case $s in kafka|cassandra|redis) ;; *) die "unknown service '$s' (kafka, cassandra or redis)";; esac; done
+for s in "$@"; do case $s in kafka|cassandra|redis|kafka-secure|cassandra-secure) ;; *) die "unknown service '$s' (kafka, cassandra, redis, kafka-secure or cassandra-secure)";; esac; done
 case $cmd in
   up)
     [ $# -eq 1 ] && [ "$1" = redis ] || check_java
     for s in $(services "$@"); do "start_$s"; done ;;
-  down)  # with no name: every service this script started, Redis too
-    for s in $(if [ $# -eq 0 ]; then echo kafka cassandra redis; else echo "$@"; fi); do stop "$s"; done ;;
+  down)  # with no name: every service this script started, Redis and the secured ones too
+    for s in $(if [ $# -eq 0 ]; then echo "$ALL"; else echo "$@"; fi); do stop "$s"; done ;;
   status) status ;;
   fetch)
-    for s in $(services "$@"); do [ "$s" = redis ] || fetch "$s" >/dev/null; done; log "jars cached under $SVC/cache" ;;
-  *) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    for s in $(services "$@"); do [ "$s" = redis ] || fetch "${s%-secure}" >/dev/null; done; log "jars cached under $SVC/cache" ;;
+  *) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
-from core.config import Settings
+from typing import Any
+
+from core.config import CassandraSettings, Settings, check_readable
 from store.api import (
     INT64_MAX,
     INT64_MIN,
@@ -81,4 +83,31 @@ def open_stores(settings: Settings) -> tuple[MetaStore, ColumnStore]:
         max_chunk_span_ms=store.max_chunk_span_ms,
         write_concurrency=c.write_concurrency,
         read_concurrency=c.read_concurrency,
+        **cassandra_security(c),
     )
+
+
+def cassandra_security(c: CassandraSettings) -> dict[str, Any]:
+    """The driver's `auth_provider` and `ssl_context` from `[cassandra]`: a password login and
+    TLS only where set. The password is read here, so a new connection sees a rotated one."""
+    out: dict[str, Any] = {}
+    if c.username:
+        from cassandra.auth import PlainTextAuthProvider
+
+        out["auth_provider"] = PlainTextAuthProvider(c.username, c.secret())
+    if c.ssl:
+        import ssl
+
+        check_readable(
+            **{
+                "cassandra.ssl_ca_file": c.ssl_ca_file,
+                "cassandra.ssl_cert_file": c.ssl_cert_file,
+                "cassandra.ssl_key_file": c.ssl_key_file,
+            }
+        )
+        context = ssl.create_default_context(cafile=c.ssl_ca_file or None)
+        context.check_hostname = c.ssl_check_hostname  # the chain is verified either way
+        if c.ssl_cert_file:
+            context.load_cert_chain(c.ssl_cert_file, c.ssl_key_file)
+        out["ssl_context"] = context
+    return out

@@ -19,6 +19,7 @@ partition together in UNLOGGED batches, which Cassandra applies as one mutation.
 from __future__ import annotations
 
 import re
+import ssl
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -35,6 +36,7 @@ from cassandra import (
     WriteTimeout,
     WriteType,
 )
+from cassandra.auth import AuthProvider
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable
 from cassandra.concurrent import execute_concurrent
 from cassandra.connection import ConnectionException
@@ -227,6 +229,8 @@ class CassandraConnection(SharedHandle):
         *,
         data_consistency: str | None = None,
         local_dc: str | None = None,
+        auth_provider: AuthProvider | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         if not _KEYSPACE_RE.match(keyspace):
             raise ValueError(f"invalid Cassandra keyspace name {keyspace!r}")
@@ -260,6 +264,8 @@ class CassandraConnection(SharedHandle):
             # lost: a store cut off for a while would stay away that long after the network
             # healed. A try is one TCP connect, so try at least every 10 s.
             reconnection_policy=ExponentialReconnectionPolicy(base_delay=0.5, max_delay=10.0),
+            auth_provider=auth_provider,  # the password and TLS of [cassandra], if set
+            ssl_context=ssl_context,
             execution_profiles={
                 EXEC_PROFILE_DEFAULT: profile(consistency, tuple_factory),
                 _LWT: profile(consistency, dict_factory),
@@ -706,6 +712,8 @@ def open_cassandra_stores(
     max_chunk_span_ms: int = DEFAULT_MAX_CHUNK_SPAN_MS,
     write_concurrency: int = 64,
     read_concurrency: int = 64,
+    auth_provider: AuthProvider | None = None,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> tuple[CassandraMetaStore, CassandraColumnStore]:
     """Connect (StoreUnavailable if Cassandra cannot be reached), create the schema if missing,
     and return the two stores sharing the connection; close both to disconnect."""
@@ -719,6 +727,8 @@ def open_cassandra_stores(
         request_timeout_s,
         data_consistency=data_consistency,
         local_dc=local_dc,
+        auth_provider=auth_provider,
+        ssl_context=ssl_context,
     ).acquire()  # held while the stores are built, so a failure shuts it down
     try:
         meta = CassandraMetaStore(conn)

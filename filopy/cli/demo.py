@@ -230,7 +230,7 @@ class Demo:
     def _produce(self, ds: Dataset) -> None:
         plan = self.plan
         started = time.monotonic()
-        with Gateway(ds, self.settings.kafka.bootstrap_servers) as gw:
+        with Gateway(ds, self.settings.kafka.bootstrap_servers, kafka=self.settings.kafka) as gw:
             for batch in scrapes(plan.series, plan.scrapes, plan.scrapes_per_send, T0):
                 gw.send_batch(batch)
                 self.produced += len(batch)

@@ -112,7 +112,7 @@ def create_gateway_app(settings: Settings) -> FastAPI:
         "Kafka by shard key.",
         version="1",
     )
-    ingestion = Ingestion(lambda: stored_datasets(settings), settings.gateway)
+    ingestion = Ingestion(lambda: stored_datasets(settings), settings.gateway, kafka=settings.kafka)
     serve_ingestion(app, ingestion)
 
     @app.get("/__liveness", tags=["operations"])

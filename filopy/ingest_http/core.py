@@ -32,7 +32,7 @@ from isal import isal_zlib
 from pydantic import BaseModel
 from starlette.datastructures import Headers, QueryParams
 
-from core.config import DEFAULT_CONFIG_FILE, GatewaySettings
+from core.config import DEFAULT_CONFIG_FILE, GatewaySettings, KafkaSettings
 from core.dataset import Dataset, RecordFormat
 from core.errors import Conflict, FiloPyError, Invalid, NotFound, Unavailable
 from core.worker import Worker
@@ -274,9 +274,12 @@ class GatewayPool:
     gateway that cannot send any more (a fatal producer error, a changed definition) is
     replaced; the old one delivers what it holds in the background."""
 
-    def __init__(self, ack_timeout_s: float, kafka_compression: str) -> None:
+    def __init__(
+        self, ack_timeout_s: float, kafka_compression: str, kafka: KafkaSettings | None = None
+    ) -> None:
         self._ack_timeout_s = ack_timeout_s
         self._kafka_compression = kafka_compression
+        self._kafka = kafka  # how the producers connect (None: this process's settings)
         self._shared: dict[str, _Shared] = {}
         self._lock = threading.Lock()
 
@@ -291,6 +294,7 @@ class GatewayPool:
             gateway = Gateway(
                 dataset,
                 timeout_s=min(10.0, self._ack_timeout_s),
+                kafka=self._kafka,
                 # bodies left uncompressed: the producer compresses (PRODUCER_COMPRESSION)
                 compression_level=0,
                 producer_config={
@@ -443,11 +447,12 @@ class Ingestion:
         datasets: Callable[[], Iterable[Dataset]],
         settings: GatewaySettings = DEFAULT_SETTINGS,
         metrics: IngestMetrics | None = None,
+        kafka: KafkaSettings | None = None,
     ) -> None:
         self.settings = settings
         self.metrics = metrics or IngestMetrics()
         self.definitions = Definitions(datasets, settings.definitions_ttl_s)
-        self.pool = GatewayPool(settings.ack_timeout_s, settings.kafka_compression)
+        self.pool = GatewayPool(settings.ack_timeout_s, settings.kafka_compression, kafka)
         self.tenants = TenantLimits(
             settings.tenant_samples_per_s,
             settings.tenant_burst_s,

@@ -61,7 +61,8 @@ def create_app(client: FiloPyClient, settings: Settings) -> FastAPI:
     install_handlers(app, timeout_s)
     queries = cluster_query_service(client, timeout_s, limits=settings.query)
     serve_promql(app, client, queries, registry)  # docs/query.md
-    ingestion = Ingestion(client.datasets, settings.gateway)  # docs/ingestion-http.md
+    # docs/ingestion-http.md
+    ingestion = Ingestion(client.datasets, settings.gateway, kafka=settings.kafka)
     serve_ingestion(app, ingestion)  # write POSTs called directly: docs/ingestion-http.md
     registry.register(ingestion.metrics.registry)
     app.router.add_event_handler("shutdown", queries.close)  # stop following maps before Ray goes

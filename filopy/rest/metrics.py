@@ -256,7 +256,9 @@ class ClusterCollector(Collector):
         bootstrap = dataset.source.bootstrap_servers
         admin = self._admins.get(bootstrap)
         if admin is None:
-            admin = self._admins[bootstrap] = admin_client(bootstrap, END_OFFSETS_TIMEOUT_S)
+            admin = self._admins[bootstrap] = admin_client(
+                bootstrap, END_OFFSETS_TIMEOUT_S, self._client.settings.kafka
+            )
         try:
             return end_offsets(admin, dataset.topic, dataset.num_shards, END_OFFSETS_TIMEOUT_S)
         except KafkaUnavailable as e:
