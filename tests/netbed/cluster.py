@@ -6,7 +6,8 @@ and every look at the cluster is taken from `client` through the REST API over t
 with the `filopy` command line on the head (a Ray driver needs a Ray node on its machine). The
 store is SQLite on the shared file system (the bed's stand-in for a store every host reaches), or
 Cassandra on `cassandra` when the environment says `FILOPY_STORE__BACKEND=cassandra`. Ray
-admits only processes holding the cluster's Ray token (`ray_token`), as docs/deployment.md runs it.
+admits only processes holding the cluster's Ray token (`ray_token`), as docs/deployment.md's
+"Several machines, secured" has it.
 """
 
 from __future__ import annotations
