@@ -5,12 +5,15 @@ Kafka runs on `kafka` (scripts/services.sh, bound to the host's address), the he
 and every look at the cluster is taken from `client` through the REST API over the network, or
 with the `filopy` command line on the head (a Ray driver needs a Ray node on its machine). The
 store is SQLite on the shared file system (the bed's stand-in for a store every host reaches), or
-Cassandra on `cassandra` when the environment says `FILOPY_STORE__BACKEND=cassandra`.
+Cassandra on `cassandra` when the environment says `FILOPY_STORE__BACKEND=cassandra`. Ray
+admits only processes holding the cluster's Ray token (`ray_token`), as docs/deployment.md's
+"Several machines, secured" has it.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 import shlex
 import signal
 import subprocess
@@ -22,6 +25,8 @@ from urllib.parse import urlencode
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from coordinator.ray_env import ray_token_env
+from core.local_state import write_private
 from tests import waiting
 from tests.netbed.bed import Bed, BedError
 from tests.waiting import DEADLINE_S
@@ -29,6 +34,9 @@ from tests.waiting import DEADLINE_S
 NODES = ("node-1", "node-2", "node-3")
 HEAD_ADDRESS = "head:6379"
 REST = "http://head:8080"
+# Clusters on the bed run with Ray's token authentication, as production should: it costs the
+# bed's tests nothing measurable (docs/deployment.md, "Several machines, secured").
+RAY_TOKEN = True
 T = TypeVar("T")
 
 
@@ -41,7 +49,15 @@ def wait_for(what: str, check: Callable[[], T | None], timeout_s: float = DEADLI
 
 
 class NetCluster:
-    def __init__(self, bed: Bed, root: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        bed: Bed,
+        root: Path,
+        env: dict[str, str] | None = None,
+        *,
+        nodes: Sequence[str] = NODES,
+        ray_token: bool = RAY_TOKEN,
+    ) -> None:
         self.bed = bed
         self.root = root
         self.filopy_bin = str(root / ".venv" / "bin" / "filopy")
@@ -60,7 +76,15 @@ class NetCluster:
             "FILOPY_AUTH__ENABLED": "false",
             **(env or {}),
         }
+        self.node_names = tuple(nodes)
         self.nodes: dict[str, subprocess.Popen[bytes]] = {}
+        # Ray's token authentication, as production runs it (docs/deployment.md): one random
+        # token in a 0600 file, in the environment of the head, every node and every driver.
+        self.ray_token: Path | None = None
+        if ray_token:
+            self.ray_token = self.dir / "ray-token"
+            write_private(self.ray_token, secrets.token_hex(32))
+            self.env.update(ray_token_env(self.ray_token))
 
     # ----- starting and stopping ----------------------------------------------------------------
 
@@ -71,9 +95,9 @@ class NetCluster:
             if self.env.get("FILOPY_STORE__BACKEND") == "cassandra":
                 self.start_service("cassandra")
             self.start_head()
-            for node in NODES:
+            for node in self.node_names:
                 self.join(node)
-            wait_for(f"members {list(NODES)}", self._members_restarting_exited, 300)
+            wait_for(f"members {list(self.node_names)}", self._members_restarting_exited, 300)
         except (AssertionError, BedError) as e:
             raise AssertionError(f"the cluster did not start: {e}\n{self.logs()}") from None
 
@@ -86,7 +110,7 @@ class NetCluster:
             if proc.poll() is not None:
                 self.bed.kill(node)
                 self.join(node)
-        return self.members() == set(NODES) or None
+        return self.members() == set(self.node_names) or None
 
     def logs(self, lines: int = 15) -> str:
         """The last lines of every host's log in the bed's work directory, and the warnings of
