@@ -204,6 +204,9 @@ class ShardMemstore:
             max_samples=max_samples,
         )
         self.pressure = False  # over max_samples with nothing flushed left to evict
+        # Per resolution, the end of the last period downsampled and stored (ingest.downsampler
+        # keeps it here, beside the samples, for the queries that read both).
+        self.downsampled_until: dict[int, int] = {}
 
     # ------------------------------------------------------------------------------ recovery
 

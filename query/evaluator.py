@@ -31,8 +31,8 @@ import numpy as np
 import numpy.typing as npt
 
 from query import aggregate as agg_mod
+from query import downsampled, histogram
 from query import functions as fn
-from query import histogram
 from query import label_functions as labels_fn
 from query.aggregate import Partial, label_key
 from query.binary import scalar_binop, set_op, vector_scalar, vector_vector
@@ -202,6 +202,31 @@ class _Evaluator:
         series = self.source.select(sel.matchers, lower + 1, upper)
         return fn.SampleBatch.from_series(series, lower + 1, upper)
 
+    def _downsampled(
+        self, func: str, ms: MatrixSelector, times: I64
+    ) -> tuple[list[dict[str, str]], npt.NDArray[np.float64], npt.NDArray[np.bool_]] | None:
+        """`func` over `ms` from downsampled periods, where that gives the raw answer: a
+        function `downsampled.EXACT` answers, windows that are whole periods of a resolution the
+        source keeps (the coarsest such), and periods stored for them (docs/lifecycle.md).
+        None: read raw samples."""
+        source = self.source
+        select_periods = getattr(source, "select_periods", None)
+        if select_periods is None or func not in downsampled.EXACT:
+            return None
+        sel, range_ms = ms.selector, ms.range_ms
+        lower = int(times.min()) - sel.offset_ms - range_ms
+        upper = int(times.max()) - sel.offset_ms
+        for res in source.resolutions_ms:  # type: ignore[union-attr]
+            if downsampled.aligned(res, times, range_ms, sel.offset_ms):
+                got = select_periods(sel.matchers, res, lower + 1, upper)
+                if got is not None:
+                    labels, periods = got
+                    values, present = downsampled.answer(
+                        func, periods, times, range_ms, sel.offset_ms
+                    )
+                    return labels, values, present
+        return None
+
     def _subquery(self, sq: Subquery) -> fn.SampleBatch:
         """The subquery's expression evaluated once at every time any step's window needs:
         multiples of its step after the earliest window's (left-open) start (as Prometheus
@@ -241,8 +266,12 @@ class _Evaluator:
                 batch, offset_ms = self._subquery(ms), ms.offset_ms
             else:
                 times = self._at(ms.selector.at)
-                batch = self._load(ms.selector, ms.range_ms, times)
                 offset_ms = ms.selector.offset_ms
+                answered = None if param is not None else self._downsampled(func, ms, times)
+                if answered is not None:
+                    out = StepMatrix(self.times, *answered)
+                    return out if func == "last_over_time" else drop_name(out)
+                batch = self._load(ms.selector, ms.range_ms, times)
             values, present = fn.range_function(func, batch, times, ms.range_ms, offset_ms, param)
             out = StepMatrix(self.times, batch.labels, values, present)
             return out if func == "last_over_time" else drop_name(out)

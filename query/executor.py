@@ -28,6 +28,14 @@ from query.routing import PROMETHEUS_METRIC
 from query.values import SeriesData
 from store import ColumnStore
 from store.api import INT64_MAX, INT64_MIN, LabelMatcher
+from store.downsample import (
+    Periods,
+    concat_series,
+    decoded_periods,
+    series_periods,
+    summarise,
+    within,
+)
 
 
 @dataclass
@@ -37,6 +45,7 @@ class ScanStats:
     shards: set[int] = field(default_factory=set)
     series: int = 0
     samples: int = 0
+    periods: int = 0  # downsampled periods read (`select_periods`)
 
 
 # Under limits, a shard's matching series are read this many at a time, so a query over a
@@ -141,6 +150,60 @@ class ShardSource:
         self.stats.series += len(labels)
         self.stats.samples += int(bounds[-1])
         return SampleBatch(labels, np.concatenate(ts_parts), np.concatenate(val_parts), bounds)
+
+    @property
+    def resolutions_ms(self) -> list[int]:
+        """The resolutions downsampled on any of these shards, coarsest first."""
+        found = {r for m in self._memstores.values() for r in m.downsampled_until}
+        return sorted(found, reverse=True)
+
+    def select_periods(
+        self, matchers: Sequence[LabelMatcher], resolution_ms: int, start_ms: int, end_ms: int
+    ) -> tuple[list[dict[str, str]], Periods] | None:
+        """The matching series' periods of `resolution_ms` ending in [start_ms, end_ms]: those
+        downsampled and stored up to each shard's mark, the rest summarised from raw samples
+        here (the newest, not downsampled yet), so every period is whole. None when no shard
+        has stored periods in the range: reading raw samples is then as cheap."""
+        res = resolution_ms
+        if all(
+            m.downsampled_until.get(res, INT64_MIN) < start_ms for m in self._memstores.values()
+        ):
+            return None
+        labels: list[dict[str, str]] = []
+        per_series: list[list[Periods]] = []
+        for shard, mem, matched in self._matching(matchers, start_ms, end_ms):
+            stored_end = min(end_ms, mem.downsampled_until.get(res, start_ms - 1))
+            keys = [mem.part_key(s) for s in matched]
+            stored = {}
+            if stored_end >= start_ms:
+                stored = self._columns.read_downsampled(
+                    self._ref, shard, res, keys, start_ms, stored_end
+                )
+            tail = None
+            if max(start_ms, stored_end + 1) <= end_ms:
+                ts, vals, bounds = read_merged_batch(
+                    mem, self._columns, self._ref, shard, matched, max(start_ms, stored_end + 1),
+                    end_ms,
+                )  # fmt: skip
+                tail = summarise(ts, vals, bounds, res)
+                self.stats.samples += len(ts)
+            held: list[int] = []
+            for i, key in enumerate(keys):
+                parts = [
+                    within(decoded_periods(r.data), start_ms, stored_end)
+                    for r in stored.get(key, ())
+                ]
+                if tail is not None:
+                    parts.append(series_periods(tail, i))
+                parts = [p for p in parts if len(p)]
+                if parts:
+                    held.append(matched[i])
+                    per_series.append(parts)
+            labels.extend(self._labels(mem, held))
+        periods = concat_series(per_series, res)
+        self.stats.series += len(labels)
+        self.stats.periods += len(periods)
+        return labels, periods
 
     def series(
         self, matchers: Sequence[LabelMatcher], start_ms: int, end_ms: int

@@ -21,6 +21,8 @@ sample or per series.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -191,3 +193,36 @@ _ARRAYS = (
     "end", "count", "first_t", "first_v", "last_t", "last_v", "prev_t", "prev_v",
     "min", "max", "sum", "corrections", "resets", "changes",
 )  # fmt: skip
+
+
+def within(periods: Periods, first_end: int, last_end: int) -> Periods:
+    """The periods (of one or many series) whose ends are in [first_end, last_end]."""
+    keep = (periods.end >= first_end) & (periods.end <= last_end)
+    if keep.all():
+        return periods
+    kept = np.concatenate([[0], np.cumsum(keep)])[periods.bounds].astype(np.int64)
+    cols = {name: getattr(periods, name)[keep] for name in _ARRAYS}
+    return Periods(periods.resolution_ms, **cols, bounds=kept)
+
+
+def concat_series(per_series: Sequence[Sequence[Periods]], resolution_ms: int) -> Periods:
+    """One batch of many series from each series' parts (single-series periods, in time order,
+    not overlapping): series i is the concatenation of `per_series[i]`."""
+    parts = [p for series in per_series for p in series]
+    sizes = np.array([sum(len(p) for p in series) for series in per_series], np.int64)
+    bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    if not parts:
+        return summarise(np.empty(0, np.int64), np.empty(0), bounds, resolution_ms)
+    cols = {name: np.concatenate([getattr(p, name) for p in parts]) for name in _ARRAYS}
+    return Periods(resolution_ms, **cols, bounds=bounds)
+
+
+# Decoded records, most recently used first: dashboards ask for the same windows again and again
+# (as `store.api` caches decoded chunks). Keyed by the record's bytes, which never change.
+@functools.lru_cache(maxsize=4096)
+def decoded_periods(data: bytes) -> Periods:
+    """`decode_periods`, cached (the arrays are shared: read only)."""
+    periods = decode_periods(data)
+    for name in _ARRAYS:
+        getattr(periods, name).flags.writeable = False
+    return periods
