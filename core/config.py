@@ -229,6 +229,35 @@ class QuerySettings(_Section):
     tenant_max_series: int = Field(ge=0)
 
 
+class DownsampleSettings(_Section):
+    """Downsampling on the nodes (docs/lifecycle.md): resolutions, when a period is complete,
+    how long each resolution is kept."""
+
+    resolutions_ms: list[int]
+    delay_s: float = Field(ge=0)
+    interval_s: float = Field(gt=0)
+    retention_days: list[float]
+
+    @model_validator(mode="after")
+    def _one_retention_each(self) -> DownsampleSettings:
+        if any(r < 1000 for r in self.resolutions_ms) or len(set(self.resolutions_ms)) != len(
+            self.resolutions_ms
+        ):
+            raise ValueError("downsample.resolutions_ms: distinct, at least 1000 ms each")
+        if len(self.retention_days) != len(self.resolutions_ms) or any(
+            d < 0 for d in self.retention_days
+        ):
+            raise ValueError(
+                "downsample.retention_days: one value (days, 0: forever) per resolution"
+            )
+        return self
+
+    def retention_ms(self, resolution_ms: int) -> int:
+        """How long periods of the resolution are kept (0: forever)."""
+        days = self.retention_days[self.resolutions_ms.index(resolution_ms)]
+        return round(days * 86_400_000)
+
+
 class AuthSettings(_Section):
     """Who may call the HTTP servers (REST, PromQL, ingestion, gateway): docs/security.md."""
 
@@ -272,6 +301,7 @@ class Settings(BaseSettings):
     ingest: IngestSettings
     gateway: GatewaySettings
     query: QuerySettings
+    downsample: DownsampleSettings
     auth: AuthSettings
     tls: TlsSettings
 

@@ -3,8 +3,10 @@ resolution (store/downsample.py) and written beside the raw chunks, checkpointed
 
 For each resolution r the shard keeps a mark in the MetaStore: the end of the last period done
 (a multiple of r). A round takes the slice (mark, target] where target is the latest period end
-at least `delay_ms` in the past (samples of a period may arrive until then: a late scraper, a
-remote-write queue catching up), at most `max_chunk_span_ms` at a time; reads every series of
+at least `delay_ms` before both the clock and the newest sample the shard has ingested (samples
+of a period may arrive until then: a late scraper, a remote-write queue catching up; and a shard
+replaying or backfilling old data is only as far as its newest sample), at most
+`max_chunk_span_ms` at a time; reads every series of
 the shard with samples in the slice, from the ColumnStore and memory alike (`read_merged_batch`,
 what queries read); writes one record per series and slice, identified by (part key, slice
 start); then raises the mark, fenced by the shard's ownership epoch.
@@ -104,10 +106,14 @@ class Downsampler:
         """Downsample every complete period up to `now_ms - delay_ms`, slice by slice."""
         marks = self.marks()
         done: list[DownsampleRound] = []
+        newest = self._memstore.newest_sample_ms
+        if newest is None:
+            return done
+        complete = min(now_ms, newest) - self._delay_ms
         for res in self.resolutions_ms:
-            target = int(period_ends(np.array([now_ms - self._delay_ms]), res)[0])
-            if target > now_ms - self._delay_ms:
-                target -= res  # the period holding now - delay is not over yet
+            target = int(period_ends(np.array([complete]), res)[0])
+            if target > complete:
+                target -= res  # the period holding `complete` is not over yet
             mark = marks.get(res)
             if mark is None:
                 mark = self._first_mark(res)
