@@ -454,13 +454,24 @@ def dataset_create(
             help="A full definition as JSON (as `dataset show` prints); overrides the rest."
         ),
     ] = None,
+    retention: Annotated[
+        str | None,
+        typer.Option(
+            help='Keep raw data this long ("30d", "12h"; "0": forever); default: '
+            "the cluster's store.retention_days."
+        ),
+    ] = None,
     address: RayAddress = "auto",
 ) -> None:
     """SetupDataset: register a dataset and assign its shards (its Kafka topic is created)."""
     from core.dataset import Dataset
+    from filopy.rest.datasets import parse_retention
 
+    retention_ms = parse_retention(retention)  # a bad value fails before anything is created
     if from_json is not None:
-        ds = Dataset.model_validate_json(from_json.read())
+        definition = json.loads(from_json.read())
+        definition.pop("storage", None)  # `dataset show` adds it; not part of the definition
+        ds = Dataset.model_validate(definition)
     else:
         source: dict[str, Any] = {"topic": topic, "record_format": record_format}
         if bootstrap is not None:  # else the cluster's kafka.bootstrap_servers
@@ -474,8 +485,12 @@ def dataset_create(
                 "source": source,
             }
         )
-    created = _client(address).setup_dataset(ds)
+    client = _client(address)
+    created = client.setup_dataset(ds)
     console.print(f"{'created' if created else 'already exists (same definition)'}: {ds.name}")
+    if retention is not None:
+        client.set_retention(ds.name, retention_ms)
+        console.print(f"retention: {_retention_text(retention_ms)}")
 
 
 @dataset_app.command("delete")
@@ -502,12 +517,62 @@ def dataset_list(address: RayAddress = "auto") -> None:
 def dataset_show(
     name: Annotated[str, typer.Argument(help="Dataset name.")], address: RayAddress = "auto"
 ) -> None:
-    """A dataset's full definition, as JSON."""
-    for ds in _client(address).datasets():
+    """A dataset's full definition as JSON, with its retention and bytes stored (`storage`:
+    left out when the definition is read back by `dataset create --from-json`)."""
+    client = _client(address)
+    for ds in client.datasets():
         if ds.name == name:
-            console.print_json(ds.model_dump_json())
+            shown = ds.model_dump(mode="json")
+            info = client.storage(name)
+            shown["storage"] = {
+                "retention": _retention_text(info["retention_ms"]),
+                "retention_from": "dataset" if info["own_retention_ms"] is not None else "cluster",
+                "bytes": info["bytes"],
+                "chunks": info["chunks"],
+                "buckets": len(info["buckets"]),
+                "last_sweep_error": info["sweep"].get("last_error"),
+            }
+            console.print_json(json.dumps(shown))
             return
     raise typer.BadParameter(f"unknown dataset {name!r}")
+
+
+@dataset_app.command("retention")
+@_clean_errors
+def dataset_retention(
+    name: Annotated[str, typer.Argument(help="Dataset name.")],
+    value: Annotated[
+        str | None,
+        typer.Argument(
+            help='How long raw data is kept: "30d", "12h", "0" (forever) or "default" (the '
+            "cluster's store.retention_days). Without it: show the retention and bytes stored."
+        ),
+    ] = None,
+    address: RayAddress = "auto",
+) -> None:
+    """Show or change a live dataset's retention. Reads stop answering older data at once; the
+    space is freed by the next sweep (SQLite) or by TTLs (Cassandra, docs/storage.md)."""
+    from filopy.rest.datasets import parse_retention
+
+    client = _client(address)
+    if value is not None:
+        client.set_retention(name, None if value == "default" else parse_retention(value))
+    info = client.storage(name)
+    origin = "its own" if info["own_retention_ms"] is not None else "the cluster default"
+    console.print(
+        f"{name}: retention {_retention_text(info['retention_ms'])} ({origin}); "
+        f"{info['bytes']} bytes stored in {info['chunks']} chunks, {len(info['buckets'])} buckets"
+    )
+
+
+def _retention_text(ms: int | None) -> str:
+    """A retention as an operator writes it: the largest whole unit."""
+    if not ms:
+        return "forever"
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"
 
 
 @app.command()
