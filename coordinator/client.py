@@ -300,6 +300,12 @@ class FiloPyClient:
         if not self._call("set_retention", _ref(dataset), retention_ms):
             raise DatasetUnknownError(_ref(dataset).name)
 
+    def set_size_limit(self, dataset: str | DatasetRef, max_bytes: int | None) -> None:
+        """Keep at most this many chunk bytes of the dataset, dropping its oldest time buckets
+        first (None: no limit). SQLite only: Cassandra refuses it (`Unsupported`)."""
+        if not self._call("set_size_limit", _ref(dataset), max_bytes):
+            raise DatasetUnknownError(_ref(dataset).name)
+
     def storage(self, dataset: str | DatasetRef) -> dict[str, Any]:
         """The dataset's retention, bytes stored and retention sweeps
         (`NodeClusterActor.storage`)."""

@@ -209,6 +209,16 @@ class NodeClusterActor:
         await self._sweep_dataset(ref)
         return True
 
+    async def set_size_limit(self, ref: DatasetRef, max_bytes: int | None) -> bool:
+        """Bound a live dataset's stored bytes (None: no bound; SQLite only); False if no such
+        dataset. A sweep follows at once."""
+        await self._ready()
+        if ref not in self._mgr.datasets:
+            return False
+        await asyncio.to_thread(self._store().set_size_limit, ref, max_bytes)
+        await self._sweep_dataset(ref)
+        return True
+
     async def storage(self, ref: DatasetRef) -> dict[str, Any] | None:
         """A dataset's retention (its own, the default, the one in force), bytes stored (per
         time bucket too) and its sweeps' progress; None if no such dataset."""
@@ -223,6 +233,7 @@ class NodeClusterActor:
                 "retention_ms": columns.retention_ms(ref),
                 "own_retention_ms": meta.get_retention(ref),
                 "default_retention_ms": columns.default_retention_ms,
+                "max_bytes": meta.get_size_limit(ref),
                 "bytes": stored.bytes,
                 "chunks": stored.chunks,
                 "buckets": [list(b) for b in stored.buckets],
@@ -243,7 +254,8 @@ class NodeClusterActor:
         state = self._sweeps.setdefault(
             ref.name,
             {"runs": 0, "errors": 0, "buckets_dropped": 0, "bytes_freed": 0,
-             "part_keys_deleted": 0, "last_ms": None, "last_error": None},
+             "part_keys_deleted": 0, "last_ms": None, "last_error": None,
+             "size_buckets_dropped": 0, "size_bytes_freed": 0, "last_size_drop_ms": None},
         )  # fmt: skip
         try:
             result = await asyncio.to_thread(self._columns.sweep, ref)
@@ -258,6 +270,16 @@ class NodeClusterActor:
         state["buckets_dropped"] += result.buckets_dropped
         state["bytes_freed"] += result.bytes_freed
         state["part_keys_deleted"] += result.part_keys_deleted
+        if result.size_buckets_dropped:  # data lost to the size limit, not to time: say so
+            state["size_buckets_dropped"] += result.size_buckets_dropped
+            state["size_bytes_freed"] += result.size_bytes_freed
+            state["last_size_drop_ms"] = state["last_ms"]
+            log.warning(
+                "dataset %s over its size limit: dropped its %d oldest buckets (%d bytes)",
+                ref.name,
+                result.size_buckets_dropped,
+                result.size_bytes_freed,
+            )
         if result.buckets_dropped or result.part_keys_deleted:
             log.info("retention sweep of %s: %s", ref.name, result)
 

@@ -40,6 +40,7 @@ not `StoreError`s: the store answered, and the answer is that someone else's sta
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import re
@@ -272,11 +273,13 @@ class StoredBytes:
 
 @dataclass(frozen=True, slots=True)
 class SweepResult:
-    """What one `ColumnStore.sweep` freed."""
+    """What one `ColumnStore.sweep` freed: by retention, and (SQLite) by the size limit."""
 
     buckets_dropped: int = 0
     bytes_freed: int = 0
     part_keys_deleted: int = 0
+    size_buckets_dropped: int = 0
+    size_bytes_freed: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -567,6 +570,24 @@ class MetaStore(_Closable):
         default applies: `ColumnStore.retention_ms` tells the value in force)."""
         return self._get_retention(_check_ref(ref))
 
+    def set_size_limit(self, ref: DatasetRef, max_bytes: int | None) -> None:
+        """Bound the dataset's stored chunk bytes (None: no bound): the sweep drops the oldest
+        time buckets first until it holds at most `max_bytes` (Prometheus' `retention.size`).
+        SQLite only: Cassandra raises `Unsupported` (its space is freed by TTLs)."""
+        if max_bytes is not None and (
+            isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1
+        ):
+            raise Invalid(f"a size limit is a positive number of bytes, got {max_bytes!r}")
+        self._set_size_limit(_check_ref(ref), max_bytes)
+
+    def get_size_limit(self, ref: DatasetRef) -> int | None:
+        """The dataset's size limit in bytes; None if it has none."""
+        return self._get_size_limit(_check_ref(ref))
+
+    @abstractmethod
+    def _set_size_limit(self, name: str, max_bytes: int | None) -> None: ...
+    @abstractmethod
+    def _get_size_limit(self, name: str) -> int | None: ...
     @abstractmethod
     def _set_retention(self, name: str, retention_ms: int | None) -> None: ...
     @abstractmethod
@@ -644,11 +665,16 @@ class ColumnStore(_Closable):
         """Free what is past the dataset's retention: SQLite drops the chunk buckets whose every
         chunk ended before the cutoff and deletes the part keys of series with no sample left;
         Cassandra's rows expire by their TTL, so it only forgets the byte counts of days past.
+        Then, if the dataset has a size limit (SQLite), drops its oldest buckets until it holds
+        at most that many bytes, never the newest (what is being written).
         Idempotent, and safe when several run at once."""
         cutoff = self.cutoff(ref)
-        if cutoff == INT64_MIN:
-            return SweepResult()
-        return self._sweep(ref.name, cutoff)
+        result = SweepResult() if cutoff == INT64_MIN else self._sweep(ref.name, cutoff)
+        limit = self._own_size_limit(ref.name)
+        if limit is None:
+            return result
+        dropped, freed = self._limit_size(ref.name, limit)
+        return dataclasses.replace(result, size_buckets_dropped=dropped, size_bytes_freed=freed)
 
     def stored_bytes(self, ref: DatasetRef) -> StoredBytes:
         """The dataset's chunk bytes in the store (maintained at write, cheap to ask)."""
@@ -768,6 +794,14 @@ class ColumnStore(_Closable):
     @abstractmethod
     def _own_retention(self, name: str) -> int | None:
         """The dataset's `MetaStore.set_retention` value, None if it has none."""
+
+    def _own_size_limit(self, name: str) -> int | None:
+        """The dataset's `MetaStore.set_size_limit` value (backends that enforce one)."""
+        return None
+
+    def _limit_size(self, name: str, max_bytes: int) -> tuple[int, int]:
+        """Drop the oldest buckets down to `max_bytes`: (buckets dropped, bytes freed)."""
+        raise NotImplementedError
 
     @abstractmethod
     def _sweep(self, name: str, cutoff: int) -> SweepResult: ...

@@ -63,6 +63,7 @@ from cassandra.query import (
 
 from core.auth import Token
 from core.dataset import Dataset
+from core.errors import Unsupported
 from store.api import (
     DEFAULT_MAX_CHUNK_SPAN_MS,
     ChunkRecord,
@@ -487,6 +488,16 @@ class CassandraMetaStore(_UsesConnection, MetaStore):
 
     def _get_retention(self, name: str) -> int | None:
         return _read_retention(self._conn, self._select_retention, name)
+
+    def _set_size_limit(self, name: str, max_bytes: int | None) -> None:
+        if max_bytes is not None:
+            raise Unsupported(
+                "a size limit per dataset is not enforced on Cassandra, whose rows expire by "
+                "TTL: give the dataset a retention instead (docs/storage.md)"
+            )
+
+    def _get_size_limit(self, name: str) -> int | None:
+        return None
 
     def _lwt(self, stmt: PreparedStatement, params: Sequence[Any]) -> dict[str, Any]:
         """Run a lightweight transaction; its row: `[applied]` and, if not, current values."""

@@ -104,6 +104,10 @@ CREATE TABLE IF NOT EXISTS retention (
     dataset TEXT PRIMARY KEY,
     retention_ms INTEGER NOT NULL       -- 0: forever
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS size_limits (
+    dataset TEXT PRIMARY KEY,
+    max_bytes INTEGER NOT NULL
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS open_snapshots (
     dataset TEXT NOT NULL,
     shard INTEGER NOT NULL,
@@ -489,6 +493,19 @@ class SqliteMetaStore(_UsesDatabase, MetaStore):
     def _get_retention(self, name: str) -> int | None:
         return _own_retention(self._db, name)
 
+    def _set_size_limit(self, name: str, max_bytes: int | None) -> None:
+        with self._db.write() as c:
+            if max_bytes is None:
+                c.execute("DELETE FROM size_limits WHERE dataset = ?", (name,))
+            else:
+                c.execute(
+                    "INSERT OR REPLACE INTO size_limits (dataset, max_bytes) VALUES (?, ?)",
+                    (name, max_bytes),
+                )
+
+    def _get_size_limit(self, name: str) -> int | None:
+        return _own_size_limit(self._db, name)
+
     @staticmethod
     def _epoch(c: sqlite3.Connection, name: str, shard: int) -> int:
         row = c.execute(
@@ -500,6 +517,12 @@ class SqliteMetaStore(_UsesDatabase, MetaStore):
 def _own_retention(db: SqliteDatabase, name: str) -> int | None:
     with db.read() as c:
         row = c.execute("SELECT retention_ms FROM retention WHERE dataset = ?", (name,)).fetchone()
+    return None if row is None else int(row[0])
+
+
+def _own_size_limit(db: SqliteDatabase, name: str) -> int | None:
+    with db.read() as c:
+        row = c.execute("SELECT max_bytes FROM size_limits WHERE dataset = ?", (name,)).fetchone()
     return None if row is None else int(row[0])
 
 
@@ -525,6 +548,37 @@ class SqliteColumnStore(_UsesDatabase, ColumnStore):
     def _own_retention(self, name: str) -> int | None:
         return _own_retention(self._db, name)
 
+    def _own_size_limit(self, name: str) -> int | None:
+        return _own_size_limit(self._db, name)
+
+    def _limit_size(self, name: str, max_bytes: int) -> tuple[int, int]:
+        with self._db.write() as c:
+            rows = c.execute(
+                "SELECT tbl, bytes FROM chunk_buckets WHERE dataset = ? ORDER BY bucket_start",
+                (name,),
+            ).fetchall()
+            total = sum(b for _, b in rows)
+            gone: list[tuple[str, int]] = []
+            for tbl, size in rows[:-1]:  # never the newest: it is being written
+                if total <= max_bytes:
+                    break
+                gone.append((tbl, size))
+                total -= size
+            self._drop_buckets(c, name, [t for t, _ in gone])
+        return len(gone), sum(b for _, b in gone)
+
+    @staticmethod
+    def _drop_buckets(c: sqlite3.Connection, name: str, tables: list[str]) -> None:
+        """Forget the dataset's buckets; drop each table once no dataset lists it (the legacy
+        one is shared). Then give the pages back if the file allows it."""
+        for tbl in tables:
+            c.execute("DELETE FROM chunk_buckets WHERE dataset = ? AND tbl = ?", (name, tbl))
+            left = c.execute("SELECT 1 FROM chunk_buckets WHERE tbl = ?", (tbl,)).fetchone()
+            if left is None:
+                c.execute(f'DROP TABLE IF EXISTS "{tbl}"')
+        if tables:
+            c.execute("PRAGMA incremental_vacuum")  # a no-op unless auto_vacuum is on
+
     def _bucket(self, c: sqlite3.Connection, name: str, bucket_start: int) -> str:
         """The bucket's table, created (with its catalog row) if this is its first chunk."""
         tbl = _bucket_table(name, bucket_start)
@@ -548,17 +602,11 @@ class SqliteColumnStore(_UsesDatabase, ColumnStore):
                 "SELECT tbl, bytes FROM chunk_buckets WHERE dataset = ? AND max_end < ?",
                 (name, cutoff),
             ).fetchall()
-            for tbl, _ in gone:
-                c.execute("DELETE FROM chunk_buckets WHERE dataset = ? AND tbl = ?", (name, tbl))
-                left = c.execute("SELECT 1 FROM chunk_buckets WHERE tbl = ?", (tbl,)).fetchone()
-                if left is None:  # the legacy table: once no dataset has data left in it
-                    c.execute(f'DROP TABLE IF EXISTS "{tbl}"')
+            self._drop_buckets(c, name, [t for t, _ in gone])
             # Part keys are one row per series, far fewer than chunks: deleted by rows.
             keys = c.execute(
                 "DELETE FROM part_keys WHERE dataset = ? AND end_time < ?", (name, cutoff)
             ).rowcount
-            if gone:
-                c.execute("PRAGMA incremental_vacuum")  # a no-op unless auto_vacuum is on
         return SweepResult(len(gone), sum(b for _, b in gone), keys)
 
     def _stored_bytes(self, name: str) -> StoredBytes:

@@ -527,6 +527,7 @@ def dataset_show(
             shown["storage"] = {
                 "retention": _retention_text(info["retention_ms"]),
                 "retention_from": "dataset" if info["own_retention_ms"] is not None else "cluster",
+                "max_bytes": info["max_bytes"],
                 "bytes": info["bytes"],
                 "chunks": info["chunks"],
                 "buckets": len(info["buckets"]),
@@ -548,6 +549,13 @@ def dataset_retention(
             "cluster's store.retention_days). Without it: show the retention and bytes stored."
         ),
     ] = None,
+    max_bytes: Annotated[
+        str | None,
+        typer.Option(
+            help='Also bound the bytes stored, oldest buckets dropped first ("50GiB", "800MB"; '
+            '"none" removes the bound). SQLite only.'
+        ),
+    ] = None,
     address: RayAddress = "auto",
 ) -> None:
     """Show or change a live dataset's retention. Reads stop answering older data at once; the
@@ -555,14 +563,37 @@ def dataset_retention(
     from filopy.rest.datasets import parse_retention
 
     client = _client(address)
+    retention_ms = None if value in (None, "default") else parse_retention(value)
+    limit = None if max_bytes in (None, "none") else _parse_bytes(max_bytes)
     if value is not None:
-        client.set_retention(name, None if value == "default" else parse_retention(value))
+        client.set_retention(name, retention_ms)
+    if max_bytes is not None:
+        client.set_size_limit(name, limit)
     info = client.storage(name)
     origin = "its own" if info["own_retention_ms"] is not None else "the cluster default"
+    bound = "" if info["max_bytes"] is None else f" (at most {info['max_bytes']})"
     console.print(
         f"{name}: retention {_retention_text(info['retention_ms'])} ({origin}); "
-        f"{info['bytes']} bytes stored in {info['chunks']} chunks, {len(info['buckets'])} buckets"
+        f"{info['bytes']} bytes stored{bound} in {info['chunks']} chunks, "
+        f"{len(info['buckets'])} buckets"
     )
+
+
+_BYTE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+               "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}  # fmt: skip
+
+
+def _parse_bytes(text: str) -> int:
+    """A size as operators write it: "50GiB", "800MB", "1000"."""
+    import re
+
+    from core.errors import Invalid
+
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    unit = m and _BYTE_UNITS.get(m.group(2).lower())
+    if m is None or unit is None or float(m.group(1)) * unit < 1:
+        raise Invalid(f'a size is a positive number of bytes like "50GiB" or "800MB", not {text!r}')
+    return int(float(m.group(1)) * unit)
 
 
 def _retention_text(ms: int | None) -> str:

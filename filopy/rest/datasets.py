@@ -93,6 +93,10 @@ class DatasetStorage(BaseModel):
         description="The dataset's own retention; null: it has the cluster default."
     )
     default_retention_ms: int = Field(description="The cluster's `store.retention_days`, in ms.")
+    max_bytes: int | None = Field(
+        description="The dataset's size limit (SQLite): the oldest buckets are dropped first "
+        "to stay under it; null: none."
+    )
     bytes: int = Field(description="Encoded chunk bytes stored, counted at write.")
     chunks: int
     buckets: list[list[int]] = Field(
@@ -105,9 +109,17 @@ class DatasetStorage(BaseModel):
 
 
 class RetentionBody(BaseModel):
+    """What to change: only the fields given (at least one)."""
+
     retention: str | None = Field(
+        default=None,
         description='A duration ("30d", "12h", "90m", or seconds); "0" keeps forever; null '
-        "returns the dataset to the cluster default."
+        "returns the dataset to the cluster default.",
+    )
+    max_bytes: int | None = Field(
+        default=None,
+        gt=0,
+        description="A size limit in bytes (SQLite; Cassandra answers 501); null removes it.",
     )
 
 
@@ -138,16 +150,23 @@ async def get_retention(ds: DatasetName, cluster: ClusterDep) -> Any:
 @router.put(
     "/api/v1/datasets/{ds}/retention",
     response_model=Success[DatasetStorage],
-    responses=errors(400, 404, 503),
+    responses=errors(400, 404, 501, 503),
 )
 async def set_retention(
     ds: DatasetName, body: Annotated[RetentionBody, Body()], cluster: ClusterDep
 ) -> Any:
-    """Change a live dataset's retention: reads stop answering older data at once; the space
-    is freed by the sweep that follows (SQLite) or by TTLs (Cassandra; docs/storage.md)."""
-    try:
-        retention_ms = parse_retention(body.retention)
-    except Invalid as e:
-        raise ApiError(400, BAD_DATA, str(e)) from None
-    await cluster.call(cluster.client.set_retention, ds, retention_ms)
+    """Change a live dataset's retention or size limit (the fields given): reads stop answering
+    older data at once; the space is freed by the sweep that follows (SQLite) or by TTLs
+    (Cassandra; docs/storage.md)."""
+    given = body.model_fields_set
+    if not given:
+        raise ApiError(400, BAD_DATA, 'give "retention", "max_bytes" or both')
+    if "retention" in given:
+        try:
+            retention_ms = parse_retention(body.retention)
+        except Invalid as e:
+            raise ApiError(400, BAD_DATA, str(e)) from None
+        await cluster.call(cluster.client.set_retention, ds, retention_ms)
+    if "max_bytes" in given:
+        await cluster.call(cluster.client.set_size_limit, ds, body.max_bytes)
     return Success(data=await cluster.call(cluster.client.storage, ds))

@@ -195,6 +195,12 @@ class ClusterCollector(Collector):
             "Chunk bytes the retention sweeps freed since the singleton started.",
             labels=["dataset"],
         )
+        size_dropped = CounterMetricFamily(
+            "filopy_retention_size_dropped_bytes",
+            "Chunk bytes dropped (oldest buckets first) because the dataset was over its size "
+            "limit, since the singleton started.",
+            labels=["dataset"],
+        )
         last_sweep = GaugeMetricFamily(
             "filopy_retention_last_sweep_timestamp_seconds",
             "When the dataset's last successful retention sweep ended.",
@@ -224,6 +230,7 @@ class ClusterCollector(Collector):
             sweeps.add_metric([name, "ok"], sweep.get("runs", 0))
             sweeps.add_metric([name, "error"], sweep.get("errors", 0))
             swept.add_metric([name], sweep.get("bytes_freed", 0))
+            size_dropped.add_metric([name], sweep.get("size_bytes_freed", 0))
             if sweep.get("last_ms") is not None:
                 last_sweep.add_metric([name], sweep["last_ms"] / 1000)
             done, skipped = reassigned.get(name, (0, 0))
@@ -289,6 +296,7 @@ class ClusterCollector(Collector):
             retention,
             sweeps,
             swept,
+            size_dropped,
             last_sweep,
         ]
 

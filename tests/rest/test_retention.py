@@ -1,6 +1,7 @@
 """Retention on a live dataset of a real local cluster, through REST and the CLI: set at
 creation, changed later (the singleton's sweep follows at once and drops the old SQLite bucket),
-bytes stored shown by the retention route, `filopy dataset show` and /metrics; bad input 400."""
+bytes stored shown by the retention route, `filopy dataset show` and /metrics; a size limit
+drops the oldest bucket; bad input 400."""
 
 from __future__ import annotations
 
@@ -96,6 +97,30 @@ def test_retention_of_a_live_dataset_over_rest_and_the_cli(
         assert "retention forever (the cluster default)" in out.output
         assert meta.get_retention(ref) is None
         out = runner.invoke(app, ["dataset", "retention", name, "whenever", *addr])
+        assert out.exit_code == 1 and "Traceback" not in out.output
+
+        # A size limit (SQLite): over it, the sweep that follows drops the oldest bucket first
+        # and says so (counted in /metrics); the newest stays.
+        older = _chunk("older", now - 3 * DAY)
+        column.write_chunks(ref, 0, [older])
+        put = rest.http.put(f"{DATASETS}/{name}/retention", json={"max_bytes": len(new.data)})
+        assert put.status_code == 200, put.text
+        data = put.json()["data"]
+        assert (data["max_bytes"], data["bytes"]) == (len(new.data), len(new.data))
+        assert data["sweep"]["size_buckets_dropped"] == 1
+        assert data["sweep"]["size_bytes_freed"] == len(older.data)
+        assert data["retention_ms"] == 0  # the retention was left as it was
+        metrics = rest.http.get("/metrics").text
+        line = f'filopy_retention_size_dropped_bytes_total{{dataset="{name}"}}'
+        assert f"{line} {float(len(older.data))}" in metrics
+        error_of(rest.http.put(f"{DATASETS}/{name}/retention", json={"max_bytes": 0}),
+                 400, "bad_data")  # fmt: skip
+        out = runner.invoke(app, ["dataset", "retention", name, "--max-bytes", "2GiB", *addr])
+        assert out.exit_code == 0 and "at most" in out.output, out.output
+        assert meta.get_size_limit(ref) == 2 << 30
+        out = runner.invoke(app, ["dataset", "retention", name, "--max-bytes", "none", *addr])
+        assert out.exit_code == 0 and meta.get_size_limit(ref) is None
+        out = runner.invoke(app, ["dataset", "retention", name, "--max-bytes", "lots", *addr])
         assert out.exit_code == 1 and "Traceback" not in out.output
     finally:
         meta.close()
