@@ -383,6 +383,20 @@ def test_cassandra_writes_ttls_from_the_chunk_end_and_compacts_by_time_window(
             (cassandra_keyspace,),
         ).one()[0]
         assert compaction["class"].endswith("TimeWindowCompactionStrategy")
+        # A keyspace from before retention (size-tiered) gets time windows when opened.
+        session.execute(
+            f"ALTER TABLE {cassandra_keyspace}.chunks WITH compaction = "
+            "{'class': 'SizeTieredCompactionStrategy'}"
+        )
+        again = open_cassandra_stores([host], port, cassandra_keyspace)
+        for store in again:
+            store.close()
+        compaction = session.execute(
+            "SELECT compaction FROM system_schema.tables "
+            "WHERE keyspace_name = %s AND table_name = 'chunks'",
+            (cassandra_keyspace,),
+        ).one()[0]
+        assert compaction["class"].endswith("TimeWindowCompactionStrategy")
     finally:
         meta.close()
         column.close()
