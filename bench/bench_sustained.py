@@ -676,12 +676,15 @@ def run_filopy(args: argparse.Namespace, t0: int, tmp: Path, ctx: Any) -> FiloPy
         res.stored_samples, res.stored_bytes, res.chunks, res.snapshots_left, res.part_keys = counts
     else:
         with sqlite3.connect(db) as con:
-            n, nbytes, chunks = con.execute(
-                "SELECT sum(num_samples), sum(length(data)), count(*) FROM chunks "
-                "WHERE dataset = ?",
-                (ds.name,),
-            ).fetchone()
-            res.stored_samples, res.stored_bytes, res.chunks = n or 0, nbytes or 0, chunks
+            n = nbytes = chunks = 0
+            # One chunks table per time bucket (store/sqlite.py), listed in chunk_buckets.
+            buckets = con.execute("SELECT tbl FROM chunk_buckets WHERE dataset = ?", (ds.name,))
+            for (tbl,) in buckets.fetchall():
+                a, b, c = con.execute(
+                    f'SELECT sum(num_samples), sum(length(data)), count(*) FROM "{tbl}"'
+                ).fetchone()
+                n, nbytes, chunks = n + (a or 0), nbytes + (b or 0), chunks + c
+            res.stored_samples, res.stored_bytes, res.chunks = n, nbytes, chunks
             res.snapshots_left = con.execute("SELECT count(*) FROM open_snapshots").fetchone()[0]
             res.part_keys = con.execute("SELECT count(*) FROM part_keys").fetchone()[0]
         res.db_bytes = sum(p.stat().st_size for p in tmp.glob("filopy.db*"))

@@ -294,6 +294,26 @@ class FiloPyClient:
             raise ShardRequestError(reply)
         return reply
 
+    def set_retention(self, dataset: str | DatasetRef, retention_ms: int | None) -> None:
+        """Keep the dataset's raw data this long after its last sample (0: forever; None: the
+        cluster's `store.retention_days`). Takes effect on reads at once (docs/storage.md)."""
+        if not self._call("set_retention", _ref(dataset), retention_ms):
+            raise DatasetUnknownError(_ref(dataset).name)
+
+    def set_size_limit(self, dataset: str | DatasetRef, max_bytes: int | None) -> None:
+        """Keep at most this many chunk bytes of the dataset, dropping its oldest time buckets
+        first (None: no limit). SQLite only: Cassandra refuses it (`Unsupported`)."""
+        if not self._call("set_size_limit", _ref(dataset), max_bytes):
+            raise DatasetUnknownError(_ref(dataset).name)
+
+    def storage(self, dataset: str | DatasetRef) -> dict[str, Any]:
+        """The dataset's retention, bytes stored and retention sweeps
+        (`NodeClusterActor.storage`)."""
+        info = self._call("storage", _ref(dataset))
+        if info is None:
+            raise DatasetUnknownError(_ref(dataset).name)
+        return dict(info)
+
     def reassignment_stats(self) -> dict[str, tuple[int, int]]:
         """Per dataset: (shards moved after an ingestion error, such moves skipped as too soon)."""
         return dict(self._call("reassignment_stats"))

@@ -56,7 +56,7 @@ from core.dataset import Dataset, DatasetInvalid, DatasetRef
 from core.errors import Unavailable
 from core.shard_status import ShardEvent, ShardMapState
 from ingest.topics import ensure_topic
-from store import MetaStore, OwnershipChange, StoreUnavailable, open_stores
+from store import ColumnStore, MetaStore, OwnershipChange, StoreUnavailable, open_stores
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +91,9 @@ class NodeClusterActor:
         self._inflight: dict[str, asyncio.Task[None]] = {}
         self._subscribers: dict[str, ActorHandle] = {}  # subscriber id -> its handle
         self._meta: MetaStore | None = None
+        self._columns: ColumnStore | None = None  # for retention: its sweeps and bytes stored
+        # Per dataset name, the retention sweeps' progress: shown by `storage` and /metrics.
+        self._sweeps: dict[str, dict[str, Any]] = {}
         self._recovered = asyncio.Event()
         self._first_attempt = asyncio.Event()  # set once the first recovery attempt has ended
         self._recovery_error: str | None = None
@@ -195,6 +198,90 @@ class NodeClusterActor:
         """Nodes kept out of the cluster, with why (a name a member already has)."""
         await self._ready()
         return dict(self._refused)
+
+    async def set_retention(self, ref: DatasetRef, retention_ms: int | None) -> bool:
+        """Set a live dataset's retention (None: the cluster default); False if no such dataset.
+        A sweep follows at once, so a shorter retention frees the space without waiting."""
+        await self._ready()
+        if ref not in self._mgr.datasets:
+            return False
+        await asyncio.to_thread(self._store().set_retention, ref, retention_ms)
+        await self._sweep_dataset(ref)
+        return True
+
+    async def set_size_limit(self, ref: DatasetRef, max_bytes: int | None) -> bool:
+        """Bound a live dataset's stored bytes (None: no bound; SQLite only); False if no such
+        dataset. A sweep follows at once."""
+        await self._ready()
+        if ref not in self._mgr.datasets:
+            return False
+        await asyncio.to_thread(self._store().set_size_limit, ref, max_bytes)
+        await self._sweep_dataset(ref)
+        return True
+
+    async def storage(self, ref: DatasetRef) -> dict[str, Any] | None:
+        """A dataset's retention (its own, the default, the one in force), bytes stored (per
+        time bucket too) and its sweeps' progress; None if no such dataset."""
+        await self._ready()
+        if ref not in self._mgr.datasets or self._columns is None:
+            return None
+        meta, columns = self._store(), self._columns
+
+        def read() -> dict[str, Any]:
+            stored = columns.stored_bytes(ref)
+            return {
+                "retention_ms": columns.retention_ms(ref),
+                "own_retention_ms": meta.get_retention(ref),
+                "default_retention_ms": columns.default_retention_ms,
+                "max_bytes": meta.get_size_limit(ref),
+                "bytes": stored.bytes,
+                "chunks": stored.chunks,
+                "buckets": [list(b) for b in stored.buckets],
+            }
+
+        info = await asyncio.to_thread(read)
+        info["sweep"] = dict(self._sweeps.get(ref.name, {}))
+        return info
+
+    async def _sweep(self) -> None:
+        """One retention sweep over every dataset (the store makes concurrent sweeps safe)."""
+        for ref in list(self._mgr.datasets):
+            await self._sweep_dataset(ref)
+
+    async def _sweep_dataset(self, ref: DatasetRef) -> None:
+        if self._columns is None:
+            return
+        state = self._sweeps.setdefault(
+            ref.name,
+            {"runs": 0, "errors": 0, "buckets_dropped": 0, "bytes_freed": 0,
+             "part_keys_deleted": 0, "last_ms": None, "last_error": None,
+             "size_buckets_dropped": 0, "size_bytes_freed": 0, "last_size_drop_ms": None},
+        )  # fmt: skip
+        try:
+            result = await asyncio.to_thread(self._columns.sweep, ref)
+        except Exception as e:  # the store is out: counted, shown, retried next round
+            state["errors"] += 1
+            state["last_error"] = f"{type(e).__name__}: {e}"
+            log.warning("retention sweep of %s failed: %s", ref.name, e)
+            return
+        state["runs"] += 1
+        state["last_ms"] = int(time.time() * 1000)
+        state["last_error"] = None
+        state["buckets_dropped"] += result.buckets_dropped
+        state["bytes_freed"] += result.bytes_freed
+        state["part_keys_deleted"] += result.part_keys_deleted
+        if result.size_buckets_dropped:  # data lost to the size limit, not to time: say so
+            state["size_buckets_dropped"] += result.size_buckets_dropped
+            state["size_bytes_freed"] += result.size_bytes_freed
+            state["last_size_drop_ms"] = state["last_ms"]
+            log.warning(
+                "dataset %s over its size limit: dropped its %d oldest buckets (%d bytes)",
+                ref.name,
+                result.size_buckets_dropped,
+                result.size_bytes_freed,
+            )
+        if result.buckets_dropped or result.part_keys_deleted:
+            log.info("retention sweep of %s: %s", ref.name, result)
 
     async def reassignment_stats(self) -> dict[str, tuple[int, int]]:
         """Per dataset name: shards moved after an ingestion error, and moves skipped because
@@ -624,6 +711,7 @@ class NodeClusterActor:
             self._every(c.resync_interval_s, self._resync_subscribers),
             self._every(min(1.0, self._settings.rebalance.drain_timeout_s), self._expire_moves),
             self._every(self._settings.rebalance.interval_s, self._rebalance),
+            self._every(self._settings.store.retention_sweep_interval_s, self._sweep),
             self._write_history(),
         )
 
@@ -682,7 +770,7 @@ class NodeClusterActor:
     async def _load_datasets(self) -> list[Dataset]:
         """Open the MetaStore and read the datasets: the part of recovery that can fail."""
         if self._meta is None:
-            self._meta, _ = await asyncio.to_thread(open_stores, self._settings)
+            self._meta, self._columns = await asyncio.to_thread(open_stores, self._settings)
         return await asyncio.to_thread(self._meta.list_datasets)
 
     async def _recover(self, datasets: list[Dataset]) -> None:

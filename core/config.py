@@ -112,6 +112,9 @@ class StoreSettings(_Section):
     sqlite_busy_timeout_s: float = Field(gt=0)
     max_chunk_span_ms: int = Field(gt=0)
     history_retention_days: float = Field(gt=0)
+    retention_days: float = Field(ge=0)
+    retention_sweep_interval_s: float = Field(gt=0)
+    sqlite_bucket_ms: int = Field(gt=0)
 
 
 class CassandraSettings(_Section):

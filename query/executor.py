@@ -4,10 +4,16 @@ A node evaluates the series-local parts of a query (and partial aggregations) wh
 are, so only step results, never raw samples, cross the network. Each series is read from the
 ColumnStore for the times before its oldest in-memory sample and from memory after that, with one
 ColumnStore read per shard for all the series that need one.
+
+Retention: `run_node_query` sets the source's `min_time` to the dataset's `now - retention` once
+per query part, and every read starts there, so samples past retention answer from neither the
+store nor memory (the memstore may still hold them until it evicts) and the boundary is the same
+for every series of the part.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -27,7 +33,7 @@ from query.promql import Aggregate, Expr
 from query.routing import PROMETHEUS_METRIC
 from query.values import SeriesData
 from store import ColumnStore
-from store.api import INT64_MAX, INT64_MIN, LabelMatcher
+from store.api import INT64_MAX, INT64_MIN, LabelMatcher, StoreError
 from store.downsample import (
     Periods,
     concat_series,
@@ -36,6 +42,8 @@ from store.downsample import (
     summarise,
     within,
 )
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -74,6 +82,18 @@ class ShardSource:
         self._columns = column_store
         self.stats = ScanStats()
         self.limits: QueryLimits | None = None  # the query's, checked as samples are read
+        self.min_time = INT64_MIN  # nothing older answers (`limit_to_retention`)
+
+    def limit_to_retention(self) -> None:
+        """Answer nothing older than the dataset's retention allows. If the store cannot say
+        (it is out), memory answers as it would without retention: the store's own reads fail
+        meanwhile, and queries serve what memory holds, as during any outage."""
+        if self._columns is None:
+            return
+        try:
+            self.min_time = self._columns.cutoff(self._ref)
+        except StoreError:
+            log.warning("retention of %s unknown (the store is out)", self.dataset.name)
 
     def restricted(self, shards: Sequence[int]) -> ShardSource:
         """The same source over some of its shards, counting into the same stats."""
@@ -81,6 +101,7 @@ class ShardSource:
             self.dataset, {s: m for s, m in self._memstores.items() if s in shards}, self._columns
         )
         part.stats, part.limits = self.stats, self.limits
+        part.min_time = self.min_time
         return part
 
     def _translate(self, matchers: Sequence[LabelMatcher]) -> list[LabelMatcher]:
@@ -103,6 +124,8 @@ class ShardSource:
         self, matchers: Sequence[LabelMatcher], start_ms: int, end_ms: int
     ) -> Iterable[tuple[int, ShardMemstore, list[int]]]:
         """Per shard: (shard, memstore, ids of the series matching with samples in the range)."""
+        if start_ms > end_ms:  # wholly before the retention boundary
+            return
         translated = self._translate(matchers)
         for shard, mem in sorted(self._memstores.items()):
             self.stats.shards.add(shard)
@@ -124,7 +147,7 @@ class ShardSource:
         self, matchers: Sequence[LabelMatcher], start_ms: int, end_ms: int
     ) -> SampleBatch:
         """`select` as one columnar batch (what the evaluator reads): no per-series arrays."""
-        start_ms, end_ms = max(start_ms, INT64_MIN), min(end_ms, INT64_MAX)
+        start_ms, end_ms = max(start_ms, INT64_MIN, self.min_time), min(end_ms, INT64_MAX)
         labels: list[dict[str, str]] = []
         ts_parts, val_parts, size_parts = [], [], []
         limits, samples = self.limits, 0
@@ -209,7 +232,7 @@ class ShardSource:
         self, matchers: Sequence[LabelMatcher], start_ms: int, end_ms: int
     ) -> list[dict[str, str]]:
         """Label sets of the matching series with samples in the range (`/api/v1/series`)."""
-        found = self._matching(matchers, start_ms, end_ms)
+        found = self._matching(matchers, max(start_ms, self.min_time), end_ms)
         return [labels for _, mem, sids in found for labels in self._labels(mem, sids)]
 
 
@@ -286,6 +309,7 @@ class NodeAnswer:
 def run_node_query(query: NodeQuery, source: ShardSource) -> NodeAnswer:
     """Evaluate a node's part of a query over its shards (called on the node, off its loop);
     `QueryLimitExceeded` as soon as it reads more than the query's limits allow."""
+    source.limit_to_retention()
     result: Any
     if query.limits is not None and query.limits.enabled:
         source.limits = query.limits

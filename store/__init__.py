@@ -19,9 +19,11 @@ from store.api import (
     PartKeyRecord,
     ShardEpoch,
     StaleEpochError,
+    StoredBytes,
     StoreError,
     StoreTimeout,
     StoreUnavailable,
+    SweepResult,
     TokenConflict,
     decode_part_key,
     encode_part_key,
@@ -44,13 +46,21 @@ __all__ = [
     "StoreError",
     "StoreTimeout",
     "StoreUnavailable",
+    "StoredBytes",
+    "SweepResult",
     "TokenConflict",
     "decode_chunk",
     "decode_part_key",
     "encode_chunk",
     "encode_part_key",
     "open_stores",
+    "retention_ms",
 ]
+
+
+def retention_ms(days: float) -> int:
+    """A retention in days (settings) as the stores' milliseconds; 0 stays 0 (forever)."""
+    return round(days * 86_400_000)
 
 
 def open_stores(settings: Settings) -> tuple[MetaStore, ColumnStore]:
@@ -66,6 +76,8 @@ def open_stores(settings: Settings) -> tuple[MetaStore, ColumnStore]:
             store.sqlite_path,
             busy_timeout_s=store.sqlite_busy_timeout_s,
             max_chunk_span_ms=store.max_chunk_span_ms,
+            default_retention_ms=retention_ms(store.retention_days),
+            bucket_ms=store.sqlite_bucket_ms,
         )
     from store.cassandra import open_cassandra_stores  # imports the driver only if used
 
@@ -84,6 +96,7 @@ def open_stores(settings: Settings) -> tuple[MetaStore, ColumnStore]:
         write_concurrency=c.write_concurrency,
         read_concurrency=c.read_concurrency,
         **cassandra_security(c),
+        default_retention_ms=retention_ms(store.retention_days),
     )
 
 

@@ -10,6 +10,12 @@ Two stores, one interface each, two backends (SQLite and Cassandra) with identic
   chunks of samples, written in batches for many series and read back by time range; and per
   flush group, snapshots of the open (not yet sealed) buffers at a checkpoint offset, which make
   the checkpoint cover samples that are not in chunks yet (docs/memstore.md).
+* Retention (docs/storage.md, "Retention"): per dataset, raw chunks and the part keys of series
+  with no sample left are kept `retention_ms` after their last sample (0: forever). The value is
+  a MetaStore record of its own (`set_retention`), apart from the immutable definition, so it can
+  change on a live dataset; without one a dataset has the cluster's `store.retention_days`.
+  The ColumnStore applies it to every read (nothing older than `now - retention` answers, swept
+  or not), to writes (nothing older is written) and frees the space (`sweep`, TTLs).
 
 The public methods here validate their arguments once, for every backend, then call the backend's
 `_method`. Times are int64 milliseconds since the epoch; ranges are inclusive at both ends.
@@ -34,12 +40,14 @@ not `StoreError`s: the store answered, and the answer is that someone else's sta
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import re
 import threading
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import TracebackType
@@ -251,6 +259,27 @@ def _decoded(data: bytes) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64
     ts.flags.writeable = False
     vals.flags.writeable = False
     return ts, vals
+
+
+@dataclass(frozen=True, slots=True)
+class StoredBytes:
+    """What a dataset's chunks hold in the store, counted as they are written (never by a
+    scan): the encoded bytes and chunks, in total and per time bucket (bucket start ms, bytes)."""
+
+    bytes: int
+    chunks: int
+    buckets: tuple[tuple[int, int], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class SweepResult:
+    """What one `ColumnStore.sweep` freed: by retention, and (SQLite) by the size limit."""
+
+    buckets_dropped: int = 0
+    bytes_freed: int = 0
+    part_keys_deleted: int = 0
+    size_buckets_dropped: int = 0
+    size_bytes_freed: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -528,6 +557,41 @@ class MetaStore(_Closable):
         _check_ms("now_ms", now_ms)
         return self._revoke_token(_check_token_id(token_id), now_ms)
 
+    def set_retention(self, ref: DatasetRef, retention_ms: int | None) -> None:
+        """Set how long the dataset's raw chunks are kept after their last sample (0: forever;
+        None: forget the dataset's own value, so the cluster default applies). Never expired,
+        and kept when the definition is deleted, like the checkpoints."""
+        if retention_ms is not None:
+            _check_ms("retention_ms", retention_ms)
+        self._set_retention(_check_ref(ref), retention_ms)
+
+    def get_retention(self, ref: DatasetRef) -> int | None:
+        """The dataset's own retention in ms (0: forever); None if it has none (the cluster
+        default applies: `ColumnStore.retention_ms` tells the value in force)."""
+        return self._get_retention(_check_ref(ref))
+
+    def set_size_limit(self, ref: DatasetRef, max_bytes: int | None) -> None:
+        """Bound the dataset's stored chunk bytes (None: no bound): the sweep drops the oldest
+        time buckets first until it holds at most `max_bytes` (Prometheus' `retention.size`).
+        SQLite only: Cassandra raises `Unsupported` (its space is freed by TTLs)."""
+        if max_bytes is not None and (
+            isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1
+        ):
+            raise Invalid(f"a size limit is a positive number of bytes, got {max_bytes!r}")
+        self._set_size_limit(_check_ref(ref), max_bytes)
+
+    def get_size_limit(self, ref: DatasetRef) -> int | None:
+        """The dataset's size limit in bytes; None if it has none."""
+        return self._get_size_limit(_check_ref(ref))
+
+    @abstractmethod
+    def _set_size_limit(self, name: str, max_bytes: int | None) -> None: ...
+    @abstractmethod
+    def _get_size_limit(self, name: str) -> int | None: ...
+    @abstractmethod
+    def _set_retention(self, name: str, retention_ms: int | None) -> None: ...
+    @abstractmethod
+    def _get_retention(self, name: str) -> int | None: ...
     @abstractmethod
     def _put_token(self, token: Token) -> None: ...
     @abstractmethod
@@ -566,21 +630,68 @@ class ColumnStore(_Closable):
     """Part keys and encoded chunks, per (dataset, shard).
 
     No chunk may span more than `max_chunk_span_ms` (end - start); that bound lets a time-range
-    read be one index slice over chunk start times, [start - max_chunk_span_ms, end]."""
+    read be one index slice over chunk start times, [start - max_chunk_span_ms, end].
 
-    def __init__(self, max_chunk_span_ms: int = DEFAULT_MAX_CHUNK_SPAN_MS) -> None:
+    Retention: `default_retention_ms` (0: forever) for datasets without a value of their own
+    (`MetaStore.set_retention`). `clock` gives "now" in ms: the wall clock, replaced by tests
+    that step through time."""
+
+    def __init__(
+        self,
+        max_chunk_span_ms: int = DEFAULT_MAX_CHUNK_SPAN_MS,
+        default_retention_ms: int = 0,
+    ) -> None:
         if max_chunk_span_ms <= 0:
             raise ValueError(f"max_chunk_span_ms must be positive, got {max_chunk_span_ms}")
+        _check_ms("default_retention_ms", default_retention_ms)
         self.max_chunk_span_ms = max_chunk_span_ms
+        self.default_retention_ms = default_retention_ms
+        self.clock: Callable[[], int] = _wall_ms
+
+    def retention_ms(self, ref: DatasetRef) -> int:
+        """The retention in force for the dataset: its own, else the cluster default (0:
+        forever)."""
+        own = self._own_retention(_check_ref(ref))
+        return self.default_retention_ms if own is None else own
+
+    def cutoff(self, ref: DatasetRef) -> int:
+        """The oldest time still answered: `now - retention` (inclusive), INT64_MIN if kept
+        forever. Reads, writes and sweeps all go by it, so the boundary is exact whether or not
+        a sweep or a TTL has freed the older data yet."""
+        retention = self.retention_ms(ref)
+        return INT64_MIN if retention <= 0 else self.clock() - retention
+
+    def sweep(self, ref: DatasetRef) -> SweepResult:
+        """Free what is past the dataset's retention: SQLite drops the chunk buckets whose every
+        chunk ended before the cutoff and deletes the part keys of series with no sample left;
+        Cassandra's rows expire by their TTL, so it only forgets the byte counts of days past.
+        Then, if the dataset has a size limit (SQLite), drops its oldest buckets until it holds
+        at most that many bytes, never the newest (what is being written).
+        Idempotent, and safe when several run at once."""
+        cutoff = self.cutoff(ref)
+        result = SweepResult() if cutoff == INT64_MIN else self._sweep(ref.name, cutoff)
+        limit = self._own_size_limit(ref.name)
+        if limit is None:
+            return result
+        dropped, freed = self._limit_size(ref.name, limit)
+        return dataclasses.replace(result, size_buckets_dropped=dropped, size_bytes_freed=freed)
+
+    def stored_bytes(self, ref: DatasetRef) -> StoredBytes:
+        """The dataset's chunk bytes in the store (maintained at write, cheap to ask)."""
+        return self._stored_bytes(_check_ref(ref))
 
     def write_part_keys(
         self, ref: DatasetRef, shard: int, records: Iterable[PartKeyRecord]
     ) -> None:
         """Upsert part keys; last write wins (pass the series' whole known time range)."""
         _check_shard(shard)
+        name = _check_ref(ref)
+        retention, now = self._retention_now(ref)
         recs = list(records)
+        if retention:  # a series whose last sample is past retention is not written at all
+            recs = [r for r in recs if r.end_time >= now - retention]
         if recs:
-            self._write_part_keys(_check_ref(ref), shard, recs)
+            self._write_part_keys(name, shard, recs, retention, now)
 
     def list_part_keys(
         self,
@@ -594,14 +705,20 @@ class ColumnStore(_Closable):
         labels satisfy every matcher, sorted by part key."""
         _check_shard(shard)
         _check_range("part key query", start, end)
+        start = max(start, self.cutoff(ref))
+        if start > end:
+            return []
         found = self._list_part_keys(_check_ref(ref), shard, start, end)
         if matchers:
             found = [r for r in found if _matches_all(matchers, r.labels)]
         return sorted(found, key=lambda r: r.part_key)
 
     def write_chunks(self, ref: DatasetRef, shard: int, chunks: Iterable[ChunkRecord]) -> None:
-        """Write chunks of any number of series; rewriting a chunk replaces it (idempotent)."""
+        """Write chunks of any number of series; rewriting a chunk replaces it (idempotent).
+
+        A chunk whose last sample is already past the dataset's retention is not written."""
         _check_shard(shard)
+        name = _check_ref(ref)
         batch = list(chunks)
         for c in batch:
             if c.end_time - c.start_time > self.max_chunk_span_ms:
@@ -609,8 +726,11 @@ class ColumnStore(_Closable):
                     f"chunk of {c.part_key} at {c.start_time} spans {c.end_time - c.start_time} "
                     f"ms, more than max_chunk_span_ms={self.max_chunk_span_ms}"
                 )
+        retention, now = self._retention_now(ref)
+        if retention:
+            batch = [c for c in batch if c.end_time >= now - retention]
         if batch:
-            self._write_chunks(_check_ref(ref), shard, batch)
+            self._write_chunks(name, shard, batch, retention, now)
 
     def read_chunks(
         self, ref: DatasetRef, shard: int, part_keys: Iterable[str], start: int, end: int
@@ -620,8 +740,9 @@ class ColumnStore(_Closable):
         Series without such chunks are absent from the result."""
         _check_shard(shard)
         _check_range("chunk query", start, end)
+        start = max(start, self.cutoff(ref))
         keys = sorted(set(part_keys))
-        if not keys:
+        if not keys or start > end:
             return {}
         lo = max(INT64_MIN, start - self.max_chunk_span_ms)
         found = self._read_chunks(_check_ref(ref), shard, keys, lo, start, end)
@@ -667,19 +788,48 @@ class ColumnStore(_Closable):
 
     @abstractmethod
     def _drop_open_snapshots(self, name: str, shard: int, group: int, below: int) -> None: ...
+    def _retention_now(self, ref: DatasetRef) -> tuple[int, int]:
+        return self.retention_ms(ref), self.clock()
+
     @abstractmethod
-    def _write_part_keys(self, name: str, shard: int, records: list[PartKeyRecord]) -> None: ...
+    def _own_retention(self, name: str) -> int | None:
+        """The dataset's `MetaStore.set_retention` value, None if it has none."""
+
+    def _own_size_limit(self, name: str) -> int | None:
+        """The dataset's `MetaStore.set_size_limit` value (backends that enforce one)."""
+        return None
+
+    def _limit_size(self, name: str, max_bytes: int) -> tuple[int, int]:
+        """Drop the oldest buckets down to `max_bytes`: (buckets dropped, bytes freed)."""
+        raise NotImplementedError
+
+    @abstractmethod
+    def _sweep(self, name: str, cutoff: int) -> SweepResult: ...
+    @abstractmethod
+    def _stored_bytes(self, name: str) -> StoredBytes: ...
+    @abstractmethod
+    def _write_part_keys(
+        self, name: str, shard: int, records: list[PartKeyRecord], retention_ms: int, now_ms: int
+    ) -> None:
+        """`retention_ms` (0: forever) and `now_ms` let a backend expire what it writes."""
+
     @abstractmethod
     def _list_part_keys(
         self, name: str, shard: int, start: int, end: int
     ) -> list[PartKeyRecord]: ...
     @abstractmethod
-    def _write_chunks(self, name: str, shard: int, chunks: list[ChunkRecord]) -> None: ...
+    def _write_chunks(
+        self, name: str, shard: int, chunks: list[ChunkRecord], retention_ms: int, now_ms: int
+    ) -> None: ...
     @abstractmethod
     def _read_chunks(
         self, name: str, shard: int, part_keys: list[str], lo: int, start: int, end: int
     ) -> dict[str, list[ChunkRecord]]:
         """Chunks with lo <= start_time <= end and end_time >= start."""
+
+
+def _wall_ms() -> int:
+    return int(time.time() * 1000)
 
 
 def _matches_all(matchers: Sequence[LabelMatcher], labels: Mapping[str, str]) -> bool:

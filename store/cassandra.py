@@ -14,6 +14,15 @@ Data. Part keys: partition (dataset, shard), one row per series. Chunks: partiti
 `start_time in [start - max_chunk_span_ms, end]` per series, and rewriting a chunk overwrites the
 same row (idempotent). Writes of many series go out concurrently (bounded in flight), rows of one
 partition together in UNLOGGED batches, which Cassandra applies as one mutation.
+
+Retention. Chunks and part keys are written `USING TTL`: a row expires `retention` after its last
+sample, so Cassandra frees it with no sweep; what is already past retention is not written. The
+chunks table uses time-window compaction: rows written together expire together, so whole
+SSTables are dropped instead of compacted. A change of retention applies to reads at once
+(they clamp to `now - retention`) and to rows written afterwards; rows already written keep the
+TTL they were written with (a shorter retention frees their space at their old expiry, a
+longer one does not bring back what expired). Bytes stored are counters per (dataset, day),
+added at write and forgotten by the sweep once the day is past retention.
 """
 
 from __future__ import annotations
@@ -56,6 +65,7 @@ from cassandra.query import (
 
 from core.auth import Token
 from core.dataset import Dataset
+from core.errors import Unsupported
 from store.api import (
     DEFAULT_MAX_CHUNK_SPAN_MS,
     ChunkRecord,
@@ -68,9 +78,11 @@ from store.api import (
     ShardEpoch,
     SharedHandle,
     StaleEpochError,
+    StoredBytes,
     StoreError,
     StoreTimeout,
     StoreUnavailable,
+    SweepResult,
     TokenConflict,
 )
 
@@ -83,6 +95,12 @@ _LWT, _DATA = "filopy-lwt", "filopy-data"
 # Cassandra refuses TTLs expiring past 2038-01-19 (CASSANDRA-14092): history is kept 10 years
 # at most there.
 _MAX_TTL_S = 10 * 365 * 86_400
+_BYTES_DAY_MS = 86_400_000  # the bytes counters' bucket, also the compaction window
+_RETENTION_CACHE_S = 5.0  # how soon another process's retention change reaches this one's reads
+_TWCS = (
+    "{'class': 'TimeWindowCompactionStrategy', 'compaction_window_unit': 'DAYS', "
+    "'compaction_window_size': '1'}"
+)
 
 TABLES = (
     """CREATE TABLE IF NOT EXISTS {ks}.datasets (
@@ -112,7 +130,17 @@ TABLES = (
         num_samples int,
         data blob,
         PRIMARY KEY ((dataset, shard, part_key), start_time))
-        WITH CLUSTERING ORDER BY (start_time ASC)""",
+        WITH CLUSTERING ORDER BY (start_time ASC)
+        AND compaction = {twcs}""",
+    """CREATE TABLE IF NOT EXISTS {ks}.retention (
+        dataset text PRIMARY KEY,
+        retention_ms bigint)""",
+    """CREATE TABLE IF NOT EXISTS {ks}.chunk_bytes (
+        dataset text,
+        day bigint,
+        bytes counter,
+        chunks counter,
+        PRIMARY KEY ((dataset), day))""",
     # A snapshot is split into pages (rows) so no mutation grows past Cassandra's limits; each
     # page says how many there are, so a torn write is seen as incomplete, never read as whole.
     """CREATE TABLE IF NOT EXISTS {ks}.open_snapshots (
@@ -235,6 +263,7 @@ class CassandraConnection(SharedHandle):
         if not _KEYSPACE_RE.match(keyspace):
             raise ValueError(f"invalid Cassandra keyspace name {keyspace!r}")
         self.keyspace = keyspace
+        self.retention_cache: dict[str, tuple[float, int | None]] = {}  # dataset -> (when, ms)
         self.where = f"Cassandra at {', '.join(contact_points)} (port {port})"
         levels = ConsistencyLevel.name_to_value
         if consistency not in levels or (data_consistency or consistency) not in levels:
@@ -297,7 +326,18 @@ class CassandraConnection(SharedHandle):
                 timeout=timeout,
             )
             for ddl in TABLES:
-                self.session.execute(ddl.format(ks=ks), timeout=timeout)
+                self.session.execute(ddl.format(ks=ks, twcs=_TWCS), timeout=timeout)
+            # A keyspace from before retention: its chunks table gets time-window compaction.
+            row = self.session.execute(
+                "SELECT compaction FROM system_schema.tables "
+                "WHERE keyspace_name = %s AND table_name = 'chunks'",
+                (ks,),
+                timeout=timeout,
+            ).one()
+            if row is not None and "TimeWindow" not in str(row[0].get("class", "")):
+                self.session.execute(
+                    f"ALTER TABLE {ks}.chunks WITH compaction = {_TWCS}", timeout=timeout
+                )
 
     def prepare(self, cql: str, *, serial_read: bool = False) -> PreparedStatement:
         with _translate(f"preparing a statement on {self.where}"):
@@ -398,6 +438,11 @@ class CassandraMetaStore(_UsesConnection, MetaStore):
             f"INSERT INTO {{ks}}.tokens ({_TOKEN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
             "IF NOT EXISTS"
         )
+        self._insert_retention = p(
+            "INSERT INTO {ks}.retention (dataset, retention_ms) VALUES (?, ?)"
+        )
+        self._delete_retention = p("DELETE FROM {ks}.retention WHERE dataset = ?")
+        self._select_retention = p(_SELECT_RETENTION)
         self._select_token = p(f"SELECT {_TOKEN_COLUMNS} FROM {{ks}}.tokens WHERE id = ?")
         self._select_tokens = p(f"SELECT {_TOKEN_COLUMNS} FROM {{ks}}.tokens")
         # `created_ms != null`: on a missing row `revoked_ms = null` holds, and would create one.
@@ -439,6 +484,26 @@ class CassandraMetaStore(_UsesConnection, MetaStore):
             if len(out) >= limit:
                 break
         return out
+
+    def _set_retention(self, name: str, retention_ms: int | None) -> None:
+        if retention_ms is None:
+            self._conn.execute(self._delete_retention, (name,))
+        else:
+            self._conn.execute(self._insert_retention, (name, retention_ms))
+        self._conn.retention_cache.pop(name, None)
+
+    def _get_retention(self, name: str) -> int | None:
+        return _read_retention(self._conn, self._select_retention, name)
+
+    def _set_size_limit(self, name: str, max_bytes: int | None) -> None:
+        if max_bytes is not None:
+            raise Unsupported(
+                "a size limit per dataset is not enforced on Cassandra, whose rows expire by "
+                "TTL: give the dataset a retention instead (docs/storage.md)"
+            )
+
+    def _get_size_limit(self, name: str) -> int | None:
+        return None
 
     def _lwt(self, stmt: PreparedStatement, params: Sequence[Any]) -> dict[str, Any]:
         """Run a lightweight transaction; its row: `[applied]` and, if not, current values."""
@@ -543,6 +608,22 @@ class CassandraMetaStore(_UsesConnection, MetaStore):
         return {g: c for g, c in rows if g is not None and c is not None}
 
 
+_SELECT_RETENTION = "SELECT retention_ms FROM {ks}.retention WHERE dataset = ?"
+
+
+def _read_retention(conn: CassandraConnection, stmt: PreparedStatement, name: str) -> int | None:
+    row = conn.execute(stmt, (name,)).one()
+    return None if row is None or row[0] is None else int(row[0])
+
+
+def _ttl_s(end_time: int, retention_ms: int, now_ms: int) -> int:
+    """Seconds until `end_time + retention_ms` (rounded up, so the row outlives the read
+    boundary rather than leave before it); 0, Cassandra's "never", when kept forever."""
+    if retention_ms <= 0:
+        return 0
+    return max(1, min(_MAX_TTL_S, -(-(end_time + retention_ms - now_ms) // 1000)))
+
+
 class CassandraColumnStore(_UsesConnection, ColumnStore):
     def __init__(
         self,
@@ -551,8 +632,9 @@ class CassandraColumnStore(_UsesConnection, ColumnStore):
         *,
         write_concurrency: int = 64,
         read_concurrency: int = 64,
+        default_retention_ms: int = 0,
     ) -> None:
-        ColumnStore.__init__(self, max_chunk_span_ms)
+        ColumnStore.__init__(self, max_chunk_span_ms, default_retention_ms)
         _UsesConnection.__init__(self, conn)
         self.write_concurrency = write_concurrency
         self.read_concurrency = read_concurrency
@@ -565,7 +647,7 @@ class CassandraColumnStore(_UsesConnection, ColumnStore):
     def _prepare(self, p: Any) -> None:
         self._insert_part_key = p(
             "INSERT INTO {ks}.part_keys (dataset, shard, part_key, start_time, end_time) "
-            "VALUES (?, ?, ?, ?, ?)"
+            "VALUES (?, ?, ?, ?, ?) USING TTL ?"
         )
         # ALLOW FILTERING only filters inside the one partition the key names.
         self._select_part_keys = p(
@@ -575,8 +657,15 @@ class CassandraColumnStore(_UsesConnection, ColumnStore):
         self._insert_chunk = p(
             "INSERT INTO {ks}.chunks "
             "(dataset, shard, part_key, start_time, end_time, num_samples, data) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)"
+            "VALUES (?, ?, ?, ?, ?, ?, ?) USING TTL ?"
         )
+        self._count_bytes = p(
+            "UPDATE {ks}.chunk_bytes SET bytes = bytes + ?, chunks = chunks + ? "
+            "WHERE dataset = ? AND day = ?"
+        )
+        self._select_retention = p(_SELECT_RETENTION)
+        self._select_bytes = p("SELECT day, bytes, chunks FROM {ks}.chunk_bytes WHERE dataset = ?")
+        self._forget_bytes = p("DELETE FROM {ks}.chunk_bytes WHERE dataset = ? AND day = ?")
         self._select_chunks = p(
             "SELECT start_time, end_time, num_samples, data FROM {ks}.chunks "
             "WHERE dataset = ? AND shard = ? AND part_key = ? AND start_time >= ? "
@@ -651,9 +740,54 @@ class CassandraColumnStore(_UsesConnection, ColumnStore):
     def _drop_open_snapshots(self, name: str, shard: int, group: int, below: int) -> None:
         self._conn.execute(self._delete_snapshots, (name, shard, group, below), _DATA)
 
-    def _write_part_keys(self, name: str, shard: int, records: list[PartKeyRecord]) -> None:
+    def _own_retention(self, name: str) -> int | None:
+        """Cached a few seconds: read on every chunk read, changed rarely."""
+        cache = self._conn.retention_cache
+        hit = cache.get(name)
+        now = time.monotonic()
+        if hit is not None and now - hit[0] < _RETENTION_CACHE_S:
+            return hit[1]
+        value = _read_retention(self._conn, self._select_retention, name)
+        cache[name] = (now, value)
+        return value
+
+    def _sweep(self, name: str, cutoff: int) -> SweepResult:
+        """The rows expire by their TTL; forget the counts of the days wholly past retention."""
+        gone = [
+            (day, size)
+            for day, size, _ in self._day_counts(name)
+            if day + _BYTES_DAY_MS + self.max_chunk_span_ms <= cutoff
+        ]
+        for day, _ in gone:
+            self._conn.execute(self._forget_bytes, (name, day), _DATA)
+        return SweepResult(len(gone), sum(size for _, size in gone), 0)
+
+    def _day_counts(self, name: str) -> list[tuple[int, int, int]]:
+        rows = self._conn.execute(self._select_bytes, (name,), _DATA)
+        with _translate(f"reading byte counts on {self._conn.where}"):
+            return [(day, size or 0, n or 0) for day, size, n in rows]
+
+    def _stored_bytes(self, name: str) -> StoredBytes:
+        days = sorted(self._day_counts(name))
+        return StoredBytes(
+            sum(d[1] for d in days), sum(d[2] for d in days), tuple((d[0], d[1]) for d in days)
+        )
+
+    def _write_part_keys(
+        self, name: str, shard: int, records: list[PartKeyRecord], retention_ms: int, now_ms: int
+    ) -> None:
         _check_part_keys(name, (r.part_key for r in records))
-        rows = [(name, shard, r.part_key, r.start_time, r.end_time) for r in records]
+        rows = [
+            (
+                name,
+                shard,
+                r.part_key,
+                r.start_time,
+                r.end_time,
+                _ttl_s(r.end_time, retention_ms, now_ms),
+            )
+            for r in records
+        ]
         sizes = [len(r.part_key) + 32 for r in records]
         self._conn.execute_many(
             self._batched(self._insert_part_key, rows, sizes), self.write_concurrency
@@ -664,21 +798,43 @@ class CassandraColumnStore(_UsesConnection, ColumnStore):
         with _translate(f"listing part keys on {self._conn.where}"):
             return [PartKeyRecord(*r) for r in rows]  # iterating fetches further pages
 
-    def _write_chunks(self, name: str, shard: int, chunks: list[ChunkRecord]) -> None:
+    def _write_chunks(
+        self, name: str, shard: int, chunks: list[ChunkRecord], retention_ms: int, now_ms: int
+    ) -> None:
         by_key: dict[str, list[ChunkRecord]] = {}
+        per_day: dict[int, list[int]] = {}
         for c in chunks:
             by_key.setdefault(c.part_key, []).append(c)
+            day = per_day.setdefault(c.start_time - c.start_time % _BYTES_DAY_MS, [0, 0])
+            day[0] += len(c.data)
+            day[1] += 1
         _check_part_keys(name, by_key)
 
         def statements() -> Iterator[tuple[Statement | PreparedStatement, Sequence[Any] | None]]:
             for key, cs in by_key.items():
                 rows = [
-                    (name, shard, key, c.start_time, c.end_time, c.num_samples, c.data) for c in cs
+                    (
+                        name,
+                        shard,
+                        key,
+                        c.start_time,
+                        c.end_time,
+                        c.num_samples,
+                        c.data,
+                        _ttl_s(c.end_time, retention_ms, now_ms),
+                    )
+                    for c in cs
                 ]
                 sizes = [len(c.data) + len(key) + 48 for c in cs]
                 yield from self._batched(self._insert_chunk, rows, sizes)
 
         self._conn.execute_many(statements(), self.write_concurrency)
+        # Counted after the rows are in: a failed write counts nothing, a retried one (or a
+        # replay's rewrite) counts again, so the counts are an upper bound.
+        self._conn.execute_many(
+            ((self._count_bytes, (size, n, name, day)) for day, (size, n) in per_day.items()),
+            self.write_concurrency,
+        )
 
     def _read_chunks(
         self, name: str, shard: int, part_keys: list[str], lo: int, start: int, end: int
@@ -714,6 +870,7 @@ def open_cassandra_stores(
     read_concurrency: int = 64,
     auth_provider: AuthProvider | None = None,
     ssl_context: ssl.SSLContext | None = None,
+    default_retention_ms: int = 0,
 ) -> tuple[CassandraMetaStore, CassandraColumnStore]:
     """Connect (StoreUnavailable if Cassandra cannot be reached), create the schema if missing,
     and return the two stores sharing the connection; close both to disconnect."""
@@ -738,6 +895,7 @@ def open_cassandra_stores(
                 max_chunk_span_ms,
                 write_concurrency=write_concurrency,
                 read_concurrency=read_concurrency,
+                default_retention_ms=default_retention_ms,
             )
         except BaseException:
             meta.close()

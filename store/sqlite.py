@@ -8,10 +8,19 @@ lock up to `busy_timeout_s`, then fail with StoreTimeout.
 
 `synchronous=NORMAL` in WAL mode may lose the last transactions on power loss but never reorders
 them, so a surviving checkpoint always has its chunks (written in earlier transactions) with it.
+
+Chunks live in one table per (dataset, time bucket of their start time), listed in
+`chunk_buckets` with the bytes, chunks and latest end time written to each. Retention drops a
+whole bucket (DROP TABLE) once its latest chunk ended before the cutoff, never deleting rows one
+by one from a big table: the freed pages are reused by later writes, so under steady ingestion
+the file stops growing, and a file created with `auto_vacuum=INCREMENTAL` also gives them back
+to the file system. A file from before the buckets keeps its single `chunks` table, read as one
+more bucket per dataset (no copy at upgrade) and dropped once no dataset has data left in it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sqlite3
 import threading
@@ -25,6 +34,7 @@ from core.auth import Token
 from core.dataset import Dataset
 from store.api import (
     DEFAULT_MAX_CHUNK_SPAN_MS,
+    INT64_MIN,
     ChunkRecord,
     ColumnStore,
     DatasetConflict,
@@ -35,16 +45,22 @@ from store.api import (
     ShardEpoch,
     SharedHandle,
     StaleEpochError,
+    StoredBytes,
     StoreError,
     StoreTimeout,
     StoreUnavailable,
+    SweepResult,
     TokenConflict,
 )
 
 # 2 added open_snapshots; a version-1 file is upgraded in place. The tokens table came later with
 # no new version: a FiloPy from before it has no access control and never reads it, so it may
-# still open the file (a version would lock it out for nothing).
-SCHEMA_VERSION = 2
+# still open the file (a version would lock it out for nothing). 3 moved chunks into time
+# buckets (an older FiloPy would neither read nor expire them): the old `chunks` table is listed
+# as one more bucket on upgrade.
+SCHEMA_VERSION = 3
+LEGACY_CHUNKS = "chunks"
+DEFAULT_BUCKET_MS = 86_400_000
 _IN_LIST = 500  # part keys per `IN (...)` query
 
 SCHEMA = """
@@ -74,15 +90,23 @@ CREATE TABLE IF NOT EXISTS part_keys (
     end_time INTEGER NOT NULL,
     PRIMARY KEY (dataset, shard, part_key)
 ) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS chunks (
+CREATE TABLE IF NOT EXISTS chunk_buckets (
     dataset TEXT NOT NULL,
-    shard INTEGER NOT NULL,
-    part_key TEXT NOT NULL,
-    start_time INTEGER NOT NULL,        -- the chunk id
-    end_time INTEGER NOT NULL,
-    num_samples INTEGER NOT NULL,
-    data BLOB NOT NULL,
-    PRIMARY KEY (dataset, shard, part_key, start_time)
+    tbl TEXT NOT NULL,                  -- the bucket's chunks table (BUCKET_TABLE)
+    bucket_start INTEGER NOT NULL,      -- chunks whose start_time is in [bucket_start, bucket_end)
+    bucket_end INTEGER NOT NULL,
+    bytes INTEGER NOT NULL,             -- encoded chunk bytes, maintained at write
+    chunks INTEGER NOT NULL,
+    max_end INTEGER NOT NULL,           -- the latest end_time written to it
+    PRIMARY KEY (dataset, tbl)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS retention (
+    dataset TEXT PRIMARY KEY,
+    retention_ms INTEGER NOT NULL       -- 0: forever
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS size_limits (
+    dataset TEXT PRIMARY KEY,
+    max_bytes INTEGER NOT NULL
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS open_snapshots (
     dataset TEXT NOT NULL,
@@ -115,6 +139,37 @@ CREATE TABLE IF NOT EXISTS tokens (
     revoked_ms INTEGER                  -- NULL: not revoked
 ) WITHOUT ROWID;
 """
+
+# One per (dataset, bucket); the dataset is in the name (hashed: any name is a safe identifier).
+BUCKET_TABLE = """
+CREATE TABLE IF NOT EXISTS "{tbl}" (
+    shard INTEGER NOT NULL,
+    part_key TEXT NOT NULL,
+    start_time INTEGER NOT NULL,        -- the chunk id
+    end_time INTEGER NOT NULL,
+    num_samples INTEGER NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (shard, part_key, start_time)
+) WITHOUT ROWID
+"""
+# A write counts every chunk it writes as new; a rewrite (replay after a crash) replaced one, so
+# it takes the replaced chunk back out of the counts, which stay exact without reading first.
+BUCKET_TRIGGER = """
+CREATE TRIGGER IF NOT EXISTS "{tbl}_rewrite" AFTER UPDATE ON "{tbl}" BEGIN
+    UPDATE chunk_buckets SET bytes = bytes - length(OLD.data), chunks = chunks - 1
+    WHERE dataset = {dataset} AND tbl = '{tbl}';
+END
+"""
+
+
+def _bucket_table(name: str, bucket_start: int) -> str:
+    digest = hashlib.sha256(name.encode("utf-8")).hexdigest()[:16]
+    return f"chunks_{digest}_{bucket_start}".replace("-", "m")
+
+
+def _sql_text(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
 
 _TOKEN_COLUMNS = "id, name, scopes, secret_sha256, created_ms, datasets, tenant, revoked_ms"
 
@@ -162,10 +217,13 @@ class SqliteDatabase(SharedHandle):
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             conn = self.conn()
+            # Takes effect only on a new file (before its first table): freed pages can then be
+            # given back (`incremental_vacuum` after a sweep); an older file reuses them.
+            conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
             if conn.execute("PRAGMA journal_mode=WAL").fetchone()[0].lower() != "wal":
                 raise StoreError(f"SQLite file {self.path} cannot use WAL journal mode")
             version = conn.execute("PRAGMA user_version").fetchone()[0]
-            if version not in (0, 1, SCHEMA_VERSION):  # 1: only lacks a table, created below
+            if version not in (0, 1, 2, SCHEMA_VERSION):  # older ones are upgraded below
                 raise StoreError(
                     f"SQLite file {self.path} has schema version {version}; "
                     f"this FiloPy reads version {SCHEMA_VERSION}"
@@ -174,6 +232,8 @@ class SqliteDatabase(SharedHandle):
                 for stmt in SCHEMA.split(";"):
                     if stmt.strip():
                         c.execute(stmt)
+                if version < 3:
+                    self._list_legacy_chunks(c)
                 c.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         except (sqlite3.Error, OSError) as e:
             self.close()
@@ -181,6 +241,23 @@ class SqliteDatabase(SharedHandle):
         except BaseException:
             self.close()
             raise
+
+    @staticmethod
+    def _list_legacy_chunks(c: sqlite3.Connection) -> None:
+        """Upgrade: the single chunks table of an older file becomes one bucket per dataset, its
+        counts taken once here (the only scan of it ever)."""
+        exists = c.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (LEGACY_CHUNKS,)
+        ).fetchone()
+        if exists is None:
+            return
+        c.execute(
+            "INSERT OR REPLACE INTO chunk_buckets "
+            "(dataset, tbl, bucket_start, bucket_end, bytes, chunks, max_end) "
+            "SELECT dataset, ?, min(start_time), max(start_time) + 1, sum(length(data)), "
+            f"count(*), max(end_time) FROM {LEGACY_CHUNKS} GROUP BY dataset",
+            (LEGACY_CHUNKS,),
+        )
 
     def _shut_down(self) -> None:
         self.close()
@@ -403,6 +480,32 @@ class SqliteMetaStore(_UsesDatabase, MetaStore):
                 > 0
             )
 
+    def _set_retention(self, name: str, retention_ms: int | None) -> None:
+        with self._db.write() as c:
+            if retention_ms is None:
+                c.execute("DELETE FROM retention WHERE dataset = ?", (name,))
+            else:
+                c.execute(
+                    "INSERT OR REPLACE INTO retention (dataset, retention_ms) VALUES (?, ?)",
+                    (name, retention_ms),
+                )
+
+    def _get_retention(self, name: str) -> int | None:
+        return _own_retention(self._db, name)
+
+    def _set_size_limit(self, name: str, max_bytes: int | None) -> None:
+        with self._db.write() as c:
+            if max_bytes is None:
+                c.execute("DELETE FROM size_limits WHERE dataset = ?", (name,))
+            else:
+                c.execute(
+                    "INSERT OR REPLACE INTO size_limits (dataset, max_bytes) VALUES (?, ?)",
+                    (name, max_bytes),
+                )
+
+    def _get_size_limit(self, name: str) -> int | None:
+        return _own_size_limit(self._db, name)
+
     @staticmethod
     def _epoch(c: sqlite3.Connection, name: str, shard: int) -> int:
         row = c.execute(
@@ -411,14 +514,115 @@ class SqliteMetaStore(_UsesDatabase, MetaStore):
         return 0 if row is None else row[0]
 
 
-class SqliteColumnStore(_UsesDatabase, ColumnStore):
-    def __init__(
-        self, db: SqliteDatabase, max_chunk_span_ms: int = DEFAULT_MAX_CHUNK_SPAN_MS
-    ) -> None:
-        ColumnStore.__init__(self, max_chunk_span_ms)
-        _UsesDatabase.__init__(self, db)
+def _own_retention(db: SqliteDatabase, name: str) -> int | None:
+    with db.read() as c:
+        row = c.execute("SELECT retention_ms FROM retention WHERE dataset = ?", (name,)).fetchone()
+    return None if row is None else int(row[0])
 
-    def _write_part_keys(self, name: str, shard: int, records: list[PartKeyRecord]) -> None:
+
+def _own_size_limit(db: SqliteDatabase, name: str) -> int | None:
+    with db.read() as c:
+        row = c.execute("SELECT max_bytes FROM size_limits WHERE dataset = ?", (name,)).fetchone()
+    return None if row is None else int(row[0])
+
+
+class SqliteColumnStore(_UsesDatabase, ColumnStore):
+    """Chunks in time buckets (module docstring): `bucket_ms` wide by their start time, so a
+    bucket is dropped whole by retention; a chunk's bucket never changes, so a rewrite lands on
+    the row it replaces."""
+
+    def __init__(
+        self,
+        db: SqliteDatabase,
+        max_chunk_span_ms: int = DEFAULT_MAX_CHUNK_SPAN_MS,
+        *,
+        default_retention_ms: int = 0,
+        bucket_ms: int = DEFAULT_BUCKET_MS,
+    ) -> None:
+        if bucket_ms <= 0:
+            raise ValueError(f"bucket_ms must be positive, got {bucket_ms}")
+        ColumnStore.__init__(self, max_chunk_span_ms, default_retention_ms)
+        _UsesDatabase.__init__(self, db)
+        self.bucket_ms = bucket_ms
+
+    def _own_retention(self, name: str) -> int | None:
+        return _own_retention(self._db, name)
+
+    def _own_size_limit(self, name: str) -> int | None:
+        return _own_size_limit(self._db, name)
+
+    def _limit_size(self, name: str, max_bytes: int) -> tuple[int, int]:
+        with self._db.write() as c:
+            rows = c.execute(
+                "SELECT tbl, bytes FROM chunk_buckets WHERE dataset = ? ORDER BY bucket_start",
+                (name,),
+            ).fetchall()
+            total = sum(b for _, b in rows)
+            gone: list[tuple[str, int]] = []
+            for tbl, size in rows[:-1]:  # never the newest: it is being written
+                if total <= max_bytes:
+                    break
+                gone.append((tbl, size))
+                total -= size
+            self._drop_buckets(c, name, [t for t, _ in gone])
+        return len(gone), sum(b for _, b in gone)
+
+    @staticmethod
+    def _drop_buckets(c: sqlite3.Connection, name: str, tables: list[str]) -> None:
+        """Forget the dataset's buckets; drop each table once no dataset lists it (the legacy
+        one is shared). Then give the pages back if the file allows it."""
+        for tbl in tables:
+            c.execute("DELETE FROM chunk_buckets WHERE dataset = ? AND tbl = ?", (name, tbl))
+            left = c.execute("SELECT 1 FROM chunk_buckets WHERE tbl = ?", (tbl,)).fetchone()
+            if left is None:
+                c.execute(f'DROP TABLE IF EXISTS "{tbl}"')
+        if tables:
+            c.execute("PRAGMA incremental_vacuum")  # a no-op unless auto_vacuum is on
+
+    def _bucket(self, c: sqlite3.Connection, name: str, bucket_start: int) -> str:
+        """The bucket's table, created (with its catalog row) if this is its first chunk."""
+        tbl = _bucket_table(name, bucket_start)
+        known = c.execute(
+            "SELECT 1 FROM chunk_buckets WHERE dataset = ? AND tbl = ?", (name, tbl)
+        ).fetchone()
+        if known is None:
+            c.execute(BUCKET_TABLE.format(tbl=tbl))
+            c.execute(BUCKET_TRIGGER.format(tbl=tbl, dataset=_sql_text(name)))
+            c.execute(
+                "INSERT INTO chunk_buckets "
+                "(dataset, tbl, bucket_start, bucket_end, bytes, chunks, max_end) "
+                "VALUES (?, ?, ?, ?, 0, 0, ?)",
+                (name, tbl, bucket_start, bucket_start + self.bucket_ms, INT64_MIN),
+            )
+        return tbl
+
+    def _sweep(self, name: str, cutoff: int) -> SweepResult:
+        with self._db.write() as c:
+            gone = c.execute(
+                "SELECT tbl, bytes FROM chunk_buckets WHERE dataset = ? AND max_end < ?",
+                (name, cutoff),
+            ).fetchall()
+            self._drop_buckets(c, name, [t for t, _ in gone])
+            # Part keys are one row per series, far fewer than chunks: deleted by rows.
+            keys = c.execute(
+                "DELETE FROM part_keys WHERE dataset = ? AND end_time < ?", (name, cutoff)
+            ).rowcount
+        return SweepResult(len(gone), sum(b for _, b in gone), keys)
+
+    def _stored_bytes(self, name: str) -> StoredBytes:
+        with self._db.read() as c:
+            rows = c.execute(
+                "SELECT bucket_start, bytes, chunks FROM chunk_buckets WHERE dataset = ? "
+                "ORDER BY bucket_start",
+                (name,),
+            ).fetchall()
+        return StoredBytes(
+            sum(r[1] for r in rows), sum(r[2] for r in rows), tuple((r[0], r[1]) for r in rows)
+        )
+
+    def _write_part_keys(
+        self, name: str, shard: int, records: list[PartKeyRecord], retention_ms: int, now_ms: int
+    ) -> None:
         with self._db.write() as c:
             c.executemany(
                 "INSERT OR REPLACE INTO part_keys (dataset, shard, part_key, start_time, end_time)"
@@ -435,34 +639,63 @@ class SqliteColumnStore(_UsesDatabase, ColumnStore):
             ).fetchall()
         return [PartKeyRecord(*r) for r in rows]
 
-    def _write_chunks(self, name: str, shard: int, chunks: list[ChunkRecord]) -> None:
+    def _write_chunks(
+        self, name: str, shard: int, chunks: list[ChunkRecord], retention_ms: int, now_ms: int
+    ) -> None:
+        by_bucket: dict[int, list[ChunkRecord]] = {}
+        for k in chunks:
+            by_bucket.setdefault(k.start_time - k.start_time % self.bucket_ms, []).append(k)
         with self._db.write() as c:
-            c.executemany(
-                "INSERT OR REPLACE INTO chunks "
-                "(dataset, shard, part_key, start_time, end_time, num_samples, data) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [
-                    (name, shard, k.part_key, k.start_time, k.end_time, k.num_samples, k.data)
-                    for k in chunks
-                ],
-            )
+            for bucket_start, ks in by_bucket.items():
+                tbl = self._bucket(c, name, bucket_start)
+                c.executemany(
+                    f'INSERT INTO "{tbl}" '
+                    "(shard, part_key, start_time, end_time, num_samples, data) "
+                    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (shard, part_key, start_time) DO UPDATE "
+                    "SET end_time = excluded.end_time, num_samples = excluded.num_samples, "
+                    "data = excluded.data",
+                    [
+                        (shard, k.part_key, k.start_time, k.end_time, k.num_samples, k.data)
+                        for k in ks
+                    ],
+                )
+                c.execute(
+                    "UPDATE chunk_buckets SET bytes = bytes + ?, chunks = chunks + ?, "
+                    "max_end = max(max_end, ?) WHERE dataset = ? AND tbl = ?",
+                    (
+                        sum(len(k.data) for k in ks),
+                        len(ks),
+                        max(k.end_time for k in ks),
+                        name,
+                        tbl,
+                    ),
+                )
 
     def _read_chunks(
         self, name: str, shard: int, part_keys: list[str], lo: int, start: int, end: int
     ) -> dict[str, list[ChunkRecord]]:
-        found: dict[str, list[ChunkRecord]] = {}
-        with self._db.read() as c:
-            for i in range(0, len(part_keys), _IN_LIST):
-                keys = part_keys[i : i + _IN_LIST]
-                rows = c.execute(
-                    "SELECT part_key, start_time, end_time, num_samples, data FROM chunks "
-                    f"WHERE dataset = ? AND shard = ? AND part_key IN ({','.join('?' * len(keys))})"
-                    " AND start_time >= ? AND start_time <= ? AND end_time >= ?",
-                    (name, shard, *keys, lo, end, start),
-                )
-                for r in rows:
-                    found.setdefault(r[0], []).append(ChunkRecord(*r))
-        return found
+        found: dict[str, dict[int, ChunkRecord]] = {}
+        with self._db.read() as c:  # one snapshot: a concurrent sweep drops nothing under it
+            tables = c.execute(
+                "SELECT tbl FROM chunk_buckets WHERE dataset = ? AND bucket_start <= ? "
+                "AND bucket_end > ? AND max_end >= ? ORDER BY tbl = ? DESC",
+                (name, end, lo, start, LEGACY_CHUNKS),
+            ).fetchall()
+            for (tbl,) in tables:  # the legacy table first: a bucket's rewrite of a chunk wins
+                legacy = tbl == LEGACY_CHUNKS
+                where = "dataset = ? AND shard = ?" if legacy else "shard = ?"
+                for i in range(0, len(part_keys), _IN_LIST):
+                    keys = part_keys[i : i + _IN_LIST]
+                    rows = c.execute(
+                        "SELECT part_key, start_time, end_time, num_samples, data "
+                        f'FROM "{tbl}" WHERE {where} '
+                        f"AND part_key IN ({','.join('?' * len(keys))})"
+                        " AND start_time >= ? AND start_time <= ? AND end_time >= ?",
+                        ((name, shard) if legacy else (shard,)) + (*keys, lo, end, start),
+                    )
+                    for r in rows:
+                        found.setdefault(r[0], {})[r[1]] = ChunkRecord(*r)
+        return {k: list(v.values()) for k, v in found.items()}
 
     def _write_open_snapshot(
         self, name: str, shard: int, group: int, offset: int, epoch: int, data: bytes
@@ -497,13 +730,20 @@ def open_sqlite_stores(
     *,
     busy_timeout_s: float = 30.0,
     max_chunk_span_ms: int = DEFAULT_MAX_CHUNK_SPAN_MS,
+    default_retention_ms: int = 0,
+    bucket_ms: int = DEFAULT_BUCKET_MS,
 ) -> tuple[SqliteMetaStore, SqliteColumnStore]:
     """Open (creating if needed) the SQLite file and return the two stores sharing it."""
     db = SqliteDatabase(path, busy_timeout_s).acquire()  # held while the stores are built
     try:
         meta = SqliteMetaStore(db)
         try:
-            column = SqliteColumnStore(db, max_chunk_span_ms)
+            column = SqliteColumnStore(
+                db,
+                max_chunk_span_ms,
+                default_retention_ms=default_retention_ms,
+                bucket_ms=bucket_ms,
+            )
         except BaseException:
             meta.close()
             raise

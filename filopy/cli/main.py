@@ -454,13 +454,24 @@ def dataset_create(
             help="A full definition as JSON (as `dataset show` prints); overrides the rest."
         ),
     ] = None,
+    retention: Annotated[
+        str | None,
+        typer.Option(
+            help='Keep raw data this long ("30d", "12h"; "0": forever); default: '
+            "the cluster's store.retention_days."
+        ),
+    ] = None,
     address: RayAddress = "auto",
 ) -> None:
     """SetupDataset: register a dataset and assign its shards (its Kafka topic is created)."""
     from core.dataset import Dataset
+    from filopy.rest.datasets import parse_retention
 
+    retention_ms = parse_retention(retention)  # a bad value fails before anything is created
     if from_json is not None:
-        ds = Dataset.model_validate_json(from_json.read())
+        definition = json.loads(from_json.read())
+        definition.pop("storage", None)  # `dataset show` adds it; not part of the definition
+        ds = Dataset.model_validate(definition)
     else:
         source: dict[str, Any] = {"topic": topic, "record_format": record_format}
         if bootstrap is not None:  # else the cluster's kafka.bootstrap_servers
@@ -474,8 +485,12 @@ def dataset_create(
                 "source": source,
             }
         )
-    created = _client(address).setup_dataset(ds)
+    client = _client(address)
+    created = client.setup_dataset(ds)
     console.print(f"{'created' if created else 'already exists (same definition)'}: {ds.name}")
+    if retention is not None:
+        client.set_retention(ds.name, retention_ms)
+        console.print(f"retention: {_retention_text(retention_ms)}")
 
 
 @dataset_app.command("delete")
@@ -502,12 +517,93 @@ def dataset_list(address: RayAddress = "auto") -> None:
 def dataset_show(
     name: Annotated[str, typer.Argument(help="Dataset name.")], address: RayAddress = "auto"
 ) -> None:
-    """A dataset's full definition, as JSON."""
-    for ds in _client(address).datasets():
+    """A dataset's full definition as JSON, with its retention and bytes stored (`storage`:
+    left out when the definition is read back by `dataset create --from-json`)."""
+    client = _client(address)
+    for ds in client.datasets():
         if ds.name == name:
-            console.print_json(ds.model_dump_json())
+            shown = ds.model_dump(mode="json")
+            info = client.storage(name)
+            shown["storage"] = {
+                "retention": _retention_text(info["retention_ms"]),
+                "retention_from": "dataset" if info["own_retention_ms"] is not None else "cluster",
+                "max_bytes": info["max_bytes"],
+                "bytes": info["bytes"],
+                "chunks": info["chunks"],
+                "buckets": len(info["buckets"]),
+                "last_sweep_error": info["sweep"].get("last_error"),
+            }
+            console.print_json(json.dumps(shown))
             return
     raise typer.BadParameter(f"unknown dataset {name!r}")
+
+
+@dataset_app.command("retention")
+@_clean_errors
+def dataset_retention(
+    name: Annotated[str, typer.Argument(help="Dataset name.")],
+    value: Annotated[
+        str | None,
+        typer.Argument(
+            help='How long raw data is kept: "30d", "12h", "0" (forever) or "default" (the '
+            "cluster's store.retention_days). Without it: show the retention and bytes stored."
+        ),
+    ] = None,
+    max_bytes: Annotated[
+        str | None,
+        typer.Option(
+            help='Also bound the bytes stored, oldest buckets dropped first ("50GiB", "800MB"; '
+            '"none" removes the bound). SQLite only.'
+        ),
+    ] = None,
+    address: RayAddress = "auto",
+) -> None:
+    """Show or change a live dataset's retention. Reads stop answering older data at once; the
+    space is freed by the next sweep (SQLite) or by TTLs (Cassandra, docs/storage.md)."""
+    from filopy.rest.datasets import parse_retention
+
+    client = _client(address)
+    retention_ms = None if value in (None, "default") else parse_retention(value)
+    limit = None if max_bytes in (None, "none") else _parse_bytes(max_bytes)
+    if value is not None:
+        client.set_retention(name, retention_ms)
+    if max_bytes is not None:
+        client.set_size_limit(name, limit)
+    info = client.storage(name)
+    origin = "its own" if info["own_retention_ms"] is not None else "the cluster default"
+    bound = "" if info["max_bytes"] is None else f" (at most {info['max_bytes']})"
+    console.print(
+        f"{name}: retention {_retention_text(info['retention_ms'])} ({origin}); "
+        f"{info['bytes']} bytes stored{bound} in {info['chunks']} chunks, "
+        f"{len(info['buckets'])} buckets"
+    )
+
+
+_BYTE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+               "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}  # fmt: skip
+
+
+def _parse_bytes(text: str) -> int:
+    """A size as operators write it: "50GiB", "800MB", "1000"."""
+    import re
+
+    from core.errors import Invalid
+
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    unit = m and _BYTE_UNITS.get(m.group(2).lower())
+    if m is None or unit is None or float(m.group(1)) * unit < 1:
+        raise Invalid(f'a size is a positive number of bytes like "50GiB" or "800MB", not {text!r}')
+    return int(float(m.group(1)) * unit)
+
+
+def _retention_text(ms: int | None) -> str:
+    """A retention as an operator writes it: the largest whole unit."""
+    if not ms:
+        return "forever"
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"
 
 
 @app.command()

@@ -175,6 +175,37 @@ class ClusterCollector(Collector):
             "(the ingester stopped), counted by the node's process since it started.",
             labels=per_shard,
         )
+        stored = GaugeMetricFamily(
+            "filopy_store_bytes",
+            "Encoded chunk bytes the dataset holds in the store (counted at write).",
+            labels=["dataset"],
+        )
+        retention = GaugeMetricFamily(
+            "filopy_retention_seconds",
+            "The dataset's raw data retention in force (0: kept forever).",
+            labels=["dataset"],
+        )
+        sweeps = CounterMetricFamily(
+            "filopy_retention_sweeps",
+            "Retention sweeps by the singleton since it started, by outcome (ok, error).",
+            labels=["dataset", "outcome"],
+        )
+        swept = CounterMetricFamily(
+            "filopy_retention_swept_bytes",
+            "Chunk bytes the retention sweeps freed since the singleton started.",
+            labels=["dataset"],
+        )
+        size_dropped = CounterMetricFamily(
+            "filopy_retention_size_dropped_bytes",
+            "Chunk bytes dropped (oldest buckets first) because the dataset was over its size "
+            "limit, since the singleton started.",
+            labels=["dataset"],
+        )
+        last_sweep = GaugeMetricFamily(
+            "filopy_retention_last_sweep_timestamp_seconds",
+            "When the dataset's last successful retention sweep ended.",
+            labels=["dataset"],
+        )
         datasets = {d.name: d for d in c.datasets()}
         names = sorted(datasets)
         node_names = c.node_names()
@@ -189,6 +220,19 @@ class ClusterCollector(Collector):
                 counts[type(mapper.status(s)).__name__] += 1
             for status, n in counts.items():
                 shards.add_metric([name, status], n)
+            try:
+                info = c.storage(name)
+            except DatasetUnknownError:
+                continue
+            stored.add_metric([name], info["bytes"])
+            retention.add_metric([name], info["retention_ms"] / 1000)
+            sweep = info["sweep"]
+            sweeps.add_metric([name, "ok"], sweep.get("runs", 0))
+            sweeps.add_metric([name, "error"], sweep.get("errors", 0))
+            swept.add_metric([name], sweep.get("bytes_freed", 0))
+            size_dropped.add_metric([name], sweep.get("size_bytes_freed", 0))
+            if sweep.get("last_ms") is not None:
+                last_sweep.add_metric([name], sweep["last_ms"] / 1000)
             done, skipped = reassigned.get(name, (0, 0))
             moves.add_metric([name, "done"], done)
             moves.add_metric([name, "skipped"], skipped)
@@ -248,6 +292,12 @@ class ClusterCollector(Collector):
             paused,
             unflushed,
             stale,
+            stored,
+            retention,
+            sweeps,
+            swept,
+            size_dropped,
+            last_sweep,
         ]
 
     def _end_offsets(self, dataset: Dataset) -> dict[int, int]:

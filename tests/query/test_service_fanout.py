@@ -56,6 +56,9 @@ class FakeSource:
     def restricted(self, shards: Sequence[int]) -> FakeSource:
         return FakeSource([s for s in self.shards if s in shards], self.stats)
 
+    def limit_to_retention(self) -> None:
+        """Kept forever: these series have no store."""
+
     def select(self, matchers: Sequence[LabelMatcher], start: int, end: int) -> list[SeriesData]:
         self.stats.shards.update(self.shards)
         return MemorySource(x for s in self.shards for x in SERIES[s]).select(matchers, start, end)

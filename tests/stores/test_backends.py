@@ -21,7 +21,7 @@ from store import (
     open_stores,
 )
 from store.cassandra import CassandraColumnStore, CassandraMetaStore, open_cassandra_stores
-from store.sqlite import SqliteColumnStore, SqliteMetaStore, open_sqlite_stores
+from store.sqlite import SCHEMA_VERSION, SqliteColumnStore, SqliteMetaStore, open_sqlite_stores
 
 
 def _unused_port() -> int:
@@ -129,8 +129,8 @@ def test_sqlite_file_of_a_newer_schema_is_refused(tmp_path: Path) -> None:
 
 def test_a_version_1_sqlite_file_is_upgraded_and_keeps_its_data(tmp_path: Path) -> None:
     """Version 2 only added the open-buffer snapshots table: a version-1 file opens, keeps its
-    rows, gains the table and says version 2 (an older FiloPy then refuses it, as it must: it
-    would ignore the snapshots its checkpoints rely on)."""
+    rows, gains the table and says the current version (an older FiloPy then refuses it, as it
+    must: it would ignore the snapshots its checkpoints rely on)."""
     path = tmp_path / "filopy.db"
     ref = DatasetRef(name="old")
     meta, column = open_sqlite_stores(path)
@@ -150,12 +150,12 @@ def test_a_version_1_sqlite_file_is_upgraded_and_keeps_its_data(tmp_path: Path) 
         meta.close()
         column.close()
     with sqlite3.connect(path) as c:
-        assert c.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert c.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
 
 
 def test_a_sqlite_file_from_before_tokens_gains_their_table_on_open(tmp_path: Path) -> None:
     """The tokens table came without a schema version: a file of version 2 without it opens,
-    keeps its rows, gains the table, and stays version 2 (so an older FiloPy still opens it)."""
+    keeps its rows and gains the table (the version it then says is the time buckets' one)."""
     path = tmp_path / "filopy.db"
     ds = Dataset(name="old", num_shards=2)
     meta, column = open_sqlite_stores(path)
@@ -175,4 +175,4 @@ def test_a_sqlite_file_from_before_tokens_gains_their_table_on_open(tmp_path: Pa
         meta.close()
         column.close()
     with sqlite3.connect(path) as c:
-        assert c.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert c.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
