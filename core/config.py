@@ -243,10 +243,9 @@ class DownsampleSettings(_Section):
 
     @model_validator(mode="after")
     def _one_retention_each(self) -> DownsampleSettings:
-        if any(r < 1000 for r in self.resolutions_ms) or len(set(self.resolutions_ms)) != len(
-            self.resolutions_ms
-        ):
-            raise ValueError("downsample.resolutions_ms: distinct, at least 1000 ms each")
+        res = self.resolutions_ms
+        if any(r < 1000 or r % 1000 for r in res) or len(set(res)) != len(res):
+            raise ValueError("downsample.resolutions_ms: distinct whole seconds, in ms")
         if len(self.retention_days) != len(self.resolutions_ms) or any(
             d < 0 for d in self.retention_days
         ):

@@ -129,7 +129,7 @@ class Downsampler:
     def _first_mark(self, res: int) -> int | None:
         """The period end before the shard's oldest sample held (memory or store)."""
         oldest = None
-        for sid in range(self._memstore.num_series()):
+        for sid in range(self._memstore.num_series):
             span = self._memstore.time_range(sid)
             if span is not None and (oldest is None or span[0] < oldest):
                 oldest = span[0]
@@ -139,7 +139,7 @@ class Downsampler:
 
     def _slice(self, res: int, start: int, end: int) -> DownsampleRound:
         mem = self._memstore
-        ids = mem.in_range(range(mem.num_series()), start + 1, end)
+        ids = mem.in_range(range(mem.num_series), start + 1, end)
         records: list[ChunkRecord] = []
         n_samples = n_periods = 0
         if ids:

@@ -463,11 +463,11 @@ class ShardMemstore:
     # ------------------------------------------------------------------------- series index
 
     @property
-    @property
     def newest_sample_ms(self) -> int | None:
         """The latest sample time ingested (or loaded at recovery); None before any."""
         return None if self._max_ts == NONE_TS else int(self._max_ts)
 
+    @property
     def num_series(self) -> int:
         return len(self._series)
 

@@ -68,6 +68,13 @@ def open_stores(settings: Settings) -> tuple[MetaStore, ColumnStore]:
 
     Both share one connection (or file); close both when done. Raises StoreUnavailable if the
     backend cannot be reached within its connect timeout."""
+    meta, column = _open_backend(settings)
+    down = settings.downsample
+    column.downsample_retention_ms = {r: down.retention_ms(r) for r in down.resolutions_ms}
+    return meta, column
+
+
+def _open_backend(settings: Settings) -> tuple[MetaStore, ColumnStore]:
     store = settings.store
     if store.backend == "sqlite":
         from store.sqlite import open_sqlite_stores

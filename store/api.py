@@ -70,6 +70,21 @@ SEAL_MARK_GROUP = -1
 DEFAULT_MAX_CHUNK_SPAN_MS = 24 * 3600 * 1000
 
 
+def _downsample_group(resolution_ms: int) -> int:
+    """The reserved flush group holding a resolution's downsample mark: -1 - seconds."""
+    if not isinstance(resolution_ms, int) or resolution_ms < 1000 or resolution_ms % 1000:
+        raise ValueError(f"a resolution is a whole number of seconds, got {resolution_ms!r} ms")
+    return -1 - resolution_ms // 1000
+
+
+def downsampled_name(name: str, resolution_ms: int) -> str:
+    """Where a dataset's periods of a resolution are stored: beside its chunks, under a name no
+    dataset can have (names take no '@'), so they reuse the chunks' tables, buckets, byte
+    counts and expiry."""
+    _downsample_group(resolution_ms)
+    return f"{name}@{resolution_ms}"
+
+
 # --------------------------------------------------------------------------------------- errors
 
 
@@ -489,7 +504,7 @@ class MetaStore(_Closable):
         """All flush groups' checkpoints of a shard: {group: offset}, empty if none."""
         _check_shard(shard)
         rows = self._read_checkpoints(_check_ref(ref), shard)
-        return {g: off for g, off in sorted(rows.items()) if g != SEAL_MARK_GROUP}
+        return {g: off for g, off in sorted(rows.items()) if g >= 0}  # < 0: marks
 
     def raise_seal_mark(self, ref: DatasetRef, shard: int, offset: int, epoch: int) -> int:
         """Record, before writing any chunk sealed from messages up to Kafka `offset`, that
@@ -512,6 +527,27 @@ class MetaStore(_Closable):
         flushed, or flushed only by a FiloPy from before the mark)."""
         _check_shard(shard)
         return self._read_checkpoints(_check_ref(ref), shard).get(SEAL_MARK_GROUP)
+
+    def commit_downsample_mark(
+        self, ref: DatasetRef, shard: int, resolution_ms: int, period_end: int, epoch: int
+    ) -> int:
+        """Record that the shard's periods of `resolution_ms` ending at or before `period_end`
+        are downsampled and stored (ingest/downsampler.py). Fenced like `commit_checkpoint`,
+        never goes backwards, stored as the checkpoint of a reserved group per resolution.
+        Returns the mark now stored."""
+        _check_shard(shard)
+        if not isinstance(period_end, int) or not 0 <= period_end <= INT64_MAX:
+            raise ValueError(f"period_end must be a non-negative int64, got {period_end!r}")
+        if not isinstance(epoch, int) or not 1 <= epoch <= INT64_MAX:
+            raise ValueError(f"epoch must be a positive int64 from claim_epoch, got {epoch!r}")
+        group = _downsample_group(resolution_ms)
+        return self._commit_checkpoint(_check_ref(ref), shard, group, period_end, epoch)
+
+    def read_downsample_marks(self, ref: DatasetRef, shard: int) -> dict[int, int]:
+        """The shard's downsample marks: {resolution_ms: end of the last period done}."""
+        _check_shard(shard)
+        rows = self._read_checkpoints(_check_ref(ref), shard)
+        return {(-g - 1) * 1000: end for g, end in rows.items() if g < SEAL_MARK_GROUP}
 
     def record_ownership(self, changes: Sequence[OwnershipChange], retention_ms: int) -> None:
         """Append ownership changes to the history, each kept for `retention_ms` after it
@@ -647,6 +683,19 @@ class ColumnStore(_Closable):
         self.max_chunk_span_ms = max_chunk_span_ms
         self.default_retention_ms = default_retention_ms
         self.clock: Callable[[], int] = _wall_ms
+        # Per downsampled resolution, how long its periods are kept (0: forever); see
+        # `write_downsampled`. Set from `[downsample]` by `store.open_stores`.
+        self.downsample_retention_ms: dict[int, int] = {}
+
+    def series_cutoff(self, ref: DatasetRef) -> int:
+        """The oldest time a series must still be known for: its raw chunks' cutoff, or older
+        if a downsampled resolution keeps periods longer (their series stay listed with them,
+        so a query past raw retention still finds them)."""
+        cutoffs = [self.cutoff(ref)]
+        now = self.clock()
+        for kept in self.downsample_retention_ms.values():
+            cutoffs.append(INT64_MIN if kept <= 0 else now - kept)
+        return min(cutoffs)
 
     def retention_ms(self, ref: DatasetRef) -> int:
         """The retention in force for the dataset: its own, else the cluster default (0:
@@ -669,7 +718,14 @@ class ColumnStore(_Closable):
         at most that many bytes, never the newest (what is being written).
         Idempotent, and safe when several run at once."""
         cutoff = self.cutoff(ref)
-        result = SweepResult() if cutoff == INT64_MIN else self._sweep(ref.name, cutoff)
+        series_cutoff = self.series_cutoff(ref)
+        result = SweepResult()
+        if cutoff != INT64_MIN:
+            result = self._sweep(ref.name, cutoff, series_cutoff)
+        now = self.clock()
+        for res, kept in self.downsample_retention_ms.items():
+            if kept > 0:
+                self._sweep(downsampled_name(ref.name, res), now - kept, INT64_MIN)
         limit = self._own_size_limit(ref.name)
         if limit is None:
             return result
@@ -686,10 +742,11 @@ class ColumnStore(_Closable):
         """Upsert part keys; last write wins (pass the series' whole known time range)."""
         _check_shard(shard)
         name = _check_ref(ref)
-        retention, now = self._retention_now(ref)
+        now, cutoff = self.clock(), self.series_cutoff(ref)
+        retention = 0 if cutoff == INT64_MIN else now - cutoff
         recs = list(records)
         if retention:  # a series whose last sample is past retention is not written at all
-            recs = [r for r in recs if r.end_time >= now - retention]
+            recs = [r for r in recs if r.end_time >= cutoff]
         if recs:
             self._write_part_keys(name, shard, recs, retention, now)
 
@@ -705,7 +762,7 @@ class ColumnStore(_Closable):
         labels satisfy every matcher, sorted by part key."""
         _check_shard(shard)
         _check_range("part key query", start, end)
-        start = max(start, self.cutoff(ref))
+        start = max(start, self.series_cutoff(ref))
         if start > end:
             return []
         found = self._list_part_keys(_check_ref(ref), shard, start, end)
@@ -747,6 +804,52 @@ class ColumnStore(_Closable):
         lo = max(INT64_MIN, start - self.max_chunk_span_ms)
         found = self._read_chunks(_check_ref(ref), shard, keys, lo, start, end)
         return {k: sorted(v, key=lambda c: c.start_time) for k, v in sorted(found.items()) if v}
+
+    def write_downsampled(
+        self, ref: DatasetRef, shard: int, resolution_ms: int, records: Iterable[ChunkRecord]
+    ) -> None:
+        """Write downsampled records (ingest/downsampler.py: one series' periods of one slice
+        each, `store.downsample.encode_periods`), stored and expired as chunks are, under a
+        name of their own (`downsampled_name`) and kept `downsample_retention_ms[resolution]`.
+        Rewriting a record replaces it."""
+        _check_shard(shard)
+        name = downsampled_name(_check_ref(ref), resolution_ms)
+        batch = list(records)
+        for r in batch:
+            if r.end_time - r.start_time > self.max_chunk_span_ms:
+                raise ValueError(f"downsampled record of {r.part_key} spans over max_chunk_span_ms")
+        retention, now = self.downsample_retention_ms.get(resolution_ms, 0), self.clock()
+        if retention:
+            batch = [r for r in batch if r.end_time >= now - retention]
+        if batch:
+            self._write_chunks(name, shard, batch, retention, now)
+
+    def read_downsampled(
+        self,
+        ref: DatasetRef,
+        shard: int,
+        resolution_ms: int,
+        part_keys: Iterable[str],
+        start: int,
+        end: int,
+    ) -> dict[str, list[ChunkRecord]]:
+        """Downsampled records of the given series overlapping [start, end], by start."""
+        _check_shard(shard)
+        _check_range("downsampled query", start, end)
+        name = downsampled_name(_check_ref(ref), resolution_ms)
+        retention = self.downsample_retention_ms.get(resolution_ms, 0)
+        if retention:
+            start = max(start, self.clock() - retention)
+        keys = sorted(set(part_keys))
+        if not keys or start > end:
+            return {}
+        lo = max(INT64_MIN, start - self.max_chunk_span_ms)
+        found = self._read_chunks(name, shard, keys, lo, start, end)
+        return {k: sorted(v, key=lambda c: c.start_time) for k, v in sorted(found.items()) if v}
+
+    def downsampled_bytes(self, ref: DatasetRef, resolution_ms: int) -> StoredBytes:
+        """A resolution's stored bytes (as `stored_bytes` for raw chunks)."""
+        return self._stored_bytes(downsampled_name(_check_ref(ref), resolution_ms))
 
     def write_open_snapshot(
         self, ref: DatasetRef, shard: int, group: int, offset: int, epoch: int, data: bytes
@@ -804,7 +907,10 @@ class ColumnStore(_Closable):
         raise NotImplementedError
 
     @abstractmethod
-    def _sweep(self, name: str, cutoff: int) -> SweepResult: ...
+    def _sweep(self, name: str, cutoff: int, part_key_cutoff: int) -> SweepResult:
+        """Free chunks that ended before `cutoff` and the part keys of series whose last sample
+        is before `part_key_cutoff` (older: downsampled periods may keep a series longer)."""
+
     @abstractmethod
     def _stored_bytes(self, name: str) -> StoredBytes: ...
     @abstractmethod

@@ -751,7 +751,7 @@ class CassandraColumnStore(_UsesConnection, ColumnStore):
         cache[name] = (now, value)
         return value
 
-    def _sweep(self, name: str, cutoff: int) -> SweepResult:
+    def _sweep(self, name: str, cutoff: int, part_key_cutoff: int) -> SweepResult:
         """The rows expire by their TTL; forget the counts of the days wholly past retention."""
         gone = [
             (day, size)

@@ -596,7 +596,7 @@ class SqliteColumnStore(_UsesDatabase, ColumnStore):
             )
         return tbl
 
-    def _sweep(self, name: str, cutoff: int) -> SweepResult:
+    def _sweep(self, name: str, cutoff: int, part_key_cutoff: int) -> SweepResult:
         with self._db.write() as c:
             gone = c.execute(
                 "SELECT tbl, bytes FROM chunk_buckets WHERE dataset = ? AND max_end < ?",
@@ -605,7 +605,7 @@ class SqliteColumnStore(_UsesDatabase, ColumnStore):
             self._drop_buckets(c, name, [t for t, _ in gone])
             # Part keys are one row per series, far fewer than chunks: deleted by rows.
             keys = c.execute(
-                "DELETE FROM part_keys WHERE dataset = ? AND end_time < ?", (name, cutoff)
+                "DELETE FROM part_keys WHERE dataset = ? AND end_time < ?", (name, part_key_cutoff)
             ).rowcount
         return SweepResult(len(gone), sum(b for _, b in gone), keys)
 

@@ -1,0 +1,162 @@
+"""A shard's downsampler (ingest/downsampler.py) on both stores: what it writes equals the
+periods of the raw samples it came from, read from memory and the store alike; a crash between
+writing and the mark, or a new owner, leaves no gap and no duplicate; a deposed owner is fenced."""
+
+from __future__ import annotations
+
+import uuid
+
+import numpy as np
+import pytest
+
+from core.dataset import Dataset
+from ingest.batch import SampleBatch
+from ingest.downsampler import Downsampler
+from ingest.flush import Flusher
+from ingest.memstore import ShardMemstore
+from ingest.shard_reader import read_merged_batch
+from store import ColumnStore, MetaStore, StaleEpochError
+from store.downsample import Periods, decode_periods, series_periods, summarise
+
+from .support import Opener
+
+MIN, HOUR = 60_000, 3_600_000
+T0 = 1_750_000_000_000 // HOUR * HOUR
+RESOLUTIONS = (MIN, 10 * MIN)
+SERIES = 12
+
+
+def _stream(hours: float, seed: int = 3) -> list[SampleBatch]:
+    """15 s scrapes of counters (with resets) and gauges (with NaN), messages of a minute."""
+    rng = np.random.default_rng(seed)
+    labels = [{"_metric_": "m", "_ws_": "w", "_ns_": "n", "pod": f"p{s}"} for s in range(SERIES)]
+    value = np.zeros(SERIES)
+    out = []
+    for minute in range(int(hours * 60)):
+        ts = T0 + minute * MIN + np.arange(4) * 15_000
+        rows = []
+        for s in range(SERIES):
+            if s == 0 and 30 <= minute < 50:
+                continue  # a gap of 20 minutes
+            for t in ts + rng.integers(0, 900, 4):
+                value[s] = value[s] + rng.integers(0, 9) if rng.random() > 0.01 else 0.0
+                v = value[s] if s % 2 else (np.nan if rng.random() < 0.02 else rng.normal())
+                rows.append((s, int(t), float(v)))
+        out.append(
+            SampleBatch(
+                labels,
+                np.array([r[0] for r in rows], np.int32),
+                np.array([r[1] for r in rows], np.int64),
+                np.array([r[2] for r in rows], np.float64),
+            )
+        )
+    return out
+
+
+class Shard:
+    """A shard's memstore fed a stream, half of it flushed to the store."""
+
+    def __init__(self, meta: MetaStore, column: ColumnStore, stream: list[SampleBatch]) -> None:
+        self.ds = Dataset(name=f"ds_{uuid.uuid4().hex[:10]}", num_shards=2)
+        self.meta, self.column = meta, column
+        self.epoch = meta.claim_epoch(self.ds.ref, 0, "a")
+        self.mem = ShardMemstore(self.ds, 0, groups_per_shard=2, chunk_span_ms=10 * MIN)
+        flusher = Flusher(self.mem, column, meta, self.ds.ref, 0, self.epoch, flush_interval_s=1)
+        for offset, batch in enumerate(stream):
+            self.mem.ingest(batch, offset)
+            if offset == len(stream) // 2:
+                flusher.flush_all()  # the older half comes from the store, the rest from memory
+
+    def downsampler(self, epoch: int | None = None) -> Downsampler:
+        return Downsampler(
+            self.mem, self.column, self.meta, self.ds.ref, 0, epoch or self.epoch,
+            RESOLUTIONS, delay_ms=MIN, interval_s=0.0,
+        )  # fmt: skip
+
+    def raw_periods(self, res: int, end: int) -> dict[str, Periods]:
+        """What the periods must be: the raw samples up to `end`, summarised at once."""
+        ids = list(range(self.mem.num_series))
+        ts, vals, bounds = read_merged_batch(self.mem, self.column, self.ds.ref, 0, ids, 0, end)
+        p = summarise(ts, vals, bounds, res)
+        return {self.mem.part_key(s): series_periods(p, i) for i, s in enumerate(ids)}
+
+    def stored_periods(self, res: int) -> dict[str, Periods]:
+        keys = [self.mem.part_key(s) for s in range(self.mem.num_series)]
+        found = self.column.read_downsampled(self.ds.ref, 0, res, keys, 0, 2**62)
+        out = {}
+        for key, records in found.items():
+            parts = [decode_periods(r.data) for r in records]
+            ends = np.concatenate([p.end for p in parts])
+            assert (np.diff(ends) > 0).all(), f"{key}: periods repeated or out of order"
+            out[key] = _concat(parts)
+        return out
+
+
+def _concat(parts: list[Periods]) -> Periods:
+    names = [f for f in Periods.__dataclass_fields__ if f not in ("resolution_ms", "bounds")]
+    cols = {f: np.concatenate([getattr(p, f) for p in parts]) for f in names}
+    n = len(cols["end"])
+    return Periods(parts[0].resolution_ms, **cols, bounds=np.array([0, n], np.int64))
+
+
+def assert_equal(got: dict[str, Periods], want: dict[str, Periods]) -> None:
+    want = {k: p for k, p in want.items() if len(p)}
+    assert set(got) == set(want)
+    for key, p in want.items():
+        for f in Periods.__dataclass_fields__:
+            if f not in ("resolution_ms", "bounds"):
+                a, b = getattr(got[key], f), getattr(p, f)
+                assert a.tobytes() == b.tobytes(), (key, f)
+
+
+NOW = T0 + 3 * HOUR + 30 * MIN  # the stream ends at T0 + 3 h: all of it is complete
+
+
+def test_the_periods_written_are_those_of_the_raw_samples(open_backend: Opener) -> None:
+    meta, column = open_backend()
+    shard = Shard(meta, column, _stream(3))
+    done = shard.downsampler().run(NOW)
+    assert done and {d.resolution_ms for d in done} == set(RESOLUTIONS)
+    for res in RESOLUTIONS:
+        mark = meta.read_downsample_marks(shard.ds.ref, 0)[res]
+        complete = shard.mem.newest_sample_ms - MIN  # delay_ms: a minute
+        assert mark % res == 0 and complete - res < mark <= complete
+        assert_equal(shard.stored_periods(res), shard.raw_periods(res, mark))
+
+
+def test_a_crash_before_the_mark_and_a_new_owner_leave_no_gap_and_no_duplicate(
+    open_backend: Opener,
+) -> None:
+    meta, column = open_backend()
+    shard = Shard(meta, column, _stream(3))
+    first = shard.downsampler()
+    first.run(T0 + HOUR)  # one hour done and marked
+
+    class Crash(Exception):
+        pass
+
+    def crash(*args: object) -> int:
+        raise Crash
+
+    crashing = shard.downsampler()
+    crashing._meta = type("M", (), {"read_downsample_marks": meta.read_downsample_marks,
+                                    "commit_downsample_mark": staticmethod(crash)})()  # fmt: skip
+    with pytest.raises(Crash):  # its records are written, its mark is not
+        crashing.run(T0 + 2 * HOUR)
+    epoch = meta.claim_epoch(shard.ds.ref, 0, "b")  # the next owner
+    with pytest.raises(StaleEpochError):  # the deposed one cannot move the mark
+        first.run(T0 + 2 * HOUR)
+    shard.downsampler(epoch).run(NOW)
+    for res in RESOLUTIONS:
+        mark = meta.read_downsample_marks(shard.ds.ref, 0)[res]
+        assert_equal(shard.stored_periods(res), shard.raw_periods(res, mark))
+
+
+def test_nothing_held_nothing_done_and_a_second_run_adds_nothing(open_backend: Opener) -> None:
+    meta, column = open_backend()
+    shard = Shard(meta, column, [])
+    assert shard.downsampler().run(NOW) == []
+    shard = Shard(meta, column, _stream(1))
+    d = shard.downsampler()
+    assert d.run(NOW)
+    assert d.run(NOW) == []  # up to date
