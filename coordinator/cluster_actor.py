@@ -237,6 +237,10 @@ class NodeClusterActor:
                 "bytes": stored.bytes,
                 "chunks": stored.chunks,
                 "buckets": [list(b) for b in stored.buckets],
+                "downsampled": {
+                    res: {"bytes": columns.downsampled_bytes(ref, res).bytes, "retention_ms": kept}
+                    for res, kept in sorted(columns.downsample_retention_ms.items())
+                },
             }
 
         info = await asyncio.to_thread(read)

@@ -19,8 +19,11 @@ Nothing is skipped: the mark only moves past slices whose records are written. A
 fails at the fenced mark (`StaleEpochError`), as it does at a checkpoint. A shard never
 downsampled starts from its oldest sample still held.
 
-A sample arriving more than `delay_ms` after its period ended is in the raw data but not in that
-period's summary (docs/lifecycle.md).
+Late samples (accepted for a time at or before a mark: a series lagging more than the delay, or
+a backfill sending one series after another) are kept track of by the memstore; the next round
+redoes the slices they fell into for their series, from the raw data, under the same record
+identities. What is not covered: a late sample flushed and checkpointed, then a crash before the
+next round; its period's summary misses it (docs/lifecycle.md).
 """
 
 from __future__ import annotations
@@ -30,15 +33,15 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 from core.dataset import DatasetRef
 from ingest.memstore import ShardMemstore
 from ingest.shard_reader import read_merged_batch
-from store.api import ChunkRecord, ColumnStore, MetaStore
-from store.downsample import encode_periods, period_ends, series_periods, summarise
+from store.api import ChunkRecord, ColumnStore, MetaStore, StaleEpochError, StoreUnavailable
+from store.downsample import encode_periods, series_periods, summarise
 
 log = logging.getLogger(__name__)
+
+PERIODS_PER_RECORD = 24  # a record: 2 hours of 5-minute periods, a day of hourly ones
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,12 +87,16 @@ class Downsampler:
         self.rounds = 0
         self.samples = 0
         self.periods = 0
+        self.failures = 0
+        self.repaired = 0  # series whose slices were redone for late samples
+        self.last_error: str | None = None  # the last round's failure; None once one succeeds
 
     def marks(self) -> dict[int, int]:
         """Per resolution, the end of the last period done (absent: none yet)."""
         if self._marks is None:
             self._marks = self._meta.read_downsample_marks(self._ref, self._shard)
-            self._memstore.downsampled_until.update(self._marks)
+            for res, mark in self._marks.items():
+                self._memstore.set_downsampled(res, mark)
         return dict(self._marks)
 
     def run_due(self) -> list[DownsampleRound]:
@@ -98,48 +105,117 @@ class Downsampler:
         now = self._clock()
         if now < self._next_due or self._memstore.recovering:
             return []
-        done = self.run(int(now * 1000))
         self._next_due = now + self._interval_s
+        try:
+            done = self.run(int(now * 1000))
+        except StaleEpochError:
+            raise  # another node owns the shard: the ingester stops
+        except Exception as e:  # the next interval retries from the same marks
+            self.failures += 1
+            self.last_error = f"{type(e).__name__}: {e}"
+            # A store outage is expected now and then; anything else is a bug, logged in full,
+            # and never stops ingestion (the raw samples are kept either way).
+            how = log.warning if isinstance(e, StoreUnavailable) else log.exception
+            how("%s shard %d: downsampling failed: %s", self._ref.name, self._shard, e)
+            return []
+        self.last_error = None
         return done
 
+    def stats(self) -> dict[str, object]:
+        """For status and metrics: the marks, what the rounds did, the last failure."""
+        return {
+            "marks": dict(self._marks or {}),
+            "rounds": self.rounds,
+            "samples": self.samples,
+            "periods": self.periods,
+            "failures": self.failures,
+            "repaired": self.repaired,
+            "last_error": self.last_error,
+        }
+
+    def slice_ms(self, res: int) -> int:
+        """The span of a record: `PERIODS_PER_RECORD` periods, within the store's chunk span.
+        Slices are a fixed grid (multiples of this), so a slice's records always have the same
+        identity, whoever writes them and however often."""
+        most = max(res, self._columns.max_chunk_span_ms // res * res)
+        return min(res * PERIODS_PER_RECORD, most)
+
     def run(self, now_ms: int) -> list[DownsampleRound]:
-        """Downsample every complete period up to `now_ms - delay_ms`, slice by slice."""
+        """Redo the slices late samples fell into, then downsample every whole slice complete
+        by `now_ms - delay_ms` (and by the newest sample ingested)."""
         marks = self.marks()
-        done: list[DownsampleRound] = []
+        done = self._repair(marks)
         newest = self._memstore.newest_sample_ms
         if newest is None:
             return done
         complete = min(now_ms, newest) - self._delay_ms
         for res in self.resolutions_ms:
-            target = int(period_ends(np.array([complete]), res)[0])
-            if target > complete:
-                target -= res  # the period holding `complete` is not over yet
+            span = self.slice_ms(res)
+            target = complete // span * span  # the last whole slice over by `complete`
             mark = marks.get(res)
             if mark is None:
-                mark = self._first_mark(res)
+                mark = self._first_mark(span)
                 if mark is None:
                     continue  # no sample held yet
-            span = max(res, self._columns.max_chunk_span_ms // res * res)
             while mark < target:
-                end = min(target, mark + span)
-                done.append(self._slice(res, mark, end))
-                mark = end
+                done.append(self._slice(res, mark, mark + span))
+                mark += span
         return done
 
-    def _first_mark(self, res: int) -> int | None:
-        """The period end before the shard's oldest sample held (memory or store)."""
+    def _repair(self, marks: dict[int, int]) -> list[DownsampleRound]:
+        """Late samples (accepted at or before a mark, `ShardMemstore.take_late`): redo the
+        slices from each late series' earliest one up to the mark, for those series only;
+        the records replace the ones written before (same identities)."""
+        late = self._memstore.take_late()
+        done: list[DownsampleRound] = []
+        if not late:
+            return done
+        try:
+            self._redo(late, marks, done)
+        except BaseException:
+            self._memstore.put_back_late(late)  # the next round tries again
+            raise
+        self.repaired += len(late)
+        return done
+
+    def _redo(
+        self, late: dict[int, int], marks: dict[int, int], done: list[DownsampleRound]
+    ) -> None:
+        for res in self.resolutions_ms:
+            mark, span = marks.get(res), self.slice_ms(res)
+            if mark is None:
+                continue
+            by_slice: dict[int, list[int]] = {}
+            for sid, since in late.items():
+                first = (since - 1) // span * span  # the slice (first, first + span] holding it
+                for start in range(first, mark, span):
+                    by_slice.setdefault(start, []).append(sid)
+            for start, sids in sorted(by_slice.items()):
+                done.append(self._slice(res, start, start + span, sids, commit=False))
+
+    def _first_mark(self, span: int) -> int | None:
+        """The slice boundary before the shard's oldest sample held (memory or store)."""
         oldest = None
         for sid in range(self._memstore.num_series):
-            span = self._memstore.time_range(sid)
-            if span is not None and (oldest is None or span[0] < oldest):
-                oldest = span[0]
+            times = self._memstore.time_range(sid)
+            if times is not None and (oldest is None or times[0] < oldest):
+                oldest = times[0]
         if oldest is None:
             return None
-        return int(period_ends(np.array([oldest]), res)[0]) - res
+        return (oldest - 1) // span * span
 
-    def _slice(self, res: int, start: int, end: int) -> DownsampleRound:
+    def _slice(
+        self,
+        res: int,
+        start: int,
+        end: int,
+        series: Sequence[int] | None = None,
+        commit: bool = True,
+    ) -> DownsampleRound:
+        """Summarise (start, end] of `series` (all by default), write their records and, for a
+        new slice (`commit`), raise the mark past it."""
         mem = self._memstore
-        ids = mem.in_range(range(mem.num_series), start + 1, end)
+        ids = mem.in_range(range(mem.num_series) if series is None else series, start + 1, end)
         records: list[ChunkRecord] = []
         n_samples = n_periods = 0
         if ids:
@@ -157,11 +233,12 @@ class Downsampler:
                         )
                     )
         self._columns.write_downsampled(self._ref, self._shard, res, records)
-        assert self._marks is not None
-        self._marks[res] = self._meta.commit_downsample_mark(
-            self._ref, self._shard, res, end, self._epoch
-        )
-        self._memstore.downsampled_until[res] = self._marks[res]  # queries may read them now
+        if commit:
+            assert self._marks is not None
+            self._marks[res] = self._meta.commit_downsample_mark(
+                self._ref, self._shard, res, end, self._epoch
+            )
+            self._memstore.set_downsampled(res, self._marks[res])  # queries may read them now
         self.rounds += 1
         self.samples += n_samples
         self.periods += n_periods

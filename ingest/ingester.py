@@ -52,6 +52,7 @@ from core.shard_status import (
 )
 from core.worker import Worker
 from ingest.base import EventReporter, ReportingIngester
+from ingest.downsampler import Downsampler
 from ingest.flush import Flusher, recover_shard
 from ingest.kafka_config import ConnectionErrors, kafka_client_config
 from ingest.memstore import ShardMemstore
@@ -158,6 +159,7 @@ class KafkaShardIngester(ReportingIngester):
         # 0 after a drain; after a kill, all from `replayed_from` to the end offset at the claim.
         self.replayed_offsets = 0
         self.open_samples_loaded = 0  # from the checkpoints' open-buffer snapshots at start
+        self.downsampler: Downsampler | None = None  # made with the flusher
         self.flusher: Flusher | None = None
         # Consumer lag = end of the partition (as of the last fetch) - the next offset to read.
         self.end_offset: int | None = None
@@ -262,6 +264,15 @@ class KafkaShardIngester(ReportingIngester):
                 retry_initial_s=self._ingest.store_retry_initial_s,
                 retry_max_s=max(self._ingest.store_retry_max_s, self._ingest.store_retry_initial_s),
             )
+            down = self._settings.downsample
+            if down.resolutions_ms:
+                self.downsampler = Downsampler(
+                    self.memstore, self._columns, self._meta, ref, shard, self._epoch,
+                    down.resolutions_ms, delay_ms=round(down.delay_s * 1000),
+                    interval_s=down.interval_s,
+                )  # fmt: skip
+                # Before the replay: a replayed sample older than a mark is late (and redone).
+                self._store_retrying("reading downsample marks", self.downsampler.marks)
             consumer.assign(
                 [
                     TopicPartition(
@@ -357,7 +368,9 @@ class KafkaShardIngester(ReportingIngester):
         limit = cfg.max_unflushed_samples
         # Flushes run on a thread of their own, so the store's latency (a Cassandra round trip,
         # an SQLite commit) overlaps consuming instead of stalling it.
-        flushing = _FlushThread(flusher, lambda: self.paused, f"flush-{ref.name}-{shard}")
+        flushing = _FlushThread(
+            flusher, lambda: self.paused, f"flush-{ref.name}-{shard}", self.downsampler
+        )
         try:
             while not self._worker.stopping:
                 flushing.check()
@@ -679,6 +692,7 @@ class KafkaShardIngester(ReportingIngester):
             "paused": self.paused,
             "pauses": self.pauses,
             "unflushed_samples": self.memstore.unflushed_samples(),
+            "downsample": None if self.downsampler is None else self.downsampler.stats(),
         }
 
     @property
@@ -697,9 +711,16 @@ class _FlushThread(Worker):
 
     MIN_WAIT_S = 0.02  # under memory pressure a group is always due: do not spin
 
-    def __init__(self, flusher: Flusher, paused: Callable[[], bool], name: str) -> None:
+    def __init__(
+        self,
+        flusher: Flusher,
+        paused: Callable[[], bool],
+        name: str,
+        downsampler: Downsampler | None = None,
+    ) -> None:
         super().__init__(name)
         self._flusher = flusher
+        self._downsampler = downsampler
         self._paused = paused
         self._wake = threading.Event()
         self._failure: BaseException | None = None
@@ -713,6 +734,8 @@ class _FlushThread(Worker):
                     flusher.flush_now()
                 else:
                     flusher.flush_due()
+                    if self._downsampler is not None and flusher.store_error is None:
+                        self._downsampler.run_due()  # once per its interval
                 wait = max(self.MIN_WAIT_S, min(0.5, flusher.seconds_until_due()))
                 self._wake.wait(wait)
                 self._wake.clear()

@@ -65,6 +65,7 @@ DEFAULT_CHUNK_SPAN_MS = 3_600_000  # time-bucket width; must not exceed the stor
 DEFAULT_RETENTION_MS = 2 * 3_600_000
 DEFAULT_MAX_SAMPLES = 50_000_000
 _PENDING_MAX = 1 << 19  # pending samples moved into series buffers at once (`_settle`)
+NO_LATE = INT64_MAX  # `_late_since` of a series with no late sample
 _RESOLVED_MAX = 4  # key lists whose series ids `_resolve` remembers (they are kept alive)
 
 
@@ -205,8 +206,12 @@ class ShardMemstore:
         )
         self.pressure = False  # over max_samples with nothing flushed left to evict
         # Per resolution, the end of the last period downsampled and stored (ingest.downsampler
-        # keeps it here, beside the samples, for the queries that read both).
+        # sets it, `set_downsampled`, for the queries that read both). A sample accepted at or
+        # before the latest of them is late for the summaries: its series' earliest late time
+        # is kept (`_late_since`, NO_LATE: none) until the downsampler has redone its slices.
         self.downsampled_until: dict[int, int] = {}
+        self._late_threshold = NONE_TS
+        self._late_since = np.empty(0, I64)
 
     # ------------------------------------------------------------------------------ recovery
 
@@ -337,6 +342,10 @@ class ShardMemstore:
         seg_sid = sid[starts]
         first = self._first_ts[seg_sid]
         self._first_ts[seg_sid] = np.where(first == NONE_TS, ts[starts], first)
+        late = ts[starts] <= self._late_threshold  # a series' first accepted sample: its oldest
+        if late.any():
+            late_sid = seg_sid[late]
+            self._late_since[late_sid] = np.minimum(self._late_since[late_sid], ts[starts][late])
         self._last_ts[seg_sid] = ts[ends - 1]
         if self._pending == 0 and len(sid) >= _PENDING_MAX:  # long runs per series: direct
             self._append_runs(seg_sid, starts, ends, ts, vals)
@@ -454,6 +463,8 @@ class ShardMemstore:
             self._store_end = _grown(self._store_end, cap, NONE_TS)
             self._group = _grown(self._group, cap, 0)
             self._misrouted = _grown(self._misrouted, cap, False)
+            self._late_since = _grown(self._late_since, cap, NO_LATE)
+        self._late_since[sid] = NO_LATE
         self._first_ts[sid] = self._last_ts[sid] = self._store_end[sid] = NONE_TS
         self._group[sid] = group
         self._misrouted[sid] = shard_for_series(self.dataset, labels, None, ph) != self.shard
@@ -461,6 +472,31 @@ class ShardMemstore:
         self._group_series[group].append(sid)
 
     # ------------------------------------------------------------------------- series index
+
+    def set_downsampled(self, resolution_ms: int, until: int) -> None:
+        """The shard's periods of the resolution are stored up to `until` (the downsampler):
+        queries may read them, and samples at or before it are late from now on."""
+        with self._lock:
+            self.downsampled_until[resolution_ms] = until
+            self._late_threshold = max(self.downsampled_until.values())
+
+    def take_late(self) -> dict[int, int]:
+        """The series with late samples (`set_downsampled`) and each one's earliest, forgotten
+        here: the downsampler redoes their slices from there."""
+        with self._lock:
+            sids = np.flatnonzero(self._late_since[: len(self._series)] != NO_LATE)
+            late = dict(zip(sids.tolist(), self._late_since[sids].tolist(), strict=True))
+            self._late_since[sids] = NO_LATE
+        return late
+
+    def put_back_late(self, late: Mapping[int, int]) -> None:
+        """Late series `take_late` gave out whose slices could not be redone."""
+        if not late:
+            return
+        with self._lock:
+            sids = np.fromiter(late.keys(), I64, len(late))
+            since = np.fromiter(late.values(), I64, len(late))
+            self._late_since[sids] = np.minimum(self._late_since[sids], since)
 
     @property
     def newest_sample_ms(self) -> int | None:

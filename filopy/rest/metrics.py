@@ -180,6 +180,29 @@ class ClusterCollector(Collector):
             "Encoded chunk bytes the dataset holds in the store (counted at write).",
             labels=["dataset"],
         )
+        down_stored = GaugeMetricFamily(
+            "filopy_downsampled_bytes",
+            "Encoded bytes of the dataset's downsampled periods in the store, per resolution "
+            "(seconds; counted at write).",
+            labels=["dataset", "resolution"],
+        )
+        down_rounds = CounterMetricFamily(
+            "filopy_downsample_rounds",
+            "Slices the shard's downsampler summarised and stored, since the shard started here.",
+            labels=per_shard,
+        )
+        down_failures = CounterMetricFamily(
+            "filopy_downsample_failures",
+            "Downsampling rounds that failed (retried at the next interval; the last error is in "
+            "the shard's stats), since the shard started here.",
+            labels=per_shard,
+        )
+        down_mark = GaugeMetricFamily(
+            "filopy_downsampled_until_timestamp_seconds",
+            "The end of the shard's last period downsampled and stored, per resolution: "
+            "time() minus this is how far downsampling is behind.",
+            labels=[*per_shard, "resolution"],
+        )
         retention = GaugeMetricFamily(
             "filopy_retention_seconds",
             "The dataset's raw data retention in force (0: kept forever).",
@@ -225,6 +248,8 @@ class ClusterCollector(Collector):
             except DatasetUnknownError:
                 continue
             stored.add_metric([name], info["bytes"])
+            for res, down in info.get("downsampled", {}).items():
+                down_stored.add_metric([name, str(int(res) // 1000)], down["bytes"])
             retention.add_metric([name], info["retention_ms"] / 1000)
             sweep = info["sweep"]
             sweeps.add_metric([name, "ok"], sweep.get("runs", 0))
@@ -267,6 +292,12 @@ class ClusterCollector(Collector):
                         flush.add_metric(labels, f.flushes, f.total_duration_s)
                         flush_failures.add_metric(labels, f.failures)
                         flushed.add_metric(labels, f.samples)
+                    d = st.get("downsample")
+                    if d is not None:
+                        down_rounds.add_metric(labels, d["rounds"])
+                        down_failures.add_metric(labels, d["failures"])
+                        for res, mark in sorted(d["marks"].items()):
+                            down_mark.add_metric([*labels, str(res // 1000)], mark / 1000)
                     if "degraded" in st:
                         degraded.add_metric(labels, 0 if st["degraded"] is None else 1)
                         paused.add_metric(labels, 1 if st["paused"] else 0)
@@ -293,6 +324,10 @@ class ClusterCollector(Collector):
             unflushed,
             stale,
             stored,
+            down_stored,
+            down_rounds,
+            down_failures,
+            down_mark,
             retention,
             sweeps,
             swept,
