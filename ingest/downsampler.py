@@ -89,6 +89,7 @@ class Downsampler:
         self.periods = 0
         self.failures = 0
         self.repaired = 0  # series whose slices were redone for late samples
+        self._repairing = 0  # series being redone now
         self.last_error: str | None = None  # the last round's failure; None once one succeeds
 
     def marks(self) -> dict[int, int]:
@@ -130,6 +131,8 @@ class Downsampler:
             "periods": self.periods,
             "failures": self.failures,
             "repaired": self.repaired,
+            # series with late samples whose slices are not redone yet
+            "late_series": self._memstore.late_series() + self._repairing,
             "last_error": self.last_error,
         }
 
@@ -170,11 +173,14 @@ class Downsampler:
         done: list[DownsampleRound] = []
         if not late:
             return done
+        self._repairing = len(late)
         try:
             self._redo(late, marks, done)
         except BaseException:
             self._memstore.put_back_late(late)  # the next round tries again
             raise
+        finally:
+            self._repairing = 0
         self.repaired += len(late)
         return done
 

@@ -489,6 +489,10 @@ class ShardMemstore:
             self._late_since[sids] = NO_LATE
         return late
 
+    def late_series(self) -> int:
+        """How many series have late samples waiting for the downsampler."""
+        return int(np.count_nonzero(self._late_since[: len(self._series)] != NO_LATE))
+
     def put_back_late(self, late: Mapping[int, int]) -> None:
         """Late series `take_late` gave out whose slices could not be redone."""
         if not late:
