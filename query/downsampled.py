@@ -46,14 +46,20 @@ def aligned(resolution_ms: int, times: I64, range_ms: int, offset_ms: int) -> bo
 
 
 def answer(
-    func: str, periods: Periods, times: I64, range_ms: int, offset_ms: int = 0
+    func: str,
+    periods: Periods,
+    times: I64,
+    range_ms: int,
+    offset_ms: int = 0,
+    approximate: bool = False,
 ) -> tuple[F64, Mask]:
     """`func` over (t - offset - range, t - offset] per series and step, from the periods, and
     where it has a value: the same shapes and values as `functions.range_function` on the raw
-    samples the periods came from."""
+    samples the periods came from. `approximate`: windows need not be whole periods; each
+    takes the periods whose ends it holds (off by less than a period at either end)."""
     if func not in EXACT:
         raise ValueError(f"{func} is not answered exactly from downsampled data")
-    if not aligned(periods.resolution_ms, times, range_ms, offset_ms):
+    if not approximate and not aligned(periods.resolution_ms, times, range_ms, offset_ms):
         raise ValueError(
             f"windows of {range_ms} ms ending at the steps are not whole periods of "
             f"{periods.resolution_ms} ms"

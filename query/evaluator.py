@@ -216,7 +216,8 @@ class _Evaluator:
         sel, range_ms = ms.selector, ms.range_ms
         lower = int(times.min()) - sel.offset_ms - range_ms
         upper = int(times.max()) - sel.offset_ms
-        for res in source.resolutions_ms:  # type: ignore[union-attr]
+        resolutions = source.resolutions_ms  # type: ignore[union-attr]
+        for res in resolutions:
             if downsampled.aligned(res, times, range_ms, sel.offset_ms):
                 got = select_periods(sel.matchers, res, lower + 1, upper)
                 if got is not None:
@@ -225,7 +226,26 @@ class _Evaluator:
                         func, periods, times, range_ms, sel.offset_ms
                     )
                     return labels, values, present
-        return None
+        # Not whole periods: raw samples answer, unless raw retention dropped some of them
+        # (the source answers nothing older than its `min_time`): then the finest periods
+        # answer every window, approximately, and say so.
+        raw_from = getattr(source, "min_time", lower + 1)
+        if not resolutions or lower + 1 >= raw_from:
+            return None
+        res = resolutions[-1]
+        got = select_periods(sel.matchers, res, lower + 1, upper)
+        if got is None:
+            return None
+        labels, periods = got
+        values, present = downsampled.answer(
+            func, periods, times, range_ms, sel.offset_ms, approximate=True
+        )
+        source.warn(  # type: ignore[union-attr]
+            f"{func} over windows older than the raw data's retention answered from "
+            f"{res // 1000} s downsampled periods: approximate, as the windows are not whole "
+            "periods (docs/lifecycle.md)"
+        )
+        return labels, values, present
 
     def _subquery(self, sq: Subquery) -> fn.SampleBatch:
         """The subquery's expression evaluated once at every time any step's window needs:

@@ -54,6 +54,7 @@ class ScanStats:
     series: int = 0
     samples: int = 0
     periods: int = 0  # downsampled periods read (`select_periods`)
+    warnings: list[str] = field(default_factory=list)  # for the query's answer
 
 
 # Under limits, a shard's matching series are read this many at a time, so a query over a
@@ -174,6 +175,11 @@ class ShardSource:
         self.stats.samples += int(bounds[-1])
         return SampleBatch(labels, np.concatenate(ts_parts), np.concatenate(val_parts), bounds)
 
+    def warn(self, warning: str) -> None:
+        """A warning for the query's answer (Prometheus' `warnings`), once."""
+        if warning not in self.stats.warnings:
+            self.stats.warnings.append(warning)
+
     @property
     def resolutions_ms(self) -> list[int]:
         """The resolutions downsampled on any of these shards, coarsest first."""
@@ -203,11 +209,11 @@ class ShardSource:
                     self._ref, shard, res, keys, start_ms, stored_end
                 )
             tail = None
-            if max(start_ms, stored_end + 1) <= end_ms:
+            tail_start = max(start_ms, stored_end + 1, self.min_time)  # raw: within retention
+            if tail_start <= end_ms:
                 ts, vals, bounds = read_merged_batch(
-                    mem, self._columns, self._ref, shard, matched, max(start_ms, stored_end + 1),
-                    end_ms,
-                )  # fmt: skip
+                    mem, self._columns, self._ref, shard, matched, tail_start, end_ms
+                )
                 tail = summarise(ts, vals, bounds, res)
                 self.stats.samples += len(ts)
             held: list[int] = []
@@ -304,6 +310,7 @@ class NodeAnswer:
     shards: tuple[int, ...]
     series: int
     samples: int
+    warnings: tuple[str, ...] = ()  # for the query's answer (approximations)
 
 
 def run_node_query(query: NodeQuery, source: ShardSource) -> NodeAnswer:
@@ -338,7 +345,7 @@ def run_node_query(query: NodeQuery, source: ShardSource) -> NodeAnswer:
                 seen.setdefault(tuple(sorted(labels.items())), labels)
         result = list(seen.values())
     st = source.stats
-    return NodeAnswer(result, tuple(sorted(st.shards)), st.series, st.samples)
+    return NodeAnswer(result, tuple(sorted(st.shards)), st.series, st.samples, tuple(st.warnings))
 
 
 class ShardsNotHere(Unavailable):

@@ -545,6 +545,8 @@ class _Run:
         self.shards.update(served)
         self.series += answer.series
         self.samples += answer.samples
+        for warning in answer.warnings:
+            self._warn(warning)
         if self.limits is not None:  # the nodes' reads together: stop at once when over
             self.limits.check(self.samples, self.series)
         self._warn_catching_up(served)

@@ -238,17 +238,15 @@ def _matcher(v: Any) -> LabelMatcher:
 
 def encode_answer(answer: NodeAnswer) -> bytes:
     """("ok", answer) as the channel sends it; `TypeError` for a result of no known type."""
-    return pack(
-        [
-            "ok",
-            [
-                _result(answer.result),
-                [int(s) for s in answer.shards],
-                int(answer.series),
-                int(answer.samples),
-            ],
-        ]
-    )
+    fields = [
+        _result(answer.result),
+        [int(s) for s in answer.shards],
+        int(answer.series),
+        int(answer.samples),
+    ]
+    if answer.warnings:  # only then: an answer without them is what older callers read
+        fields.append([str(w) for w in answer.warnings])
+    return pack(["ok", fields])
 
 
 def encode_error(err: BaseException) -> bytes:
@@ -278,10 +276,12 @@ def decode_reply(payload: bytes | bytearray) -> tuple[str, Any]:
     are not an answer."""
     try:
         match unpack(payload):
-            case ["ok", [result, list() as shards, series, samples]]:
+            case ["ok", [result, list() as shards, series, samples, *rest]] if len(rest) <= 1:
+                warnings = tuple(_strs(rest[0])) if rest else ()
                 answer = NodeAnswer(
-                    _result_of(result), tuple(_ints(shards)), _int(series), _int(samples)
-                )
+                    _result_of(result), tuple(_ints(shards)), _int(series), _int(samples),
+                    warnings,
+                )  # fmt: skip
                 return "ok", answer
             case ["error", [str() as name, list() as args, dict() as fields]]:
                 return "error", _error_of(name, args, fields)
@@ -476,6 +476,12 @@ def _int(v: Any) -> int:
 def _ints(v: Any) -> list[int]:
     if type(v) is not list or not all(type(x) is int for x in v):
         raise WireError("not a list of ints")
+    return v
+
+
+def _strs(v: Any) -> list[str]:
+    if type(v) is not list or not all(type(x) is str for x in v):
+        raise WireError("not a list of strings")
     return v
 
 

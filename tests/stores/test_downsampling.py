@@ -15,7 +15,12 @@ from ingest.downsampler import Downsampler
 from ingest.flush import Flusher
 from ingest.memstore import ShardMemstore
 from ingest.shard_reader import read_merged_batch
+from query.executor import NodeQuery, ShardSource, run_node_query
+from query.functions import SampleBatch as QueryBatch
+from query.functions import range_function
+from query.promql import parse
 from store import ColumnStore, MetaStore, StaleEpochError
+from store.api import decode_part_key
 from store.downsample import Periods, decode_periods, series_periods, summarise
 
 from .support import Opener
@@ -191,3 +196,57 @@ def _only(batch: SampleBatch, series: range) -> SampleBatch:
     return SampleBatch(
         batch.series, batch.series_idx[keep], batch.timestamps[keep], batch.values[keep]
     )
+
+
+@pytest.mark.parametrize("func", ["rate", "max_over_time", "avg_over_time", "changes"])
+def test_past_raw_retention_the_periods_answer(open_backend: Opener, func: str) -> None:
+    """Raw data dropped by retention (here: all of it, hours old by the wall clock): whole-period
+    windows are still answered exactly from the periods; other windows approximately, with a
+    warning; a function periods cannot answer has nothing."""
+    meta, column = open_backend()
+    shard = Shard(meta, column, _stream(3))
+    shard.downsampler().run(NOW)
+    mark = meta.read_downsample_marks(shard.ds.ref, 0)[10 * MIN]
+    ids = list(range(shard.mem.num_series))
+    ts, vals, bounds = read_merged_batch(shard.mem, column, shard.ds.ref, 0, ids, 0, mark)
+    raw = QueryBatch([{}] * (len(bounds) - 1), ts, vals, bounds)
+    column.default_retention_ms = 3_600_000  # an hour: nothing of 2025 is left raw
+    source = ShardSource(shard.ds, {0: shard.mem}, column)
+    aligned = np.arange(T0 + HOUR, mark + 1, 10 * MIN, dtype=np.int64)
+    answer = run_node_query(_range_query(f"{func}(m[30m])", aligned), source)
+    want, present = range_function(func, raw, aligned, 30 * MIN, 0)
+    got = _by_pod(answer.result)
+    assert len(got) == SERIES and not answer.warnings
+    for i, key in enumerate(shard.raw_periods(10 * MIN, mark)):
+        np.testing.assert_allclose(got[_pod(key)], np.where(present[i], want[i], np.nan), 1e-9)
+
+    source = ShardSource(shard.ds, {0: shard.mem}, column)
+    shifted = run_node_query(_range_query(f"{func}(m[30m])", aligned + 1_000), source)
+    assert len(_by_pod(shifted.result)) == SERIES
+    assert any("approximate" in w for w in shifted.warnings), shifted.warnings
+
+    source = ShardSource(shard.ds, {0: shard.mem}, column)
+    none = run_node_query(_range_query("quantile_over_time(0.5, m[30m])", aligned), source)
+    assert _by_pod(none.result) == {}
+
+
+def SampleBatch_(ts, vals, bounds):
+    from query.functions import SampleBatch as QueryBatch
+
+    return QueryBatch([{}] * (len(bounds) - 1), ts, vals, bounds)
+
+
+def _range_query(expr: str, times: np.ndarray) -> NodeQuery:
+    return NodeQuery("series_local", expr=parse(expr), times=times)
+
+
+def _pod(part_key: str) -> str:
+    return decode_part_key(part_key)["pod"]
+
+
+def _by_pod(matrix) -> dict[str, np.ndarray]:
+    return {
+        labels["pod"]: np.where(matrix.present[i], matrix.values[i], np.nan)
+        for i, labels in enumerate(matrix.labels)
+        if matrix.present[i].any()
+    }

@@ -164,15 +164,29 @@ def answer_round_trip(answer: NodeAnswer) -> NodeAnswer:
 
 
 @settings(max_examples=300, deadline=None)
-@given(results, st.lists(st.integers(0, 1 << 16), max_size=4), int64s, int64s)
+@given(
+    results,
+    st.lists(st.integers(0, 1 << 16), max_size=4),
+    int64s,
+    int64s,
+    st.lists(st.text(max_size=20), max_size=2).map(tuple),
+)
 def test_every_answer_type_round_trips_exactly(
-    result: Any, shards: list[int], series: int, samples: int
+    result: Any, shards: list[int], series: int, samples: int, warnings: tuple[str, ...]
 ) -> None:
     if isinstance(result, dict) and not result:
         result = []  # an empty batch answer is never sent (a node gets a batch of its parts)
-    back = answer_round_trip(NodeAnswer(result, tuple(shards), series, samples))
+    back = answer_round_trip(NodeAnswer(result, tuple(shards), series, samples, warnings))
     assert same(result, back.result)
     assert (back.shards, back.series, back.samples) == (tuple(shards), series, samples)
+    assert back.warnings == warnings
+
+
+def test_an_answer_without_warnings_is_the_four_fields_older_callers_read() -> None:
+    kind, fields = msgpack.unpackb(encode_answer(NodeAnswer([], (1,), 2, 3)))
+    assert kind == "ok" and len(fields) == 4 and fields[1:] == [[1], 2, 3]
+    kind, fields = msgpack.unpackb(encode_answer(NodeAnswer([], (1,), 2, 3, ("approx",))))
+    assert len(fields) == 5 and fields[4] == ["approx"]
 
 
 def test_decoded_arrays_are_writable_as_unpickled_ones_were() -> None:
