@@ -33,6 +33,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from core.dataset import DatasetRef
 from ingest.memstore import ShardMemstore
 from ingest.shard_reader import read_merged_batch
@@ -42,6 +44,7 @@ from store.downsample import encode_periods, series_periods, summarise
 log = logging.getLogger(__name__)
 
 PERIODS_PER_RECORD = 24  # a record: 2 hours of 5-minute periods, a day of hourly ones
+SERIES_PER_READ = 10_000  # series read and summarised at once
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,14 +204,8 @@ class Downsampler:
 
     def _first_mark(self, span: int) -> int | None:
         """The slice boundary before the shard's oldest sample held (memory or store)."""
-        oldest = None
-        for sid in range(self._memstore.num_series):
-            times = self._memstore.time_range(sid)
-            if times is not None and (oldest is None or times[0] < oldest):
-                oldest = times[0]
-        if oldest is None:
-            return None
-        return (oldest - 1) // span * span
+        oldest = self._memstore.oldest_sample_ms
+        return None if oldest is None else (oldest - 1) // span * span
 
     def _slice(
         self,
@@ -221,24 +218,24 @@ class Downsampler:
         """Summarise (start, end] of `series` (all by default), write their records and, for a
         new slice (`commit`), raise the mark past it."""
         mem = self._memstore
-        ids = mem.in_range(range(mem.num_series) if series is None else series, start + 1, end)
-        records: list[ChunkRecord] = []
-        n_samples = n_periods = 0
-        if ids:
+        every = np.arange(mem.num_series, dtype=np.int64)
+        ids = mem.in_range(every if series is None else series, start + 1, end)
+        n_records = n_samples = n_periods = 0
+        for i in range(0, len(ids), SERIES_PER_READ):  # bounded memory on a shard of millions
+            some = ids[i : i + SERIES_PER_READ]
             ts, vals, bounds = read_merged_batch(
-                mem, self._columns, self._ref, self._shard, ids, start + 1, end
+                mem, self._columns, self._ref, self._shard, some, start + 1, end
             )
             periods = summarise(ts, vals, bounds, res)
-            n_samples, n_periods = len(ts), len(periods)
-            for i, sid in enumerate(ids):
-                if periods.bounds[i + 1] > periods.bounds[i]:
-                    one = series_periods(periods, i)
-                    records.append(
-                        ChunkRecord(
-                            mem.part_key(sid), start + 1, end, len(one), encode_periods(one)
-                        )
-                    )
-        self._columns.write_downsampled(self._ref, self._shard, res, records)
+            records = [
+                ChunkRecord(mem.part_key(sid), start + 1, end, len(one), encode_periods(one))
+                for j, sid in enumerate(some)
+                if len(one := series_periods(periods, j))
+            ]
+            self._columns.write_downsampled(self._ref, self._shard, res, records)
+            n_records += len(records)
+            n_samples += len(ts)
+            n_periods += len(periods)
         if commit:
             assert self._marks is not None
             self._marks[res] = self._meta.commit_downsample_mark(
@@ -248,4 +245,4 @@ class Downsampler:
         self.rounds += 1
         self.samples += n_samples
         self.periods += n_periods
-        return DownsampleRound(res, start, end, len(records), n_samples, n_periods)
+        return DownsampleRound(res, start, end, n_records, n_samples, n_periods)

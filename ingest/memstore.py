@@ -580,6 +580,14 @@ class ShardMemstore:
             first, last = self._first_ts[ids], self._last_ts[ids]
         return ids[(first != NONE_TS) & (first <= end) & (last >= start)].tolist()
 
+    @property
+    def oldest_sample_ms(self) -> int | None:
+        """The first sample time of the shard's oldest series (stored or in memory)."""
+        with self._lock:
+            first = self._first_ts[: len(self._series)]
+            held = first[first != NONE_TS]
+        return int(held.min()) if len(held) else None
+
     def time_range(self, series_id: int) -> tuple[int, int] | None:
         """(first, last) sample time of the series, stored or in memory; None if none yet."""
         first = int(self._first_ts[series_id])

@@ -117,7 +117,12 @@ def assert_equal(got: dict[str, Periods], want: dict[str, Periods]) -> None:
 NOW = T0 + 3 * HOUR + 30 * MIN  # the stream ends at T0 + 3 h: all of it is complete
 
 
-def test_the_periods_written_are_those_of_the_raw_samples(open_backend: Opener) -> None:
+@pytest.mark.parametrize("per_read", [5, 10_000])
+def test_the_periods_written_are_those_of_the_raw_samples(
+    open_backend: Opener, per_read: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`per_read`: the series read at once (a slice of many series is read in parts)."""
+    monkeypatch.setattr("ingest.downsampler.SERIES_PER_READ", per_read)
     meta, column = open_backend()
     shard = Shard(meta, column, _stream(3))
     done = shard.downsampler().run(NOW)
