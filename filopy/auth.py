@@ -102,17 +102,17 @@ def required(method: str, path: str) -> tuple[TokenScope | None, str | None]:
 
 
 class TokenCache:
-    """The tokens of the store, read again every `refresh_s`. A token id it does not know (one
-    made a moment ago on another server) is looked up by itself at once, if `get_one` is given;
+    """The tokens of the store (`load`), read again every `refresh_s`. A token id it does not
+    know (one made a moment ago on another server) is looked up by itself at once (`get_one`);
     an id found missing is not asked for again within a second, and at most `lookups_per_s`
     such lookups run a second, so garbage tokens cannot turn requests into store reads."""
 
     def __init__(
         self,
         load: Callable[[], Sequence[Token]],
+        get_one: Callable[[str], Token | None],
         refresh_s: float,
         clock: Callable[[], float] = time.monotonic,
-        get_one: Callable[[str], Token | None] | None = None,
         lookups_per_s: float = 10.0,
     ) -> None:
         self._load = load
@@ -138,10 +138,6 @@ class TokenCache:
         token = self._tokens.get(token_id)
         if token is not None:
             return token
-        if self._get_one is None:
-            if not self._recent():
-                self.reload()
-            return self._tokens.get(token_id)
         return self._look_up_one(token_id)
 
     def known_fresh(self, token_id: str) -> Token | None:
@@ -152,7 +148,6 @@ class TokenCache:
         return self._clock() - self._read_at < 1.0
 
     def _look_up_one(self, token_id: str) -> Token | None:
-        assert self._get_one is not None
         now = self._clock()
         with self._lock:
             if now - self._missing.get(token_id, -float("inf")) < 1.0:
@@ -315,7 +310,7 @@ class TokenBook:
 
     def __init__(self, meta: MetaStore, refresh_s: float = 5.0) -> None:
         self.meta = meta
-        self.cache = TokenCache(meta.list_tokens, refresh_s, get_one=meta.get_token)
+        self.cache = TokenCache(meta.list_tokens, meta.get_token, refresh_s)
 
     def create(
         self,

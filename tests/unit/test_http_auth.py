@@ -103,7 +103,7 @@ ROUTES = [
 def world() -> tuple[AppClient, Store, Clock]:
     store, clock = Store(), Clock()
     app = Starlette(routes=ROUTES)
-    cache = TokenCache(store.load, 5.0, clock, get_one=store.get)
+    cache = TokenCache(store.load, store.get, 5.0, clock)
     app.add_middleware(Authenticate, tokens=cache)
     return AppClient(app), store, clock
 
@@ -277,7 +277,7 @@ def test_a_store_that_cannot_be_read_is_503_not_a_pass() -> None:
         raise OSError("store down")
 
     app = Starlette(routes=ROUTES)
-    app.add_middleware(Authenticate, tokens=TokenCache(broken, 5.0))
+    app.add_middleware(Authenticate, tokens=TokenCache(broken, lambda _: None, 5.0))
     r = AppClient(app).get("/metrics", headers=bearer("fpy_0123456789ab_" + "a" * 43))
     assert r.status_code == 503 and "store down" in r.json()["error"]
 
