@@ -85,6 +85,13 @@ async def remove_dataset(ds: DatasetName, cluster: ClusterDep) -> Any:
     return Success(data=DatasetRemovedData(name=ds))
 
 
+class ResolutionStorage(BaseModel):
+    """What one downsampled resolution takes in the store, and how long it is kept."""
+
+    bytes: int = Field(description="Encoded bytes of its periods, counted at write.")
+    retention_ms: int = Field(description="How long its periods are kept, in ms; 0 keeps forever.")
+
+
 class DatasetStorage(BaseModel):
     """A dataset's retention and what its raw chunks take in the store."""
 
@@ -105,6 +112,11 @@ class DatasetStorage(BaseModel):
     sweep: dict[str, Any] = Field(
         description="The retention sweeps since the singleton started: runs, errors, "
         "buckets_dropped, bytes_freed, part_keys_deleted, last_ms, last_error."
+    )
+    downsampled: dict[int, ResolutionStorage] = Field(
+        default_factory=dict,
+        description="Per downsampled resolution (in ms): its bytes and retention "
+        "(docs/lifecycle.md).",
     )
 
 

@@ -41,6 +41,12 @@ def test_retention_of_a_live_dataset_over_rest_and_the_cli(
     shown = rest.http.get(f"{DATASETS}/{name}/retention").json()["data"]
     assert (shown["retention_ms"], shown["own_retention_ms"]) == (2 * DAY, 2 * DAY)
     assert shown["bytes"] == 0
+    # Each downsampled resolution of the settings, with its bytes (none yet) and retention.
+    down = rest.cluster.settings.downsample
+    assert shown["downsampled"] == {
+        str(res): {"bytes": 0, "retention_ms": down.retention_ms(res)}
+        for res in down.resolutions_ms
+    }
 
     # Chunks in the cluster's own store, as the nodes' flushes write them, one five days old:
     # written while the dataset keeps everything (past 2d it would not be written at all).
