@@ -47,7 +47,7 @@ from core.dataset import Dataset, DatasetRef
 from core.errors import DatasetUnknownError, FiloPyError, Invalid, NotFound
 from core.mapper import ShardMapper
 from core.shard_status import CurrentShardSnapshot, ShardEvent
-from store.api import OwnershipChange
+from store.api import LabelMatcher, OwnershipChange
 
 ShardUpdate = CurrentShardSnapshot | ShardEvent
 
@@ -310,6 +310,18 @@ class FiloPyClient:
         """The dataset's retention, bytes stored and retention sweeps
         (`NodeClusterActor.storage`)."""
         info = self._call("storage", _ref(dataset))
+        if info is None:
+            raise DatasetUnknownError(_ref(dataset).name)
+        return dict(info)
+
+    def delete_series(
+        self, dataset: str | DatasetRef, selectors: Sequence[Sequence[LabelMatcher]]
+    ) -> dict[str, int]:
+        """Delete the series any selector matches, from every shard's memory and the store
+        (Prometheus' delete_series; docs/lifecycle.md): {"series": deleted, "shards": ...}."""
+        plain = [[(m.label, str(m.op), m.value) for m in sel] for sel in selectors]
+        call = self._cluster.delete_series.remote(_ref(dataset), plain)
+        info = ray.get(call, timeout=max(self.timeout_s, 150.0))  # flushes every shard
         if info is None:
             raise DatasetUnknownError(_ref(dataset).name)
         return dict(info)

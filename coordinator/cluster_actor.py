@@ -57,6 +57,7 @@ from core.errors import Unavailable
 from core.shard_status import ShardEvent, ShardMapState
 from ingest.topics import ensure_topic
 from store import ColumnStore, MetaStore, OwnershipChange, StoreUnavailable, open_stores
+from store.api import LabelMatcher
 
 log = logging.getLogger(__name__)
 
@@ -246,6 +247,57 @@ class NodeClusterActor:
         info = await asyncio.to_thread(read)
         info["sweep"] = dict(self._sweeps.get(ref.name, {}))
         return info
+
+    async def delete_series(
+        self, ref: DatasetRef, selectors: list[list[tuple[str, str, str]]]
+    ) -> dict[str, int] | None:
+        """Delete the series any selector matches on every shard (docs/lifecycle.md, "Deleting
+        series"): each shard's owner from its memory and the store, every shard at once; a
+        shard no node runs, from the store here. None if no such dataset; a failure on any
+        shard fails the call (what was deleted stays deleted: retrying is safe)."""
+        await self._ready()
+        mapper, dataset = self._mgr.mapper(ref), self._mgr.dataset(ref)
+        if mapper is None or dataset is None:
+            return None
+        # Prometheus' metric name is the dataset's metric column in the store (as queries do).
+        metric = dataset.metric_column
+        selectors = [
+            [(metric if label == "__name__" else label, op, v) for label, op, v in sel]
+            for sel in selectors
+        ]
+        by_node: dict[str, list[int]] = {}
+        for shard, owner in enumerate(mapper.owners):
+            if owner is not None and owner in self._handles:
+                by_node.setdefault(owner, []).append(shard)
+        nodes = list(by_node)
+        answers = await asyncio.gather(
+            *(self._handles[n].delete_series.remote(ref, by_node[n], selectors) for n in nodes)
+        )
+        handled: dict[int, int] = {}
+        for answer in answers:
+            handled.update(answer)
+        rest = [s for s in range(mapper.num_shards) if s not in handled]
+        if rest:
+            columns = self._columns
+            if columns is None:
+                raise StoreUnavailable("the singleton has not opened the store yet: retry")
+            matchers = [[LabelMatcher(*m) for m in sel] for sel in selectors]
+
+            def from_store() -> dict[int, int]:
+                out = {}
+                for shard in rest:
+                    keys = {
+                        r.part_key
+                        for sel in matchers
+                        for r in columns.list_part_keys(ref, shard, matchers=sel)
+                    }
+                    out[shard] = columns.delete_series(ref, shard, keys) if keys else 0
+                return out
+
+            handled.update(await asyncio.to_thread(from_store))
+        deleted = sum(handled.values())
+        log.info("dataset %s: deleted %d series (%s)", ref.name, deleted, selectors)
+        return {"series": deleted, "shards": len(handled), "by_nodes": len(handled) - len(rest)}
 
     async def _sweep(self) -> None:
         """One retention sweep over every dataset (the store makes concurrent sweeps safe)."""

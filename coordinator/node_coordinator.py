@@ -61,6 +61,7 @@ from ingest.memstore import ShardMemstore
 from ingest.tenure import Tenure
 from query.executor import NodeAnswer, NodeQuery, ShardsNotHere, ShardSource, run_node_query
 from store import ColumnStore, MetaStore, StoreUnavailable, open_stores
+from store.api import LabelMatcher
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
@@ -85,6 +86,7 @@ START_CONCURRENCY = 16
 REPORT_BATCH_MAX = 8192
 REPORT_LINGER_S = 0.01  # how long the first report of a batch waits for others
 REPORT_CALL_TIMEOUT_S = 30.0
+DELETE_TIMEOUT_S = 120.0  # a shard's delete: two flushes of everything and the store's deletes
 REPORT_RETRY_FOR_S = 60.0  # a batch the singleton does not take by then is dropped (resync heals)
 
 
@@ -419,6 +421,28 @@ class NodeCoordinator:
             if r == ref and isinstance(ing, KafkaShardIngester):
                 out.update(await asyncio.to_thread(ing.series_samples))
         return out
+
+    async def delete_series(
+        self, ref: DatasetRef, shards: list[int], selectors: list[list[tuple[str, str, str]]]
+    ) -> dict[int, int]:
+        """Delete the matching series from those of `shards` this node ingests (memory and
+        store, `KafkaShardIngester.delete_series`, all shards at once): series deleted per
+        shard handled. A shard not handled here (not running here, or drained for a move) is
+        left to the caller, which deletes it from the store."""
+        matchers = [[LabelMatcher(*m) for m in sel] for sel in selectors]
+        running = {
+            s: ing
+            for s in shards
+            if (ref, s) not in self._drained
+            and isinstance(ing := self._ingesters.get((ref, s)), KafkaShardIngester)
+        }
+        counts = await asyncio.gather(
+            *(
+                asyncio.to_thread(ing.delete_series, matchers, DELETE_TIMEOUT_S)
+                for ing in running.values()
+            )
+        )
+        return dict(zip(running, counts, strict=True))
 
     async def query(self, ref: DatasetRef, shards: list[int], request: NodeQuery) -> NodeAnswer:
         """Evaluate a node's part of a query (`query.executor.NodeQuery`) over the given shards,

@@ -74,6 +74,8 @@ RULES: tuple[Rule, ...] = (
     _rule(_READ_METHODS, rf"/ingest/{_DS}/ping", OPEN),  # Influx clients ping before writing
     _rule(_READ_METHODS, r"/|/console/.*|/favicon\.ico", OPEN),
     _rule(_READ_METHODS, r"/openapi\.json|/docs|/docs/oauth2-redirect|/redoc", OPEN),
+    # Prometheus' TSDB admin calls (deleting series): admin, and the dataset named.
+    _rule(frozenset({"POST", "PUT"}), rf"/promql/{_DS}/api/v1/admin/tsdb/.+", "admin"),
     # Tokens: admin only, reading them too.
     _rule(_ANY, r"/api/v1/tokens(/.*)?", "admin"),
     # Ingestion (Influx 1.x clients send CREATE DATABASE to /query before writing).

@@ -26,7 +26,8 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -43,6 +44,7 @@ from confluent_kafka import (
 from core.backoff import Backoff
 from core.config import Settings
 from core.dataset import Dataset
+from core.errors import Unavailable
 from core.shard_status import (
     IngestionDegraded,
     IngestionError,
@@ -60,6 +62,7 @@ from ingest.records import decoder_for
 from ingest.shard_reader import read_merged
 from ingest.tenure import Tenure, note_release, noted_release, offsets_read_before, record
 from store import ColumnStore, MetaStore, StaleEpochError, StoreUnavailable
+from store.api import LabelMatcher
 
 log = logging.getLogger(__name__)
 
@@ -180,6 +183,7 @@ class KafkaShardIngester(ReportingIngester):
         self._health_key: tuple[object, ...] | None = None
         self._tenure: Tenure | None = None  # this ingester's hold on the shard, once claimed
         self._errors = ConnectionErrors()  # why Kafka connections fail, for the Degraded reason
+        self._flushing: _FlushThread | None = None  # while consuming: runs `delete_series`
 
     async def start(self) -> None:
         self._worker.start()
@@ -368,7 +372,7 @@ class KafkaShardIngester(ReportingIngester):
         limit = cfg.max_unflushed_samples
         # Flushes run on a thread of their own, so the store's latency (a Cassandra round trip,
         # an SQLite commit) overlaps consuming instead of stalling it.
-        flushing = _FlushThread(
+        flushing = self._flushing = _FlushThread(
             flusher, lambda: self.paused, f"flush-{ref.name}-{shard}", self.downsampler
         )
         try:
@@ -452,6 +456,7 @@ class KafkaShardIngester(ReportingIngester):
                     self._live()
                 self._report_health()
         finally:
+            self._flushing = None
             flushing.stop()
         flushing.check()
 
@@ -663,6 +668,36 @@ class KafkaShardIngester(ReportingIngester):
         pos = consumer.position([TopicPartition(self.dataset.topic, self.shard)])[0].offset
         return None if pos < 0 else int(pos)
 
+    def delete_series(self, selectors: Sequence[Sequence[LabelMatcher]], timeout_s: float) -> int:
+        """Delete the series any selector matches from memory and the store; how many. Run on
+        the flush thread, between flushes (docs/lifecycle.md, "Deleting series"): flush
+        everything, forget the series in memory, flush again so every group's checkpoint
+        passes what was ingested (a replay cannot bring them back, and no open-buffer snapshot
+        holds them), then delete them from the store. `Unavailable` while the shard is not
+        consuming or still replaying: the caller retries."""
+        flushing = self._flushing
+        if flushing is None or self.memstore.recovering:
+            raise Unavailable(
+                f"{self.dataset.name} shard {self.shard} is starting, replaying or stopping: "
+                "retry the delete"
+            )
+        return flushing.submit(lambda f: self._delete_here(f, selectors)).result(timeout_s)
+
+    def _delete_here(self, flusher: Flusher, selectors: Sequence[Sequence[LabelMatcher]]) -> int:
+        ref, shard = self.dataset.ref, self.shard
+        if any(r.held for r in flusher.flush_all()):
+            raise Unavailable(f"{ref.name} shard {shard} is replaying: retry the delete")
+        keys = set(self.memstore.delete_series(selectors))
+        for matchers in selectors:  # and any the store holds that memory does not
+            keys.update(
+                r.part_key for r in self._columns.list_part_keys(ref, shard, matchers=matchers)
+            )
+        flusher.flush_all()
+        self._columns.delete_series(ref, shard, keys)
+        if keys:
+            log.info("%s shard %d: deleted %d series", ref.name, shard, len(keys))
+        return len(keys)
+
     def series_samples(self) -> dict[str, np.ndarray]:
         """Every series' timestamps, from the ColumnStore and memory, as a query would see them
         (nothing de-duplicated: a duplicate would show). For exactness checks and debugging."""
@@ -724,12 +759,16 @@ class _FlushThread(Worker):
         self._paused = paused
         self._wake = threading.Event()
         self._failure: BaseException | None = None
+        # Work that must not overlap a flush (`submit`), run between rounds.
+        self._tasks: list[tuple[Callable[[Flusher], Any], Future[Any]]] = []
+        self._tasks_lock = threading.Lock()
         self.start()
 
     def _run(self) -> None:
         flusher = self._flusher
         try:
             while not self.stopping:
+                self._run_tasks()
                 if self._paused():
                     flusher.flush_now()
                 else:
@@ -741,6 +780,32 @@ class _FlushThread(Worker):
                 self._wake.clear()
         except BaseException as e:
             self._failure = e
+        finally:
+            with self._tasks_lock:
+                tasks, self._tasks = self._tasks, []
+            for _, fut in tasks:
+                fut.set_exception(Unavailable("the shard stopped ingesting: retry"))
+
+    def submit(self, task: Callable[[Flusher], Any]) -> Future[Any]:
+        """Run `task(flusher)` on this thread between flushes; its result or error in the
+        future."""
+        fut: Future[Any] = Future()
+        with self._tasks_lock:
+            if self.stopping or self._failure is not None:
+                fut.set_exception(Unavailable("the shard stopped ingesting: retry"))
+                return fut
+            self._tasks.append((task, fut))
+        self._wake.set()
+        return fut
+
+    def _run_tasks(self) -> None:
+        with self._tasks_lock:
+            tasks, self._tasks = self._tasks, []
+        for task, fut in tasks:
+            try:
+                fut.set_result(task(self._flusher))
+            except Exception as e:  # the caller's to handle; flushing goes on
+                fut.set_exception(e)
 
     def wake(self) -> None:
         self._wake.set()

@@ -111,6 +111,7 @@ class MemstoreStats:
     evicted_samples: int = 0
     messages: int = 0
     misrouted: int = 0  # kept, but queries routed by shard key will not look here for them
+    deleted_series: int = 0  # by delete_series
 
 
 class _Settled:
@@ -539,6 +540,33 @@ class ShardMemstore:
         (`SeriesIndex.find`)."""
         with self._lock:
             return self._index.find(matchers)
+
+    def delete_series(self, selectors: Sequence[Sequence[LabelMatcher]]) -> list[str]:
+        """Forget the series any selector matches (Prometheus' delete_series): their samples in
+        memory, open or in chunks, and their lookups; returns their part keys. Their ids stay
+        (ids index the per-series arrays) as empty series no lookup finds; samples with the same
+        labels afterwards make a new series. The caller removes them from the store."""
+        with self._lock:
+            self._settle()
+            sids = sorted({sid for m in selectors for sid in self._index.find(m)})
+            if not sids:
+                return []
+            keys = [self._index.part_key(sid) for sid in sids]
+            gone = set(sids)
+            self._sealer.drop(gone)
+            for sid in sids:
+                ser = self._series[sid]
+                self._open -= ser.n
+                self._series[sid] = Series(ser.group)
+                self._group_series[ser.group].remove(sid)
+            self._index.remove(sids)
+            self._by_key = {k: v for k, v in self._by_key.items() if v not in gone}
+            self._resolved.clear()
+            ids = np.asarray(sids, I64)
+            self._first_ts[ids] = self._last_ts[ids] = self._store_end[ids] = NONE_TS
+            self._late_since[ids] = NO_LATE
+            self.stats.deleted_series += len(sids)
+            return keys
 
     # ------------------------------------------------------------------------------- queries
 

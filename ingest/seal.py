@@ -192,6 +192,17 @@ class Sealer:
                 self.sealed_unflushed -= mem.record.num_samples
                 self.flushed_in_memory += mem.record.num_samples
 
+    def drop(self, sids: set[int]) -> None:
+        """Forget deleted series' chunks in memory, flushed or not, and their counts."""
+        for sid in sids:
+            for mem in self._series[sid].chunks:
+                if mem.flushed:
+                    self.flushed_in_memory -= mem.record.num_samples
+                else:
+                    self.sealed_unflushed -= mem.record.num_samples
+        self._evictable = [e for e in self._evictable if e[2].sid not in sids]
+        heapq.heapify(self._evictable)
+
     def evict(self, older_than: int | None, open_samples: int) -> int:
         """Pop flushed chunks oldest-end-first: those ending before `older_than`, then more while
         the memory (`open_samples` plus the sealed chunks) is over the bound; returns samples

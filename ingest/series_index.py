@@ -50,6 +50,9 @@ class SeriesIndex:
         self._by_raw: dict[int, int] = {}  # hash of sorted raw label items -> id
         self._strings: dict[str, str] = {}  # one copy of each label name and value
         self._postings: dict[str, dict[str, array]] = {}  # label -> value -> int32 ids
+        # Deleted series: their ids stay (ids index per-series arrays), unfindable by labels,
+        # part key or matchers; samples with their labels afterwards make a new series.
+        self._deleted: set[int] = set()
 
     def __len__(self) -> int:
         return len(self._labels)
@@ -93,6 +96,25 @@ class SeriesIndex:
         self._part_keys.append(part_key)
         self._by_key[part_key] = sid
         return sid
+
+    def remove(self, series_ids: Iterable[int]) -> None:
+        """Hide deleted series from every lookup (their ids are never reused)."""
+        gone = set(series_ids) - self._deleted
+        if not gone:
+            return
+        self._deleted |= gone
+        for sid in gone:
+            names, *values = self._labels[sid]
+            for k, v in zip(names, values, strict=True):
+                posting = self._postings[k][v]
+                kept = array("i", (i for i in posting if i != sid))
+                if kept:
+                    self._postings[k][v] = kept
+                else:
+                    del self._postings[k][v]
+            if self._by_key.get(self._part_keys[sid]) == sid:
+                del self._by_key[self._part_keys[sid]]
+        self._by_raw = {h: i for h, i in self._by_raw.items() if i not in gone}
 
     def _same(self, sid: int, labels: Labels) -> bool:
         """Whether raw `labels` (empty values allowed) are series `sid`'s."""
@@ -152,7 +174,7 @@ class SeriesIndex:
             if not len(cands):
                 return []
         if cands is None:
-            return list(range(len(self._labels)))
+            return [i for i in range(len(self._labels)) if i not in self._deleted]
         return cands.tolist()
 
     def _matching(self, m: LabelMatcher) -> I64:
@@ -165,6 +187,7 @@ class SeriesIndex:
         hits = [_ids(ids) for v, ids in values.items() if m.matches({m.label: v})]
         if m.matches({}):  # a missing label counts as "": add the series without the label
             having = np.zeros(len(self._labels), bool)
+            having[list(self._deleted)] = True  # not "without the label": gone
             for ids in values.values():
                 having[_ids(ids)] = True
             hits.append(np.flatnonzero(~having))

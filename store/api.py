@@ -847,6 +847,20 @@ class ColumnStore(_Closable):
         found = self._read_chunks(name, shard, keys, lo, start, end)
         return {k: sorted(v, key=lambda c: c.start_time) for k, v in sorted(found.items()) if v}
 
+    def delete_series(self, ref: DatasetRef, shard: int, part_keys: Iterable[str]) -> int:
+        """Remove series of a shard for good: their part keys, raw chunks in every time bucket
+        and downsampled records of every configured resolution (`downsample_retention_ms`).
+        Returns how many of them had a part key. Idempotent; a caller that keeps the series in
+        memory must drop them there first, or its next flush writes them back."""
+        _check_shard(shard)
+        name = _check_ref(ref)
+        keys = sorted(set(part_keys))
+        if not keys:
+            return 0
+        for res in sorted(self.downsample_retention_ms):
+            self._delete_series(downsampled_name(name, res), shard, keys)
+        return self._delete_series(name, shard, keys)
+
     def downsampled_bytes(self, ref: DatasetRef, resolution_ms: int) -> StoredBytes:
         """A resolution's stored bytes (as `stored_bytes` for raw chunks)."""
         return self._stored_bytes(downsampled_name(_check_ref(ref), resolution_ms))
@@ -910,6 +924,10 @@ class ColumnStore(_Closable):
     def _sweep(self, name: str, cutoff: int, part_key_cutoff: int) -> SweepResult:
         """Free chunks that ended before `cutoff` and the part keys of series whose last sample
         is before `part_key_cutoff` (older: downsampled periods may keep a series longer)."""
+
+    @abstractmethod
+    def _delete_series(self, name: str, shard: int, part_keys: list[str]) -> int:
+        """Delete the series' part keys and chunks (bytes stored too); part keys deleted."""
 
     @abstractmethod
     def _stored_bytes(self, name: str) -> StoredBytes: ...

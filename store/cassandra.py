@@ -664,6 +664,19 @@ class CassandraColumnStore(_UsesConnection, ColumnStore):
             "WHERE dataset = ? AND day = ?"
         )
         self._select_retention = p(_SELECT_RETENTION)
+        self._select_chunk_sizes = p(
+            "SELECT start_time, data FROM {ks}.chunks "
+            "WHERE dataset = ? AND shard = ? AND part_key = ?"
+        )
+        self._delete_chunks = p(
+            "DELETE FROM {ks}.chunks WHERE dataset = ? AND shard = ? AND part_key = ?"
+        )
+        self._delete_part_key = p(
+            "DELETE FROM {ks}.part_keys WHERE dataset = ? AND shard = ? AND part_key = ?"
+        )
+        self._select_part_key = p(
+            "SELECT part_key FROM {ks}.part_keys WHERE dataset = ? AND shard = ? AND part_key = ?"
+        )
         self._select_bytes = p("SELECT day, bytes, chunks FROM {ks}.chunk_bytes WHERE dataset = ?")
         self._forget_bytes = p("DELETE FROM {ks}.chunk_bytes WHERE dataset = ? AND day = ?")
         self._select_chunks = p(
@@ -835,6 +848,36 @@ class CassandraColumnStore(_UsesConnection, ColumnStore):
             ((self._count_bytes, (size, n, name, day)) for day, (size, n) in per_day.items()),
             self.write_concurrency,
         )
+
+    def _delete_series(self, name: str, shard: int, part_keys: list[str]) -> int:
+        """One partition delete per series (a single tombstone, whatever its chunks), after
+        reading its chunks' sizes so the byte counts go down by what leaves."""
+        limit = _max_part_key_bytes(name)
+        keys = [k for k in part_keys if len(k.encode()) <= limit]
+        args = [(name, shard, k) for k in keys]
+        sizes = self._conn.execute_many(
+            ((self._select_chunk_sizes, a) for a in args), self.read_concurrency
+        )
+        found = self._conn.execute_many(
+            ((self._select_part_key, a) for a in args), self.read_concurrency
+        )
+        per_day: dict[int, list[int]] = {}
+        with _translate(f"deleting series on {self._conn.where}"):
+            for rows in sizes:
+                for start_time, data in rows:
+                    day = per_day.setdefault(start_time - start_time % _BYTES_DAY_MS, [0, 0])
+                    day[0] += len(data or b"")
+                    day[1] += 1
+            known = sum(1 for rows in found if list(rows))
+        self._conn.execute_many(
+            ((stmt, a) for a in args for stmt in (self._delete_chunks, self._delete_part_key)),
+            self.write_concurrency,
+        )
+        self._conn.execute_many(
+            ((self._count_bytes, (-size, -n, name, day)) for day, (size, n) in per_day.items()),
+            self.write_concurrency,
+        )
+        return known
 
     def _read_chunks(
         self, name: str, shard: int, part_keys: list[str], lo: int, start: int, end: int

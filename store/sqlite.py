@@ -609,6 +609,40 @@ class SqliteColumnStore(_UsesDatabase, ColumnStore):
             ).rowcount
         return SweepResult(len(gone), sum(b for _, b in gone), keys)
 
+    def _delete_series(self, name: str, shard: int, part_keys: list[str]) -> int:
+        deleted = 0
+        with self._db.write() as c:  # one transaction: readers see the series whole or gone
+            tables = c.execute(
+                "SELECT tbl FROM chunk_buckets WHERE dataset = ?", (name,)
+            ).fetchall()
+            for i in range(0, len(part_keys), _IN_LIST):
+                keys = part_keys[i : i + _IN_LIST]
+                marks = ",".join("?" * len(keys))
+                for (tbl,) in tables:
+                    legacy = tbl == LEGACY_CHUNKS
+                    where = "dataset = ? AND shard = ?" if legacy else "shard = ?"
+                    args = ((name, shard) if legacy else (shard,)) + tuple(keys)
+                    cond = f"{where} AND part_key IN ({marks})"
+                    size, n = c.execute(
+                        f'SELECT coalesce(sum(length(data)), 0), count(*) FROM "{tbl}" '
+                        f"WHERE {cond}",
+                        args,
+                    ).fetchone()
+                    if not n:
+                        continue
+                    c.execute(f'DELETE FROM "{tbl}" WHERE {cond}', args)
+                    c.execute(
+                        "UPDATE chunk_buckets SET bytes = bytes - ?, chunks = chunks - ? "
+                        "WHERE dataset = ? AND tbl = ?",
+                        (size, n, name, tbl),
+                    )
+                deleted += c.execute(
+                    "DELETE FROM part_keys WHERE dataset = ? AND shard = ? "
+                    f"AND part_key IN ({marks})",
+                    (name, shard, *keys),
+                ).rowcount
+        return deleted
+
     def _stored_bytes(self, name: str) -> StoredBytes:
         with self._db.read() as c:
             rows = c.execute(

@@ -22,6 +22,7 @@ from filopy.rest import (
     events,
     nodes,
     operations,
+    promql_admin,
     promql_queries,
     promql_status,
     rebalancing,
@@ -68,7 +69,16 @@ def create_app(client: FiloPyClient, settings: Settings) -> FastAPI:
     app.router.add_event_handler("shutdown", queries.close)  # stop following maps before Ray goes
     mount_console(app)
     # In this order, the OpenAPI document lists the paths as it always has.
-    for resource in (datasets, shards, rebalancing, nodes, events, operations, tokens):
+    for resource in (
+        datasets,
+        shards,
+        rebalancing,
+        nodes,
+        events,
+        operations,
+        tokens,
+        promql_admin,
+    ):
         app.include_router(resource.router)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     secure(app, settings)
