@@ -172,11 +172,15 @@ class Downsampler:
         """Late samples (accepted at or before a mark, `ShardMemstore.take_late`): redo the
         slices from each late series' earliest one up to the mark, for those series only;
         the records replace the ones written before (same identities)."""
+        # Counted as being redone before they leave the memstore's count, so `stats` never
+        # shows none pending while some are.
+        self._repairing = self._memstore.late_series()
         late = self._memstore.take_late()
         done: list[DownsampleRound] = []
         if not late:
+            self._repairing = 0
             return done
-        self._repairing = len(late)
+        self._repairing = max(self._repairing, len(late))
         try:
             self._redo(late, marks, done)
         except BaseException:
