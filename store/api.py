@@ -686,6 +686,10 @@ class ColumnStore(_Closable):
         # Per downsampled resolution, how long its periods are kept (0: forever); see
         # `write_downsampled`. Set from `[downsample]` by `store.open_stores`.
         self.downsample_retention_ms: dict[int, int] = {}
+        # What reads returned, for tests and benchmarks that must show which data a query
+        # touched: raw chunks, and downsampled records per resolution.
+        self.chunks_read = 0
+        self.downsampled_read: dict[int, int] = {}
 
     def series_cutoff(self, ref: DatasetRef) -> int:
         """The oldest time a series must still be known for: its raw chunks' cutoff, or older
@@ -803,6 +807,7 @@ class ColumnStore(_Closable):
             return {}
         lo = max(INT64_MIN, start - self.max_chunk_span_ms)
         found = self._read_chunks(_check_ref(ref), shard, keys, lo, start, end)
+        self.chunks_read += sum(map(len, found.values()))
         return {k: sorted(v, key=lambda c: c.start_time) for k, v in sorted(found.items()) if v}
 
     def write_downsampled(
@@ -845,6 +850,8 @@ class ColumnStore(_Closable):
             return {}
         lo = max(INT64_MIN, start - self.max_chunk_span_ms)
         found = self._read_chunks(name, shard, keys, lo, start, end)
+        read = self.downsampled_read
+        read[resolution_ms] = read.get(resolution_ms, 0) + sum(map(len, found.values()))
         return {k: sorted(v, key=lambda c: c.start_time) for k, v in sorted(found.items()) if v}
 
     def delete_series(self, ref: DatasetRef, shard: int, part_keys: Iterable[str]) -> int:
