@@ -505,8 +505,12 @@ class ShardMemstore:
 
     @property
     def newest_sample_ms(self) -> int | None:
-        """The latest sample time ingested (or loaded at recovery); None before any."""
-        return None if self._max_ts == NONE_TS else int(self._max_ts)
+        """The latest sample time held: ingested, or stored (the part keys loaded at
+        recovery); None before any."""
+        with self._lock:
+            last = self._last_ts[: len(self._series)]
+            newest = max(int(last.max()) if len(last) else NONE_TS, int(self._max_ts))
+        return None if newest == NONE_TS else newest
 
     @property
     def num_series(self) -> int:
