@@ -4,8 +4,8 @@
 bench_stores.py): 5.76 million samples. Reports, for the 5 minute and 1 hour resolutions:
 
 * summarise: samples/s of `summarise` over all series at once (best of --repeats, CPU time);
-* bytes: the series' raw chunks (`encode_chunk`, one chunk per series-day) against their
-  encoded periods (`encode_periods`), and the ratio;
+* records: CPU time to encode every series' periods (`encode_records`, one record each), and
+  their bytes against the series' raw chunks (`encode_chunk`, one chunk per series-day);
 * answer: a day of `rate(x[1h])` at 1 h steps for every series, from raw samples
   (`range_function`) and from the 1 h periods (`downsampled.answer`), and the ratio.
 
@@ -28,7 +28,7 @@ from bench_stores import make_series
 
 from query.downsampled import answer
 from query.functions import SampleBatch, range_function
-from store.downsample import encode_periods, period_ends, series_periods, summarise
+from store.downsample import encode_records, period_ends, summarise
 from store.encoding import encode_chunk
 
 N_SERIES, N_SAMPLES = 1_000, 5_760  # a day of 15 s scrapes
@@ -64,10 +64,12 @@ def main() -> None:
         secs = best(lambda res=res: summarise(ts, vals, bounds, res), args.repeats)
         periods = summarise(ts, vals, bounds, res)
         by_res[name] = periods
-        size = sum(len(encode_periods(series_periods(periods, i))) for i in range(N_SERIES))
+        enc = best(lambda p=periods: encode_records(p), args.repeats)
+        size = sum(len(r) for r in encode_records(periods))
         lines.append(
             f"{name}: summarise {ts.size / secs / 1e6:.1f} M samples/s; {len(periods)} periods, "
-            f"{size / 1e6:.3f} MB = raw / {raw_bytes / size:.1f}"
+            f"encoded {enc / N_SERIES * 1e6:.0f} us a record, {size / 1e6:.3f} MB = raw / "
+            f"{raw_bytes / size:.1f}"
         )
     batch = SampleBatch([{}] * N_SERIES, ts, vals, bounds)
     t0 = int(period_ends(np.array([ts.min()]), 3_600_000)[0])

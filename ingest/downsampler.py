@@ -39,7 +39,7 @@ from core.dataset import DatasetRef
 from ingest.memstore import ShardMemstore
 from ingest.shard_reader import read_merged_batch
 from store.api import ChunkRecord, ColumnStore, MetaStore, StaleEpochError, StoreUnavailable
-from store.downsample import encode_periods, series_periods, summarise
+from store.downsample import encode_records, summarise
 
 log = logging.getLogger(__name__)
 
@@ -231,10 +231,11 @@ class Downsampler:
                 mem, self._columns, self._ref, self._shard, some, start + 1, end
             )
             periods = summarise(ts, vals, bounds, res)
+            sizes = np.diff(periods.bounds).tolist()
             records = [
-                ChunkRecord(mem.part_key(sid), start + 1, end, len(one), encode_periods(one))
-                for j, sid in enumerate(some)
-                if len(one := series_periods(periods, j))
+                ChunkRecord(mem.part_key(sid), start + 1, end, size, data)
+                for sid, size, data in zip(some, sizes, encode_records(periods), strict=True)
+                if size
             ]
             self._columns.write_downsampled(self._ref, self._shard, res, records)
             n_records += len(records)

@@ -410,22 +410,12 @@ def _get_xor(r: _Reader, n: int) -> FloatArray:
     return np.bitwise_xor.accumulate(xo.astype(U64)).view(np.float64)
 
 
-# ------------------------------------------------------------------------- columns of other shapes
+# ---------------------------------------------------------------------------- other records
 
 
-def put_int_column(v: IntArray, out: bytearray) -> None:
-    """Append int64s as the chunk format's int stream (the difference order that packs
-    smallest): for records other than chunks (store/downsample.py)."""
-    _put_best_diffs(np.asarray(v, I64), range(3), out)
-
-
-def put_float_column(x: FloatArray, out: bytearray) -> None:
-    """Append float64s as the chunk format's values, bit-exact (NaN payloads included)."""
-    _put_values(np.asarray(x, np.float64), out)
-
-
-class ColumnReader:
-    """Reads back, in order, what `uvarint`, `put_int_column` and `put_float_column` wrote."""
+class HeadReader:
+    """Reads the uvarints at the head of a record other than a chunk (store/downsample.py,
+    bounds-checked like a chunk's), then hands over the rest."""
 
     def __init__(self, data: bytes) -> None:
         self._r = _Reader(bytes(data))
@@ -433,18 +423,8 @@ class ColumnReader:
     def uvarint(self) -> int:
         return self._r.uvarint()
 
-    def ints(self, n: int) -> IntArray:
-        order = self._r.u8()
-        if order > 2:
-            raise ValueError("corrupt record: bad int column order")
-        return _get_diffs(self._r, n, order)
-
-    def floats(self, n: int) -> FloatArray:
-        return _get_values(self._r, n)
-
-    def finish(self) -> None:
-        if self._r.pos != len(self._r.buf):
-            raise ValueError("corrupt record: trailing bytes")
+    def rest(self) -> bytes:
+        return self._r.buf[self._r.pos :]
 
 
 uvarint = _uvarint

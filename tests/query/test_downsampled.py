@@ -149,6 +149,6 @@ def test_a_series_periods_round_trip_through_bytes_bit_for_bit(one, resolution_m
 def test_corrupt_records_are_value_errors() -> None:
     p = summarise(np.array([1, 2, 70_000], np.int64), np.array([1.0, 0.5, 3.0]), [0, 3], RES)
     data = encode_periods(p)
-    for bad in (data[:-1], data + b"\0", b"\x02" + data[1:], b""):
+    for bad in (data[:-1], data + b"\0", b"\x07" + data[1:], b"", data[:4] + b"\0" * 20):
         with pytest.raises(ValueError):
             decode_periods(bad)
