@@ -106,6 +106,10 @@ class DatasetStorage(BaseModel):
         description="The retention sweeps since the singleton started: runs, errors, "
         "buckets_dropped, bytes_freed, part_keys_deleted, last_ms, last_error."
     )
+    downsampled: dict[int, dict[str, int]] = Field(
+        default_factory=dict,
+        description="Per downsampled resolution (ms): its stored `bytes` and `retention_ms`.",
+    )
 
 
 class RetentionBody(BaseModel):
