@@ -1498,7 +1498,7 @@ def plot_retention(path: Path, sides: list[FiloPyResult], args: argparse.Namespa
         "drain, SIGKILL, recovery)"
     )
     axes[0].set_title(
-        f"Sustained ingestion, {args.series:,} series, offered {args.rate:,.0f} samples/s: "
+        f"Sustained ingestion, {args.series:,} series, offered {args.rate:,.0f} samples/s:\n"
         f"retention {args.retention_s:g} s vs kept forever (buckets {args.bucket_s:g} s, sweep "
         f"every {args.sweep_interval_s:g} s)"
     )
