@@ -35,12 +35,24 @@ fsynced).
 
 Results: bench/results/sustained.txt (summary), sustained.csv (both servers' per-second rows),
 sustained.png (samples/s, lag and RSS over time). `--duration-s 60` checks it quickly.
+
+`--retention-s R` (issue 33, docs/storage.md#retention): FiloPy only, twice with the same load,
+first kept forever, then with a retention of R s on the dataset (`MetaStore.set_retention`).
+Timestamps follow the wall clock (a scrape every series/rate s), since retention counts back
+from now; both sides store chunks in SQLite buckets of `--bucket-s` (`store.sqlite_bucket_ms`),
+and the parent process, standing in for the singleton on a connection of its own, sweeps every
+`--sweep-interval-s` (`store.retention_sweep_interval_s`) and samples every second the SQLite
+file's size, its WAL's and the dataset's stored chunk bytes (`ColumnStore.stored_bytes`). The
+store must hold every sample produced without retention, and the retention side must have
+dropped buckets. Results: sustained-retention.{txt,csv,png}: disk over time for both sides, and
+the ratio of their ingest rates.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import csv
 import http.client
 import json
@@ -90,6 +102,9 @@ FIELDS = [
     "unflushed_samples",
     "memory_samples",
     "checkpoint",
+    "db_bytes",  # --retention-s: the SQLite file's size, sampled by the parent
+    "wal_bytes",  # --retention-s: its write-ahead log's
+    "stored_bytes",  # --retention-s: the dataset's chunk bytes (ColumnStore.stored_bytes)
 ]
 
 
@@ -110,9 +125,9 @@ class Scrapes:
     series are gauges (a random walk rounded to 1 or 2 decimals), odd series monotone counters
     (integer increments)."""
 
-    def __init__(self, n: int, t0: int, seed: int = 1) -> None:
+    def __init__(self, n: int, t0: int, seed: int = 1, scrape_ms: int = SCRAPE_MS) -> None:
         rng = np.random.default_rng(seed)
-        self.n, self.t0, self.k = n, t0, 0
+        self.n, self.t0, self.k, self.scrape_ms = n, t0, 0, scrape_ms
         i = np.arange(n)
         self.gauge = i % 2 == 0
         self.scale = np.where(rng.random(n) < 0.5, 10.0, 100.0)
@@ -120,12 +135,12 @@ class Scrapes:
         self.step = np.maximum(self.level * 0.002, 0.05)
         self.counter = np.floor(rng.uniform(0, 1e6, n))
         self.inc = rng.exponential(20.0, n)
-        self.phase = ((i // 500) * 7_919 % SCRAPE_MS).astype(np.int64)  # per host
+        self.phase = ((i // 500) * 7_919 % scrape_ms).astype(np.int64)  # per host
         self.rng = np.random.default_rng(seed + 1)
 
     def next(self) -> tuple[np.ndarray, np.ndarray]:
         """The next scrape: (timestamps int64[n], values float64[n])."""
-        ts = self.t0 + self.k * SCRAPE_MS + self.phase
+        ts = self.t0 + self.k * self.scrape_ms + self.phase
         self.k += 1
         self.level += self.rng.normal(0.0, 1.0, self.n) * self.step
         self.counter += self.rng.poisson(self.inc)
@@ -279,21 +294,25 @@ def produce_filopy(
     max_lag: float,
     shared: Shared,
     go: Any,
+    scrape_ms: int = SCRAPE_MS,
 ) -> None:
     """The producer process: one KeyedBatch per `per_batch` scrapes of all series, paced to
-    `rate`, held back while the ingester's lag exceeds `max_lag` samples."""
+    `rate`, held back while the ingester's lag exceeds `max_lag` samples. `t0` 0: the data's
+    time is the wall clock's from the start on (retention, which counts from now, needs it)."""
     from ingest.batch import KeyedBatch, new_series_key
     from ingest.gateway import Gateway
 
     parent = os.getppid()
     labels = series_labels(series)
     keys = [new_series_key() for _ in labels]  # the gateway's cheap series-cache lookup
-    gen = Scrapes(series, t0)
+    gen = Scrapes(series, t0, scrape_ms=scrape_ms)
     total = scrapes_in(duration_s, series, rate)
     try:
         with Gateway(make_dataset(ds_name), BOOTSTRAP) as gw:
             go.wait()
             start = shared.start.value
+            if not t0:
+                gen.t0 = int(time.time() * 1000)
             sent = messages = 0
             held = 0.0
             for k0 in range(0, total, per_batch):
@@ -336,16 +355,16 @@ def produce_filopy(
 CASSANDRA_PREFIX = "cassandra:"
 
 
-def open_stores(spec: str) -> tuple[Any, Any]:
+def open_stores(spec: str, bucket_ms: int = 0) -> tuple[Any, Any]:
     """The bench's stores: an SQLite file path, or `cassandra:<keyspace>` on the local
-    Cassandra (scripts/services.sh up cassandra)."""
+    Cassandra (scripts/services.sh up cassandra). `bucket_ms` 0: SQLite's default buckets."""
     if spec.startswith(CASSANDRA_PREFIX):
         from store.cassandra import open_cassandra_stores
 
         return open_cassandra_stores(["127.0.0.1"], keyspace=spec[len(CASSANDRA_PREFIX) :])
     from store.sqlite import open_sqlite_stores
 
-    return open_sqlite_stores(spec)
+    return open_sqlite_stores(spec, **({"bucket_ms": bucket_ms} if bucket_ms else {}))
 
 
 def cassandra_counts(keyspace: str) -> tuple[int, int, int, int, int]:
@@ -383,6 +402,7 @@ def run_ingester(
     go: Any,
     ready: Any,
     spawned_at: float,
+    bucket_ms: int = 0,
 ) -> None:
     """The ingester process. mode "run": ingest, writing a row every second, until killed.
     mode "recover": start on the store a killed one left, note the recovery, go on writing rows
@@ -411,7 +431,7 @@ def run_ingester(
         overrides["consume_batch"] = consume_batch
     settings = base.model_copy(update={"ingest": base.ingest.model_copy(update=overrides)})
     groups = settings.ingest.groups_per_shard
-    meta, columns = open_stores(db)
+    meta, columns = open_stores(db, bucket_ms)
     errors: list[str] = []
 
     def report(event: Any) -> None:
@@ -531,6 +551,72 @@ def run_ingester(
     Path(result_path).write_text(json.dumps(result))
 
 
+def file_bytes(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:  # a WAL not there yet
+        return 0
+
+
+class DiskWatch:
+    """The --retention-s mode's stand-in for the singleton, in the parent process on its own
+    connection: sets the dataset's retention, sweeps every `sweep_s` (what
+    `store.retention_sweep_interval_s` does in a cluster), and samples the SQLite files' size
+    and the dataset's stored bytes every second of the phase's clock."""
+
+    def __init__(
+        self, db: Path, ds: Any, bucket_ms: int, retention_ms: int, sweep_s: float
+    ) -> None:
+        self.db, self.ref, self.sweep_s = db, ds.ref, sweep_s
+        self.meta, self.columns = open_stores(str(db), bucket_ms)
+        if retention_ms:
+            self.meta.set_retention(self.ref, retention_ms)
+        self.samples: list[tuple[float, int, int, int]] = []  # elapsed s, file, WAL, stored
+        self.sweeps = self.buckets_dropped = self.bytes_freed = 0
+        self.sweep_time_s = 0.0
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, start: float) -> None:
+        self._thread = threading.Thread(target=self._run, args=(start,), daemon=True)
+        self._thread.start()
+
+    def _run(self, start: float) -> None:
+        next_sweep, tick = start + self.sweep_s, 1
+        while not self._stop.wait(max(0.0, start + tick - time.monotonic())):
+            tick += 1
+            if time.monotonic() >= next_sweep:
+                next_sweep += self.sweep_s
+                t = time.perf_counter()
+                try:
+                    r = self.columns.sweep(self.ref)
+                except Exception as e:  # a locked store: counted, the next sweep retries
+                    self.errors.append(repr(e))
+                else:
+                    self.sweeps += 1
+                    self.buckets_dropped += r.buckets_dropped
+                    self.bytes_freed += r.bytes_freed
+                self.sweep_time_s += time.perf_counter() - t
+            stored = self.columns.stored_bytes(self.ref).bytes
+            wal = file_bytes(self.db.with_name(self.db.name + "-wal"))
+            self.samples.append((time.monotonic() - start, file_bytes(self.db), wal, stored))
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(60)
+        self.meta.close()
+        self.columns.close()
+
+    def annotate(self, rows: list[list[str]]) -> None:
+        """Append to each row the latest sample taken by its time."""
+        times = [sample[0] for sample in self.samples]
+        for r in rows:
+            i = bisect.bisect_right(times, _f(r[2]) + 0.5) - 1
+            r += [str(x) for x in self.samples[i][1:]] if i >= 0 else ["", "", ""]
+
+
 @dataclass
 class FiloPyResult:
     dataset: str
@@ -554,9 +640,15 @@ class FiloPyResult:
     part_keys: int = 0
     db_bytes: int = 0
     rows: list[list[str]] = field(default_factory=list)
+    retention_ms: int = 0
+    disk: DiskWatch | None = None
 
 
-def run_filopy(args: argparse.Namespace, t0: int, tmp: Path, ctx: Any) -> FiloPyResult:
+def run_filopy(
+    args: argparse.Namespace, t0: int, tmp: Path, ctx: Any, retention_ms: int | None = None
+) -> FiloPyResult:
+    """One FiloPy phase. `retention_ms` not None (--retention-s, both sides; 0: kept forever):
+    a directory of its own, buckets of --bucket-s, and a `DiskWatch` sweeping and sampling."""
     from confluent_kafka.admin import AdminClient
 
     from ingest.kafka_config import kafka_client_config
@@ -565,6 +657,12 @@ def run_filopy(args: argparse.Namespace, t0: int, tmp: Path, ctx: Any) -> FiloPy
     ds = make_dataset(f"sustained{uuid.uuid4().hex[:8]}")
     ensure_topic(ds, BOOTSTRAP)
     res = FiloPyResult(ds.name, scrapes_in(args.duration_s, args.series, args.rate))
+    lifecycle = retention_ms is not None
+    bucket_ms = round(args.bucket_s * 1000) if lifecycle else 0
+    if lifecycle:
+        tmp = tmp / f"retention-{retention_ms}"
+        tmp.mkdir()
+        res.retention_ms = retention_ms or 0
     db, rows_path = tmp / "filopy.db", tmp / "filopy-rows.csv"
     store = str(db)
     if args.store == "cassandra":
@@ -573,9 +671,20 @@ def run_filopy(args: argparse.Namespace, t0: int, tmp: Path, ctx: Any) -> FiloPy
     try:
         shared, go, ready = Shared(ctx), ctx.Event(), ctx.Event()
         common = (ds.name, store, args.flush_interval_s, args.consume_batch, str(rows_path))
+        if lifecycle:
+            res.disk = DiskWatch(db, ds, bucket_ms, res.retention_ms, args.sweep_interval_s)
         ing = ctx.Process(
             target=run_ingester,
-            args=("run", *common, str(tmp / "run.json"), shared, go, ready, time.monotonic()),
+            args=(
+                "run",
+                *common,
+                str(tmp / "run.json"),
+                shared,
+                go,
+                ready,
+                time.monotonic(),
+                bucket_ms,
+            ),
             name="filopy-ingester",
         )
         prod = ctx.Process(
@@ -590,6 +699,7 @@ def run_filopy(args: argparse.Namespace, t0: int, tmp: Path, ctx: Any) -> FiloPy
                 args.max_lag_s * args.rate,
                 shared,
                 go,
+                args.scrape_ms if lifecycle else SCRAPE_MS,
             ),
             name="filopy-producer",
         )
@@ -603,6 +713,8 @@ def run_filopy(args: argparse.Namespace, t0: int, tmp: Path, ctx: Any) -> FiloPy
         pids = {"ingester": ing.pid, "Kafka broker": kafka_pid()}
         cpu0, host0 = cpu_of(pids), host_cpu()
         shared.start.value = start = time.monotonic()
+        if res.disk is not None:
+            res.disk.start(start)
         go.set()
         print(f"FiloPy: producing for {args.duration_s:.0f} s at {args.rate:,.0f} samples/s")
         while prod.is_alive():
@@ -648,6 +760,7 @@ def run_filopy(args: argparse.Namespace, t0: int, tmp: Path, ctx: Any) -> FiloPy
                 go,
                 ready2,
                 time.monotonic(),
+                bucket_ms,
             ),
             name="filopy-recovery",
         )
@@ -666,6 +779,8 @@ def run_filopy(args: argparse.Namespace, t0: int, tmp: Path, ctx: Any) -> FiloPy
             if p.is_alive():
                 p.kill()
                 p.join(10)
+        if res.disk is not None:
+            res.disk.stop()
         admin = AdminClient(kafka_client_config(None, BOOTSTRAP))
         try:
             admin.delete_topics([ds.topic], operation_timeout=30)[ds.topic].result(60)
@@ -690,6 +805,11 @@ def run_filopy(args: argparse.Namespace, t0: int, tmp: Path, ctx: Any) -> FiloPy
         res.db_bytes = sum(p.stat().st_size for p in tmp.glob("filopy.db*"))
     with rows_path.open() as f:
         res.rows = [r for r in csv.reader(f) if r]
+    if res.disk is not None:
+        res.disk.annotate(res.rows)
+        if res.retention_ms:
+            for r in res.rows:
+                r[0] = "FiloPy+retention"
     return res
 
 
@@ -1247,6 +1367,146 @@ def plot(path: Path, fp: FiloPyResult, vm: VictoriaResult | None, args: argparse
     plt.close(fig)
 
 
+def retention_summary(
+    args: argparse.Namespace,
+    sides: list[FiloPyResult],
+    load: tuple[float, float],
+    wall_s: float,
+) -> tuple[str, list[str]]:
+    """The --retention-s mode's results: each side's rate and disk over time, then the ratio."""
+    d, problems = args.duration_s, []
+    mib, nan = 2**20, float("nan")
+    out = [
+        "Sustained ingestion with a short retention: one FiloPy ingester process (Kafka, "
+        "flushing and checkpointing to SQLite), the same load without and then with retention",
+        f"{time.strftime('%Y-%m-%d %H:%M')}; {machine()}",
+        "command: " + shlex.join(["python", "bench/bench_sustained.py", *sys.argv[1:]]),
+        f"code: git {args.code_version} at the start",
+        f"load average {load[0]:.1f} at the start, {load[1]:.1f} at the end; run took "
+        f"{wall_s / 60:.1f} min. The {os.cpu_count()} CPUs were shared by Kafka, the producer, "
+        "the ingester and the sweeper, and by other work running on the machine at the same time.",
+        f"{args.series:,} series x 8 labels, a sample every {args.scrape_ms} ms each, timestamped "
+        f"by the wall clock (retention counts from now); offered {args.rate:,.0f} samples/s for "
+        f"{d:.0f} s per side; flush_interval_s={args.flush_interval_s:g}, {args.groups} flush "
+        f"groups, max_chunk_samples={args.max_chunk_samples}; both sides with "
+        f"store.sqlite_bucket_ms={round(args.bucket_s * 1000)} and a sweep every "
+        f"{args.sweep_interval_s:g} s (store.retention_sweep_interval_s; run by the bench's "
+        "parent process on its own connection, as the singleton would); the second side's "
+        f"dataset has a retention of {args.retention_s:g} s (MetaStore.set_retention)",
+    ]
+    rates = []
+    for fp in sides:
+        disk = fp.disk
+        assert disk is not None
+        mean, steady = rate_between(fp.rows, 0, d), rate_between(fp.rows, d / 2, d)
+        cpu = fp.cpu.get("ingester", float("nan"))
+        per_cpu = mean * d / cpu if cpu else float("nan")
+        rates.append((mean, steady, per_cpu))
+        half = [b for t, b, _, _ in disk.samples if d / 2 < t <= d]
+        marks = sorted({10.0, args.retention_s, d / 2, 3 * d / 4, d})
+        name = f"retention {args.retention_s:g} s" if fp.retention_ms else "kept forever"
+        out += [
+            "",
+            f"FiloPy, {name} (dataset {fp.dataset})",
+            f"  producer achieved   {fp.produced / fp.produce_s:>12,.0f} samples/s "
+            f"({fp.produced:,} samples in {fp.produce_s:.1f} s"
+            + (f"; held back {fp.held_s:.0f} s by the lag" if fp.held_s else "")
+            + ")",
+            f"  ingested, run mean  {mean:>12,.0f} samples/s (seconds 0-{d:.0f}); second half "
+            f"{steady:,.0f}; {per_cpu:,.0f} per ingester CPU second "
+            f"({rate_between(fp.rows, 0, d, 'cpu_pct'):.0f} % of one core; the machine "
+            f"{rate_between(fp.rows, 0, d, 'host_cpu_pct'):.0f} % busy)",
+            f"  consumer lag        {at(fp.rows, d, 'lag_samples'):>12,.0f} samples at {d:.0f} s; "
+            f"RSS {at(fp.rows, d, 'rss_mib'):,.0f} MiB",
+            "  SQLite file         "
+            + ", ".join(f"{at(fp.rows, t, 'db_bytes') / mib:,.0f} MiB at {t:.0f} s" for t in marks)
+            + (
+                f"; {min(half) / mib:,.0f}-{max(half) / mib:,.0f} MiB in the second half"
+                if half
+                else ""
+            ),
+            "  its WAL             "
+            + ", ".join(
+                f"{at(fp.rows, t, 'wal_bytes') / mib:,.0f} MiB at {t:.0f} s" for t in marks
+            ),
+            "  stored chunk bytes  "
+            + ", ".join(
+                f"{at(fp.rows, t, 'stored_bytes') / mib:,.1f} MiB at {t:.0f} s" for t in marks
+            ),
+            f"  sweeps              {disk.sweeps:>12,} ({disk.sweep_time_s:.1f} s in all), "
+            f"{disk.buckets_dropped:,} buckets dropped, {disk.bytes_freed / mib:,.1f} MiB of "
+            f"chunks freed, {len(disk.errors)} failed"
+            + (f" ({disk.errors[0]})" if disk.errors else ""),
+            f"  at the end          {fp.stored_samples:,} samples in {fp.chunks:,} chunks "
+            f"stored of {fp.produced:,} produced; SQLite files {fp.db_bytes / mib:,.0f} MiB "
+            "(after the crash, the recovery and the clean stop)",
+        ]
+        if fp.retention_ms:
+            if disk.buckets_dropped == 0:
+                problems.append("the retention side dropped no bucket")
+        elif fp.stored_samples != fp.produced:
+            problems.append(
+                f"FiloPy stored {fp.stored_samples:,} samples, produced {fp.produced:,}"
+            )
+    (m0, s0, c0), (m1, s1, c1) = rates
+    out += [
+        "",
+        f"ratio with/without retention of ingested samples/s: {m1 / m0 if m0 else nan:.3f} (run "
+        f"means), {s1 / s0 if s0 else nan:.3f} (second halves), {c1 / c0 if c0 else nan:.3f} "
+        "(per ingester CPU second)",
+        "  Each rate is capped by the offered rate where the ingester kept up (lag flat); the "
+        "two sides ran one after the other, so other work on the machine may differ between "
+        "them (the per-CPU-second figure is the least sensitive to it).",
+    ]
+    if args.note:
+        out += ["", args.note]
+    return "\n".join(out) + "\n", problems
+
+
+def plot_retention(path: Path, sides: list[FiloPyResult], args: argparse.Namespace) -> None:
+    """Disk over time (SQLite files and stored chunk bytes) and the ingest rate, both sides."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 1, figsize=(11, 8), sharex=True)
+    for fp, color in zip(sides, ("tab:blue", "tab:green"), strict=True):
+        name = f"retention {args.retention_s:g} s" if fp.retention_ms else "kept forever"
+        t = np.array([_f(r[2]) for r in fp.rows])
+        for col, style, what in (
+            ("db_bytes", "-", "SQLite file"),
+            ("wal_bytes", "--", "its WAL"),
+            ("stored_bytes", ":", "chunks stored"),
+        ):
+            v = [_f(r[FIELDS.index(col)]) / 2**20 for r in fp.rows]
+            axes[0].plot(t, v, color=color, lw=1.3, ls=style, label=f"{name}: {what}")
+        v = np.array([_f(r[FIELDS.index("samples_per_s")]) for r in fp.rows]) / 1e3
+        smooth = np.convolve(v, np.ones(5) / 5, mode="same") if len(v) >= 5 else v
+        axes[1].plot(t, v, color=color, lw=0.4, alpha=0.5)
+        axes[1].plot(t, smooth, color=color, lw=1.3, label=f"{name}: ingested (5 s)")
+    axes[1].axhline(args.rate / 1e3, color="grey", lw=0.8, ls="--", label="offered rate")
+    for ax in axes:
+        ax.axvline(args.retention_s, color="tab:grey", lw=0.8, ls=":")
+        ax.axvline(args.duration_s, color="tab:red", lw=0.8, ls="--")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[0].set_ylabel("MiB on disk")
+    axes[1].set_ylabel("samples/s (thousands)")
+    axes[1].set_xlabel(
+        "seconds since the phase's start (grey: the retention; red: the producer stops, then "
+        "drain, SIGKILL, recovery)"
+    )
+    axes[0].set_title(
+        f"Sustained ingestion, {args.series:,} series, offered {args.rate:,.0f} samples/s:\n"
+        f"retention {args.retention_s:g} s vs kept forever (buckets {args.bucket_s:g} s, sweep "
+        f"every {args.sweep_interval_s:g} s)"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--series", type=int, default=20_000)
@@ -1291,9 +1551,24 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--vm-block-scrapes", type=int, default=10)
     p.add_argument("--vm-request-samples", type=int, default=20_000)
     p.add_argument("--vm-connections", type=int, default=2)
+    p.add_argument(
+        "--retention-s",
+        type=float,
+        default=0,
+        help="the retention mode: FiloPy only, wall-clock timestamps, the same load without "
+        "and then with this retention on the dataset; disk sampled every second (0: off)",
+    )
+    p.add_argument("--bucket-s", type=float, default=10.0, help="retention mode: SQLite bucket")
+    p.add_argument(
+        "--sweep-interval-s", type=float, default=5.0, help="retention mode: sweep interval"
+    )
     p.add_argument("--note", default="", help="a line for the results file")
-    p.add_argument("--out", default=str(RESULTS / "sustained"), help="results path prefix")
+    p.add_argument("--out", default="", help="results path prefix (default: sustained[-retention])")
     args = p.parse_args(argv)
+    args.out = args.out or str(
+        RESULTS / ("sustained-retention" if args.retention_s else "sustained")
+    )
+    args.scrape_ms = max(1, round(args.series * 1000 / args.rate))
     if args.drain_timeout_s is None:
         args.drain_timeout_s = args.duration_s
     if args.max_lag_s <= 0:
@@ -1314,6 +1589,25 @@ def main(argv: list[str] | None = None) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="bench-sustained-"))
     load0, wall = os.getloadavg()[0], time.monotonic()
     vm = None
+    if args.retention_s:
+        try:
+            sides = [run_filopy(args, 0, tmp, ctx, ms) for ms in (0, round(args.retention_s * 1e3))]
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        wall_s = time.monotonic() - wall
+        out = Path(args.out)
+        with out.with_suffix(".csv").open("w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(FIELDS)
+            for fp in sides:
+                w.writerows(fp.rows)
+        text, problems = retention_summary(args, sides, (load0, os.getloadavg()[0]), wall_s)
+        out.with_suffix(".txt").write_text(text)
+        plot_retention(out.with_suffix(".png"), sides, args)
+        print(text)
+        if problems:
+            raise SystemExit("FAILED: " + "; ".join(problems))
+        return
     try:
         fp = run_filopy(args, t0, tmp, ctx)
         if "vm" in args.servers:

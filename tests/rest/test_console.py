@@ -4,7 +4,9 @@ created; the grid shows each shard's status by colour and letter, the legend mat
 node turns its shards Down, then Active on the spare, on the open page (no reload), the node
 leaving the nodes table at once and each takeover one history row; a range query renders a table
 of rounded values and a chart with axes and legend, an instant query only its table; a drain's
-handoffs name nodes, not Ray ids; the browser reports no error. Screenshots of each step go to
+handoffs name nodes, not Ray ids; the storage table shows the retention in force and the bytes
+stored, raw and per downsampled resolution, as the retention route says; the browser reports no
+error. Screenshots of each step go to
 $FILOPY_SCREENSHOTS (docs/images/ refreshes them) or the test's temporary directory."""
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from coordinator.node_coordinator import NAME_LABEL
 from filopy.rest.app import create_app
 from tests.cluster import FiloPyCluster, cluster_settings, start_cluster
 from tests.rest.conftest import ServerThread
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.ray]
 
@@ -95,6 +98,10 @@ HISTORY = """[...document.querySelectorAll('#history tbody tr')]
 LEGEND = """[...document.querySelectorAll('#legend [data-status]')].map(k => [k.dataset.status,
   getComputedStyle(k.querySelector('.letter')).backgroundColor,
   k.querySelector('.letter').textContent, k.textContent])"""
+# Per row of the storage table: what it is about, exact bytes and retention, the cells' text.
+STORAGE = """[...document.querySelectorAll('#storage tbody tr')].map(r => [r.dataset.data,
+  Number(r.dataset.bytes), Number(r.dataset.retentionMs),
+  ...[...r.cells].map(c => [c.textContent, c.title])])"""
 NO_RATE = "\u2013"  # the en dash the nodes table shows for "nothing measured"
 # Dark pixels inside an element's screenshot (its border left out): glyphs drawn there.
 INK = """async (png) => {
@@ -160,6 +167,15 @@ def _statuses(page: Page) -> dict[int, tuple[str, str]]:
         )
         for c in cells
     }
+
+
+def _duration(ms: int) -> str:
+    """A duration as operators write it (the console's way): the largest unit dividing it."""
+    units = [("y", 31_536_000_000), ("w", 604_800_000), ("d", 86_400_000), ("h", 3_600_000)]
+    units += [("m", 60_000), ("s", 1000)]
+    if not ms:
+        return "forever"
+    return next((f"{ms // size}{u}" for u, size in units if ms % size == 0), f"{ms}ms")
 
 
 def _ink(page: Page, selector: str) -> int:
@@ -335,6 +351,46 @@ def test_the_console_follows_the_cluster_live_and_runs_a_query(console, tmp_path
         _query(page, "sum by (_ns_) (cpu_usage) / 7", "0")
         assert page.inner_text("#result thead").split("\t")[-1].strip() == "value"
         assert not page.is_visible("#chart")
+
+        # Storage: the retention in force and the bytes stored, of the raw data and of each
+        # downsampled resolution, as the retention route says; a change of retention on the
+        # live dataset shows without a reload.
+        # Chunks are stored once sealed: a series of more samples than a chunk holds.
+        per_chunk = cluster.settings.ingest.max_chunk_samples
+        disk = "\n".join(
+            f"disk,_ws_=demo,_ns_=app0,host=h0 used={k} {now_ns - k * 1_000_000_000}"
+            for k in range(per_chunk + 10)
+        )
+        assert http.post(f"/ingest/{ds}/write", content=disk).status_code == 204
+        put = http.put(f"/api/v1/datasets/{ds}/retention", json={"retention": "30d"})
+        assert put.status_code == 200, put.text
+        seen: list = []
+
+        def storage_shown() -> list | None:
+            info = http.get(f"/api/v1/datasets/{ds}/retention").json()["data"]
+            want = [["raw", info["bytes"], info["retention_ms"]]] + [
+                [res, d["bytes"], d["retention_ms"]]
+                for res, d in sorted(info["downsampled"].items(), key=lambda kv: int(kv[0]))
+            ]
+            rows = page.evaluate(STORAGE)
+            seen[:] = [want, rows]
+            return rows if info["bytes"] > 0 and [r[:3] for r in rows] == want else None
+
+        try:
+            rows = wait_for("the storage table equals the retention route", storage_shown)
+        except AssertionError as e:
+            raise AssertionError(f"{e}: the route, then the page: {seen}") from None
+        raw, *downsampled = rows
+        assert raw[2] == 30 * 86_400_000 and raw[4][0] == "30d (dataset's own)", raw
+        assert raw[3][0] == "raw samples" and raw[5][1] == f"{raw[1]:,} bytes", raw
+        assert re.fullmatch(r"[\d.]+ (B|KiB|MiB)", raw[5][0]), raw
+        resolutions = cluster.settings.downsample.resolutions_ms
+        assert [int(r[0]) for r in downsampled] == sorted(resolutions), downsampled
+        for res, stored_bytes, kept, what, retention, stored in downsampled:
+            assert what[0] == f"downsampled, {_duration(int(res))}", what
+            assert retention[0].startswith(f"{_duration(kept)} ("), retention
+            assert stored[1] == f"{stored_bytes:,} bytes", stored
+        page.screenshot(path=str(shots / "console-storage.png"), full_page=True)
 
         # Underscores show in the query box, its placeholder too; placeholders are not cut off.
         placeholder = page.get_attribute("#query", "placeholder")

@@ -284,6 +284,46 @@ function reasonText(h) {
   return `failover: ${nameOf(h.source)} ${m[1]} (${m[2]})`;
 }
 
+// ----- storage -----------------------------------------------------------------------------
+
+function fmtDuration(ms) {
+  // As operators write retentions (30d, 12h, 90m): the largest unit that divides it.
+  if (!ms) return "forever";
+  for (const [unit, size] of [["y", 31536000000], ["w", 604800000], ["d", 86400000], ["h", 3600000], ["m", 60000], ["s", 1000]]) {
+    if (ms % size === 0) return `${ms / size}${unit}`;
+  }
+  return `${ms}ms`;
+}
+
+function fmtBytes(n) {
+  // Binary units, 3 significant digits; the exact count shows on hover.
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let i = 0, v = n;
+  while (v >= 1024 && i < units.length - 1) { v /= 1024; i++; }
+  return i ? `${Number(v.toPrecision(3))} ${units[i]}` : `${n} B`;
+}
+
+async function refreshStorage() {
+  // The retention in force and bytes stored: raw chunks, then each downsampled resolution.
+  const ds = state.ds;
+  const info = await api(`/api/v1/datasets/${encodeURIComponent(ds)}/retention`);
+  if (ds !== state.ds) return;  // another dataset was picked meanwhile
+  const whose = info.own_retention_ms === null ? "cluster default" : "dataset's own";
+  const row = (data, what, retention, bytes, note) => el("tr", { "data-data": data, "data-bytes": bytes, "data-retention-ms": retention },
+    el("td", {}, what), el("td", { title: note }, `${fmtDuration(retention)} (${note})`),
+    el("td", { class: "num", title: `${bytes.toLocaleString("en")} bytes` }, fmtBytes(bytes)));
+  const raw = row("raw", "raw samples", info.retention_ms, info.bytes, whose);
+  const limit = info.max_bytes === null ? [] : [el("span", { class: "limit" }, ` at most ${fmtBytes(info.max_bytes)}`)];
+  raw.cells[2].append(...limit);
+  const resolutions = Object.entries(info.downsampled || {}).sort((a, b) => Number(a[0]) - Number(b[0]));
+  $("#storage tbody").replaceChildren(raw, ...resolutions.map(([res, d]) =>
+    row(res, `downsampled, ${fmtDuration(Number(res))}`, d.retention_ms, d.bytes, "[downsample] retention_days")));
+  const sweep = info.sweep || {};
+  $("#sweep").textContent = sweep.last_ms
+    ? `last sweep ${new Date(sweep.last_ms).toISOString().slice(11, 19)} UTC: ${fmtBytes(sweep.bytes_freed || 0)} freed in all${sweep.last_error ? `; failing: ${sweep.last_error}` : ""}`
+    : "";
+}
+
 // ----- query -------------------------------------------------------------------------------
 
 function labelText(metric) {
@@ -433,6 +473,7 @@ async function select(ds) {
   renderGrid();
   follow(ds);
   await refreshNodes().catch(() => {});
+  refreshStorage().catch((e) => { $("#sweep").textContent = `storage: ${e.message}`; });
   await refreshPlanAndHistory();
 }
 
@@ -466,6 +507,7 @@ $("#query-form").addEventListener("submit", runQuery);
 $("#login").addEventListener("submit", useToken);
 setInterval(() => { if (state.ds) refreshNodes().catch(() => {}); }, 3000);
 setInterval(() => { if (state.ds) refreshPlanAndHistory().catch(() => {}); }, 10000);
+setInterval(() => { if (state.ds) refreshStorage().catch(() => {}); }, 5000);
 setInterval(() => loadDatasets().catch(() => {}), 3000);
 window.addEventListener("resize", () => { if (state.chart) drawChart(state.chart); });
 loadDatasets().catch((e) => { $("#grid").textContent = `cannot reach the cluster: ${e.message}`; });
