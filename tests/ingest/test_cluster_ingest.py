@@ -100,6 +100,27 @@ def wait_exact(c: FiloPyCluster, ds: Dataset, want: dict[str, np.ndarray], timeo
         assert len(np.unique(got[key])) == len(got[key]), f"{key} has duplicates"
 
 
+def produce_pausing(
+    ds: Dataset, bootstrap: str, all_batches: list[SampleBatch], pause_at: int
+) -> tuple[threading.Thread, threading.Event]:
+    """A thread sending the batches through the gateway that stops at `pause_at` until the
+    event is set (a node killed, up to 120 s), so the rest streams in while the shards move."""
+    resume = threading.Event()
+
+    def produce() -> None:
+        with Gateway(ds, bootstrap) as gw:
+            for i, b in enumerate(all_batches):
+                if i == pause_at:
+                    gw.flush()
+                    resume.wait(120)
+                gw.send_batch(b)
+                time.sleep(0.01)
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    return producer, resume
+
+
 def start_three(c: FiloPyCluster, ds: Dataset) -> list:
     nodes = [c.add_node() for _ in range(3)]
     c.wait_for("3 members", lambda: len(c.client.members()) == 3)

@@ -11,8 +11,6 @@ twice would show in `count_over_time` and `sum_over_time`.
 
 from __future__ import annotations
 
-import threading
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,10 +21,17 @@ import pytest
 from coordinator.local_cluster import LocalRayCluster
 from core.dataset import SourceSettings
 from filopy import Dataset
-from ingest.gateway import Gateway
 from query.functions import SampleBatch, range_function
 from store import open_stores
-from tests.ingest.test_cluster_ingest import T0, batches, expected, labels, start_three, wait_exact
+from tests.ingest.test_cluster_ingest import (
+    T0,
+    batches,
+    expected,
+    labels,
+    produce_pausing,
+    start_three,
+    wait_exact,
+)
 from tests.runtime.conftest import FiloPyCluster, cluster_settings, on_backend, start_cluster
 
 pytestmark = [pytest.mark.kafka, pytest.mark.ray]
@@ -91,20 +96,7 @@ def test_a_node_killed_while_downsampling_leaves_no_gap_and_no_duplicate(
     c.wait_for("the spare joined", lambda: spare.node_id in c.client.members())
 
     all_batches = list(batches(SERIES, SCRAPES, per_call=PER_CALL))
-    killed = threading.Event()
-    part = len(all_batches) * 3 // 4
-
-    def produce() -> None:
-        with Gateway(ds, kafka_bootstrap) as gw:
-            for i, b in enumerate(all_batches):
-                if i == part:
-                    gw.flush()
-                    killed.wait(120)  # the rest streams in while the shards move
-                gw.send_batch(b)
-                time.sleep(0.01)
-
-    producer = threading.Thread(target=produce)
-    producer.start()
+    producer, killed = produce_pausing(ds, kafka_bootstrap, all_batches, len(all_batches) * 3 // 4)
     victim = max(nodes, key=lambda n: len(c.client.shard_map(ds.name).shards_for_node(n.node_id)))
     moved = c.client.shard_map(ds.name).shards_for_node(victim.node_id)
     meta, _ = open_stores(c.settings)

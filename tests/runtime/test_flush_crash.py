@@ -11,8 +11,6 @@ produced.
 
 from __future__ import annotations
 
-import threading
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,9 +22,14 @@ from coordinator.local_cluster import LocalRayCluster
 from coordinator.names import node_actor_name
 from core.dataset import SourceSettings
 from filopy import Dataset
-from ingest.gateway import Gateway
 from store import open_stores
-from tests.ingest.test_cluster_ingest import batches, expected, start_three, wait_exact
+from tests.ingest.test_cluster_ingest import (
+    batches,
+    expected,
+    produce_pausing,
+    start_three,
+    wait_exact,
+)
 from tests.runtime.conftest import FiloPyCluster, cluster_settings, on_backend, start_cluster
 
 pytestmark = [pytest.mark.kafka, pytest.mark.ray]
@@ -62,20 +65,8 @@ def test_a_node_killed_while_flushing_loses_and_doubles_nothing(
     c.wait_for("the spare joined", lambda: spare.node_id in c.client.members())
 
     all_batches = list(batches(SERIES, SCRAPES, per_call=PER_CALL))
-    killed = threading.Event()
-    half = len(all_batches) * 3 // 4  # past the first hour: sealed chunks and open buffers
-
-    def produce() -> None:
-        with Gateway(ds, kafka_bootstrap) as gw:
-            for i, b in enumerate(all_batches):
-                if i == half:
-                    gw.flush()
-                    killed.wait(120)  # the rest streams in while the shards move
-                gw.send_batch(b)
-                time.sleep(0.01)
-
-    producer = threading.Thread(target=produce)
-    producer.start()
+    # Paused past the first hour: sealed chunks and open buffers.
+    producer, killed = produce_pausing(ds, kafka_bootstrap, all_batches, len(all_batches) * 3 // 4)
     victim = max(nodes, key=lambda n: len(c.client.shard_map(ds.name).shards_for_node(n.node_id)))
     moved = c.client.shard_map(ds.name).shards_for_node(victim.node_id)
     meta, column = open_stores(c.settings)
