@@ -222,6 +222,7 @@ class Downsampler:
         """Summarise (start, end] of `series` (all by default), write their records and, for a
         new slice (`commit`), raise the mark past it."""
         mem = self._memstore
+        mem.summarising(end)  # a sample of the slice arriving during the read is late, redone
         every = np.arange(mem.num_series, dtype=np.int64)
         ids = mem.in_range(every if series is None else series, start + 1, end)
         n_records = n_samples = n_periods = 0

@@ -481,6 +481,12 @@ class ShardMemstore:
             self.downsampled_until[resolution_ms] = until
             self._late_threshold = max(self.downsampled_until.values())
 
+    def summarising(self, until: int) -> None:
+        """The downsampler is about to read samples up to `until`: any sample at or before it
+        accepted from now on is late (it may miss the read), even before the mark moves."""
+        with self._lock:
+            self._late_threshold = max(self._late_threshold, until)
+
     def take_late(self) -> dict[int, int]:
         """The series with late samples (`set_downsampled`) and each one's earliest, forgotten
         here: the downsampler redoes their slices from there."""

@@ -144,4 +144,10 @@ def test_api_conforms_to_its_schema(rest: Rest) -> None:
     # Auth is off on this cluster (tests/cluster.py), so the token operations answer 404;
     # tests/rest/test_auth_clients.py runs schemathesis with auth on and reaches them.
     unreached |= {"GET /api/v1/tokens", "POST /api/v1/tokens", "DELETE /api/v1/tokens/{token_id}"}
+    # delete_series takes its selectors as a form body the narrowed strategies do not fill with
+    # valid PromQL: it answers 400 here (never a 5xx); tests/rest/test_delete_series.py runs it.
+    unreached |= {
+        f"{method} /promql/{{dataset}}/api/v1/admin/tsdb/delete_series"
+        for method in ("POST", "PUT")
+    }
     assert {op.label for op in operations} - unreached <= reached, sorted(answers.items())

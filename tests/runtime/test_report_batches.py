@@ -30,8 +30,10 @@ def test_batched_reports_reach_the_map_in_order_and_stale_ones_are_ignored(
     c.wait_for("all active", lambda: c.client.shard_map(ds.name).is_healthy())
     coordinator = ray.get_actor(node_actor_name(node), namespace=c.settings.ray.namespace)
     stats = ray.get(coordinator.report_stats.remote())
-    assert stats["sent"] == SHARDS and stats["dropped"] == 0 and stats["queued"] == 0, stats
-    assert 1 <= stats["calls"] <= SHARDS
+    # At least one report a shard; a start that waited on a busy store past its attempt also
+    # reported the shard Degraded before it started (the node coordinator retries starts).
+    assert stats["sent"] >= SHARDS and stats["dropped"] == 0 and stats["queued"] == 0, stats
+    assert 1 <= stats["calls"] <= stats["sent"]
 
     def send(batch: list) -> EventsApplied:
         reply = ray.get(c.actor.shard_events.remote(node, batch), timeout=30)

@@ -255,3 +255,28 @@ def _by_pod(matrix) -> dict[str, np.ndarray]:
         for i, labels in enumerate(matrix.labels)
         if matrix.present[i].any()
     }
+
+
+def test_a_sample_arriving_while_its_slice_is_read_is_redone(open_backend: Opener) -> None:
+    """The read of a slice and its mark are not one step: a sample of the slice accepted in
+    between is neither in the read nor after the mark; it counts as late, and is redone."""
+    meta, column = open_backend()
+    stream = _stream(3)
+    shard = Shard(meta, column, [_only(b, range(SERIES - 1)) for b in stream])
+    d = shard.downsampler()
+    read = shard.mem.in_range
+
+    def in_range_then_ingest(*args, **kwargs):
+        found = read(*args, **kwargs)
+        if shard.mem.in_range is in_range_then_ingest:  # once: the last series arrives now
+            shard.mem.in_range = read
+            for offset, b in enumerate(stream, start=len(stream)):
+                shard.mem.ingest(_only(b, range(SERIES - 1, SERIES)), offset)
+        return found
+
+    shard.mem.in_range = in_range_then_ingest
+    d.run(NOW)
+    d.run(NOW)  # redoes what the first round missed
+    for res in RESOLUTIONS:
+        mark = meta.read_downsample_marks(shard.ds.ref, 0)[res]
+        assert_equal(shard.stored_periods(res), shard.raw_periods(res, mark))
