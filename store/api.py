@@ -779,19 +779,8 @@ class ColumnStore(_Closable):
 
         A chunk whose last sample is already past the dataset's retention is not written."""
         _check_shard(shard)
-        name = _check_ref(ref)
-        batch = list(chunks)
-        for c in batch:
-            if c.end_time - c.start_time > self.max_chunk_span_ms:
-                raise ValueError(
-                    f"chunk of {c.part_key} at {c.start_time} spans {c.end_time - c.start_time} "
-                    f"ms, more than max_chunk_span_ms={self.max_chunk_span_ms}"
-                )
         retention, now = self._retention_now(ref)
-        if retention:
-            batch = [c for c in batch if c.end_time >= now - retention]
-        if batch:
-            self._write_chunks(name, shard, batch, retention, now)
+        self._write_records(_check_ref(ref), shard, chunks, retention, now)
 
     def read_chunks(
         self, ref: DatasetRef, shard: int, part_keys: Iterable[str], start: int, end: int
@@ -801,33 +790,21 @@ class ColumnStore(_Closable):
         Series without such chunks are absent from the result."""
         _check_shard(shard)
         _check_range("chunk query", start, end)
-        start = max(start, self.cutoff(ref))
-        keys = sorted(set(part_keys))
-        if not keys or start > end:
-            return {}
-        lo = max(INT64_MIN, start - self.max_chunk_span_ms)
-        found = self._read_chunks(_check_ref(ref), shard, keys, lo, start, end)
+        found = self._read_records(_check_ref(ref), shard, part_keys, start, end, self.cutoff(ref))
         self.chunks_read += sum(map(len, found.values()))
-        return {k: sorted(v, key=lambda c: c.start_time) for k, v in sorted(found.items()) if v}
+        return found
 
     def write_downsampled(
         self, ref: DatasetRef, shard: int, resolution_ms: int, records: Iterable[ChunkRecord]
     ) -> None:
         """Write downsampled records (ingest/downsampler.py: one series' periods of one slice
-        each, `store.downsample.encode_periods`), stored and expired as chunks are, under a
+        each, `store.downsample.encode_records`), stored and expired as chunks are, under a
         name of their own (`downsampled_name`) and kept `downsample_retention_ms[resolution]`.
         Rewriting a record replaces it."""
         _check_shard(shard)
         name = downsampled_name(_check_ref(ref), resolution_ms)
-        batch = list(records)
-        for r in batch:
-            if r.end_time - r.start_time > self.max_chunk_span_ms:
-                raise ValueError(f"downsampled record of {r.part_key} spans over max_chunk_span_ms")
-        retention, now = self.downsample_retention_ms.get(resolution_ms, 0), self.clock()
-        if retention:
-            batch = [r for r in batch if r.end_time >= now - retention]
-        if batch:
-            self._write_chunks(name, shard, batch, retention, now)
+        retention = self.downsample_retention_ms.get(resolution_ms, 0)
+        self._write_records(name, shard, records, retention, self.clock())
 
     def read_downsampled(
         self,
@@ -843,15 +820,38 @@ class ColumnStore(_Closable):
         _check_range("downsampled query", start, end)
         name = downsampled_name(_check_ref(ref), resolution_ms)
         retention = self.downsample_retention_ms.get(resolution_ms, 0)
+        cutoff = self.clock() - retention if retention else INT64_MIN
+        found = self._read_records(name, shard, part_keys, start, end, cutoff)
+        read = self.downsampled_read
+        read[resolution_ms] = read.get(resolution_ms, 0) + sum(map(len, found.values()))
+        return found
+
+    def _write_records(
+        self, name: str, shard: int, records: Iterable[ChunkRecord], retention: int, now: int
+    ) -> None:
+        """Chunks and downsampled records alike: spans bounded, nothing past retention."""
+        batch = list(records)
+        for c in batch:
+            if c.end_time - c.start_time > self.max_chunk_span_ms:
+                raise ValueError(
+                    f"chunk of {c.part_key} at {c.start_time} spans {c.end_time - c.start_time} "
+                    f"ms, more than max_chunk_span_ms={self.max_chunk_span_ms}"
+                )
         if retention:
-            start = max(start, self.clock() - retention)
+            batch = [c for c in batch if c.end_time >= now - retention]
+        if batch:
+            self._write_chunks(name, shard, batch, retention, now)
+
+    def _read_records(
+        self, name: str, shard: int, part_keys: Iterable[str], start: int, end: int, cutoff: int
+    ) -> dict[str, list[ChunkRecord]]:
+        """Records of the series overlapping [max(start, cutoff), end], by series and start."""
+        start = max(start, cutoff)
         keys = sorted(set(part_keys))
         if not keys or start > end:
             return {}
         lo = max(INT64_MIN, start - self.max_chunk_span_ms)
         found = self._read_chunks(name, shard, keys, lo, start, end)
-        read = self.downsampled_read
-        read[resolution_ms] = read.get(resolution_ms, 0) + sum(map(len, found.values()))
         return {k: sorted(v, key=lambda c: c.start_time) for k, v in sorted(found.items()) if v}
 
     def delete_series(self, ref: DatasetRef, shard: int, part_keys: Iterable[str]) -> int:
