@@ -170,6 +170,11 @@ class KafkaShardIngester(ReportingIngester):
         # The Kafka timestamp (ms) of the newest record read, None until one with a timestamp:
         # how far behind in time the ingester is while records wait (ingest/topics.py).
         self.read_ts_ms: int | None = None
+        # When (wall ms) the ingester last knew it had read the partition to its end: from a
+        # fetch that brought records, or a probe asking the broker (never from the end offset
+        # cached by fetches alone, which a stalled fetch leaves stale). With `read_ts_ms`, how
+        # old the oldest unread record can be while a shard that read nothing lately is behind.
+        self.current_ms: int | None = None
         self.recovery_s: float | None = None  # from start to IngestionStarted
         self._started = time.monotonic()
         # Health: what is wrong now (None: nothing), and what was last reported about it.
@@ -364,6 +369,7 @@ class KafkaShardIngester(ReportingIngester):
             self._health_key = None
             self._report_health()
         else:
+            self.current_ms = int(time.time() * 1000)
             self.memstore.end_recovery()
             self._live()
         last_bad_log = last_misrouted_log = 0.0
@@ -451,6 +457,8 @@ class KafkaShardIngester(ReportingIngester):
                 _, end = consumer.get_watermark_offsets(partition, cached=True)
                 if end >= 0:
                     self.end_offset = end
+                    if got and self.next_offset is not None and self.next_offset >= end:
+                        self.current_ms = int(time.time() * 1000)
                 if replaying and self._replay_progress(consumer, first, high):
                     replaying = False
                     self._live()
@@ -527,7 +535,7 @@ class KafkaShardIngester(ReportingIngester):
         """No message lately: is the broker answering (again)? A failure starts or continues
         the Kafka trouble that makes the shard Degraded after `kafka_retry_timeout_s`."""
         try:
-            consumer.get_watermark_offsets(partition, timeout=PROBE_TIMEOUT_S)
+            _, end = consumer.get_watermark_offsets(partition, timeout=PROBE_TIMEOUT_S)
         except KafkaException as e:
             err = e.args[0] if e.args else None
             if isinstance(err, KafkaError) and not is_transient(err):
@@ -538,6 +546,8 @@ class KafkaShardIngester(ReportingIngester):
                 self._kafka_error = self._errors.explain(str(err))
             return
         self._kafka_since = self._kafka_error = None
+        if self.next_offset is not None and self.next_offset >= end:
+            self.current_ms = int(time.time() * 1000)
 
     def _problem(self) -> str | None:
         """What keeps the shard from being healthy, for `IngestionDegraded` (None: nothing)."""
@@ -721,6 +731,7 @@ class KafkaShardIngester(ReportingIngester):
             "lag": self.lag,
             "next_offset": self.next_offset,
             "read_ts_ms": self.read_ts_ms,
+            "current_ms": self.current_ms,
             "recovery_s": self.recovery_s,
             "flush": self.flusher.totals() if self.flusher is not None else None,
             "degraded": self.degraded,

@@ -357,12 +357,15 @@ def consumer_lag(
     """How far an ingester is behind, in offsets and in seconds (None: not known). Against the
     broker's end offset when the scrape got it: an ingester on a slow link learns of new records
     only from the fetch that brings them, so its own view (`stats["lag"]`) says it is caught up
-    while they crawl. In seconds: the age of the newest record read while others wait."""
+    while they crawl. In seconds, while records wait: how old the oldest of them can be, the
+    time since the newest record read was written or since the ingester last knew it had read
+    everything, whichever is later (a shard whose fetches stall reads nothing, so only the
+    latter grows)."""
     read_to = stats.get("next_offset")
     behind = stats.get("lag") if end is None or read_to is None else max(0, end - read_to)
     if behind is None:
         return None, None
     if behind == 0:
         return 0, 0.0
-    ts = stats.get("read_ts_ms")
-    return behind, None if ts is None else max(0.0, now - ts / 1000)
+    known = [t for t in (stats.get("read_ts_ms"), stats.get("current_ms")) if t is not None]
+    return behind, max(0.0, now - max(known) / 1000) if known else None

@@ -235,12 +235,19 @@ class NetCluster:
     def metric(self, name: str, **labels: str) -> dict[tuple[tuple[str, str], ...], float]:
         """The samples of metric `name` on the head's /metrics (read from the client host) whose
         labels include `labels`: labels -> value."""
+        return self.metrics(name, **labels)[name]
+
+    def metrics(
+        self, *names: str, **labels: str
+    ) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+        """Several metrics from one scrape (values that must be compared at one moment): name ->
+        labels -> value, for the samples whose labels include `labels`."""
         text = self.bed.sh("client", ["curl", "-sS", "--max-time", "30", f"{REST}/metrics"])
-        out = {}
+        out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {n: {} for n in names}
         for fam in text_string_to_metric_families(text.stdout):
             for sample in fam.samples:
-                if sample.name == name and labels.items() <= sample.labels.items():
-                    out[tuple(sorted(sample.labels.items()))] = sample.value
+                if sample.name in out and labels.items() <= sample.labels.items():
+                    out[sample.name][tuple(sorted(sample.labels.items()))] = sample.value
         return out
 
     def shards_with_data(self, dataset: str) -> set[int]:

@@ -1,5 +1,6 @@
 """Consumer lag as /metrics exports it: against the broker's end offset when the scrape got it,
-in seconds by the age of the newest record the ingester read while others wait."""
+in seconds by how old the oldest record waiting can be (the newest record read, or when the
+ingester last knew it had read everything)."""
 
 from filopy.rest.metrics import consumer_lag
 
@@ -29,3 +30,19 @@ def test_unknown_until_known() -> None:
     )
     # records wait but none was read yet: the offsets are known, the time is not
     assert consumer_lag({"lag": 3, "next_offset": 0, "read_ts_ms": None}, 3, NOW) == (3, None)
+
+
+def test_a_shard_that_reads_nothing_while_records_wait_ages_from_when_it_was_last_current() -> None:
+    # An idle shard (its newest record long ago) whose fetches stall once records arrive: its
+    # lag in seconds grows from the last time it knew it had read everything (a probe).
+    stats = {"lag": 0, "next_offset": 40, "read_ts_ms": 1_600_000_000_000,
+             "current_ms": 1_700_000_090_000}  # fmt: skip
+    assert consumer_lag(stats, 48, NOW) == (8, 10.0)
+    # the later of the two bounds: a record read after the ingester was last current
+    stats |= {"read_ts_ms": 1_700_000_095_000}
+    assert consumer_lag(stats, 48, NOW) == (8, 5.0)
+    # nothing read yet, but current at start
+    assert consumer_lag({"lag": 0, "next_offset": 0, "current_ms": 1_700_000_040_000}, 8, NOW) == (
+        8,
+        60.0,
+    )
