@@ -24,6 +24,8 @@ shards_app = typer.Typer(help="Stop shards, or start them on a chosen node.", no
 app.add_typer(shards_app, name="shards")
 node_app = typer.Typer(help="This machine as a FiloPy node: join a cluster.", no_args_is_help=True)
 app.add_typer(node_app, name="node")
+series_app = typer.Typer(help="Series: delete.", no_args_is_help=True)
+app.add_typer(series_app, name="series")
 token_app = typer.Typer(
     help="API tokens for the HTTP servers: create, list, revoke (in the store the settings name; "
     "docs/security.md).",
@@ -745,6 +747,47 @@ def query(
             table.add_row(series, f"{len(points)} points, last: {shown}")
     console.print(table)
     console.print(f"[dim]{len(data['result'])} series{footer}[/]")
+
+
+@series_app.command("delete")
+@_clean_errors
+def series_delete(
+    dataset: Annotated[str, typer.Argument(help="Dataset name.")],
+    selectors: Annotated[
+        list[str],
+        typer.Argument(help="Series selectors, as Prometheus' match[]: 'up{job=\"api\"}'."),
+    ],
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+    address: RayAddress = "auto",
+    url: RestUrl = None,
+    token: ApiToken = None,
+) -> None:
+    """Delete every series a selector matches, whole, from every shard's memory and the store
+    (docs/lifecycle.md, "Deleting series"). It cannot be undone; samples written later with
+    the same labels make a new series."""
+    from filopy.rest.promql import parse_matchers
+
+    parsed = [parse_matchers(s) for s in selectors]  # a bad selector fails before anything
+    if any(not p for p in parsed):
+        raise typer.BadParameter("a selector needs at least one matcher")
+    if not yes:
+        typer.confirm(
+            f"Delete every series of {dataset} matching {' or '.join(selectors)}, from memory "
+            "and the store? This cannot be undone",
+            abort=True,
+        )
+    if url is not None:
+        from filopy.cli.rest_client import RestClient
+
+        with RestClient(url, token) as rest:
+            rest.delete_series(dataset, selectors)
+        console.print(f"{dataset}: deleted the series matching {' or '.join(selectors)}")
+        return
+    info = _client(address).delete_series(dataset, parsed)
+    console.print(
+        f"{dataset}: deleted {info['series']:,} series ({info['shards']} shards, "
+        f"{info['by_nodes']} by their owners, the rest from the store)"
+    )
 
 
 @shards_app.command("stop")

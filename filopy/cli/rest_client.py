@@ -53,13 +53,18 @@ class RestClient:
     def __exit__(self, *exc: object) -> None:
         self._http.close()
 
-    def _call(self, path: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
-        """The JSON body of GET `path`; the API's error (its message) otherwise."""
+    def _call(
+        self, path: str, params: dict[str, Any] | None = None, method: str = "GET"
+    ) -> dict[str, Any]:
+        """The JSON body of `method` `path` ({} for a 204); the API's error (its message)
+        otherwise."""
         try:
-            r = self._http.get(path, params=params)
+            r = self._http.request(method, path, params=params)
         except httpx.HTTPError as e:
             where = f"{self._http.base_url}{path}"
             raise Unavailable(f"{where}: {e or type(e).__name__}") from None
+        if r.status_code == 204:
+            return {}
         try:
             body = r.json()
         except ValueError:
@@ -92,3 +97,11 @@ class RestClient:
         kind = "query_range" if "start" in params else "query"
         given = {k: v for k, v in params.items() if v is not None}
         return self._call(f"/promql/{dataset}/api/v1/{kind}", {"query": promql, **given})
+
+    def delete_series(self, dataset: str, selectors: list[str]) -> None:
+        """Prometheus' delete_series: every series any selector matches, whole."""
+        self._call(
+            f"/promql/{dataset}/api/v1/admin/tsdb/delete_series",
+            {"match[]": selectors},
+            method="POST",
+        )

@@ -1,13 +1,18 @@
 """Deleting series end to end (Prometheus' delete_series): samples through real Kafka into a
 two-node cluster, some series deleted by matcher over REST; queries and /series no longer
 return them while the others are untouched, restarting the shards (a replay from the
-checkpoints) does not bring them back, and samples sent afterwards make a new series."""
+checkpoints) does not bring them back, and samples sent afterwards make a new series; the CLI
+does the same as a subprocess."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +26,7 @@ from tests.rest.conftest import Rest, start_rest
 pytestmark = [pytest.mark.kafka, pytest.mark.ray]
 
 MIN = 60_000
+FILOPY = str(Path(sys.executable).parent / "filopy")
 HOUR = 60 * MIN
 
 
@@ -127,3 +133,54 @@ def test_deleted_series_are_gone_for_good_and_others_untouched(rest: Rest, kafka
         60,
     )
     assert _counts(rest, name, "count_over_time(cpu[2h])") == {"a": 5, "c": 30, "d": 30}
+
+
+def test_the_cli_deletes_series_over_rest_and_over_ray_and_asks_first(
+    rest: Rest, kafka_bootstrap: str
+):
+    """`filopy series delete` as a user types it: a subprocess, over the REST API (`--url`) and
+    as a Ray driver (`--address`); a bad selector and a "no" at the prompt delete nothing."""
+    name = f"cli{uuid.uuid4().hex[:8]}"
+    ds = Dataset(
+        name=name,
+        num_shards=2,
+        spread={"default": 1},
+        source=SourceSettings(bootstrap_servers=kafka_bootstrap),
+        store=StoreOptions(memory_retention_ms=4 * HOUR, flush_interval_s=1.0),
+    )
+    rest.client.setup_dataset(ds)
+    rest.wait_for("all shards active", lambda: rest.all_active(name), 60)
+    now = int(time.time() * 1000)
+    with Gateway(ds) as gw:
+        gw.send((_labels(m, h), now - i * MIN, 1.0)
+                for m in ("cpu", "mem") for h in "abc" for i in range(5))  # fmt: skip
+    rest.wait_for(
+        "every series answers",
+        lambda: (
+            _counts(rest, name, "count_over_time(cpu[1h])") == {"a": 5, "b": 5, "c": 5}
+            and _counts(rest, name, "count_over_time(mem[1h])") == {"a": 5, "b": 5, "c": 5}
+        ),
+        120,
+    )
+    env = {**os.environ, "FILOPY_RAY__NAMESPACE": rest.cluster.settings.ray.namespace}
+
+    def filopy(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+        return subprocess.run([FILOPY, "series", "delete", name, *args], input=stdin, env=env,
+                              capture_output=True, text=True, timeout=180)  # fmt: skip
+
+    bad = filopy("cpu{", "--yes", "--url", rest.url)
+    assert bad.returncode == 1 and "error:" in bad.stderr, bad
+    assert "Traceback" not in bad.stdout + bad.stderr
+    said_no = filopy('cpu{host="a"}', "--url", rest.url, stdin="n\n")
+    assert said_no.returncode == 1 and "cannot be undone" in said_no.stdout, said_no
+    assert _counts(rest, name, "count_over_time(cpu[1h])") == {"a": 5, "b": 5, "c": 5}
+
+    over_rest = filopy('cpu{host="a"}', "--yes", "--url", rest.url)
+    assert over_rest.returncode == 0, over_rest.stderr
+    assert _counts(rest, name, "count_over_time(cpu[1h])") == {"b": 5, "c": 5}
+
+    over_ray = filopy("mem", 'cpu{host="b"}', "--address", rest.cluster.ray.address, stdin="y\n")
+    assert over_ray.returncode == 0, over_ray.stderr
+    assert "deleted 4 series" in over_ray.stdout, over_ray.stdout
+    assert _counts(rest, name, "count_over_time(cpu[1h])") == {"c": 5}
+    assert _counts(rest, name, "count_over_time(mem[1h])") == {}
