@@ -27,6 +27,7 @@ from playwright.sync_api import Page, sync_playwright
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from coordinator.node_coordinator import NAME_LABEL
+from core.config import DownsampleSettings
 from filopy.rest.app import create_app
 from tests.cluster import FiloPyCluster, cluster_settings, start_cluster
 from tests.rest.conftest import ServerThread
@@ -44,8 +45,14 @@ RAY_ID = re.compile(r"[0-9a-f]{56}")
 @pytest.fixture
 def console(tmp_path: Path, kafka_bootstrap: str) -> Iterator[tuple[FiloPyCluster, str, dict]]:
     settings = cluster_settings(tmp_path, "kafka", flush_interval_s=1.0)
+    # Downsampling at once (no delay), so the storage table shows its bytes.
+    down = DownsampleSettings(resolutions_ms=[300_000, 3_600_000], delay_s=0.0, interval_s=1.0,
+                              retention_days=[90.0, 730.0])  # fmt: skip
     settings = settings.model_copy(
-        update={"kafka": settings.kafka.model_copy(update={"bootstrap_servers": kafka_bootstrap})}
+        update={
+            "kafka": settings.kafka.model_copy(update={"bootstrap_servers": kafka_bootstrap}),
+            "downsample": down,
+        }
     )
     from coordinator.local_cluster import LocalRayCluster  # Ray only where a test starts it
 
@@ -355,11 +362,13 @@ def test_the_console_follows_the_cluster_live_and_runs_a_query(console, tmp_path
         # Storage: the retention in force and the bytes stored, of the raw data and of each
         # downsampled resolution, as the retention route says; a change of retention on the
         # live dataset shows without a reload.
-        # Chunks are stored once sealed: a series of more samples than a chunk holds.
+        # Chunks are stored once sealed: a series of more samples than a chunk holds; every
+        # 15 minutes for 32 hours, so a day's hourly periods and 2 hours' 5-minute ones are
+        # complete and downsampled.
         per_chunk = cluster.settings.ingest.max_chunk_samples
         disk = "\n".join(
-            f"disk,_ws_=demo,_ns_=app0,host=h0 used={k} {now_ns - k * 1_000_000_000}"
-            for k in range(per_chunk + 10)
+            f"disk,_ws_=demo,_ns_=app0,host=h0 used={k} {now_ns - k * 900_000_000_000}"
+            for k in range(max(per_chunk + 10, 130))
         )
         assert http.post(f"/ingest/{ds}/write", content=disk).status_code == 204
         put = http.put(f"/api/v1/datasets/{ds}/retention", json={"retention": "30d"})
@@ -374,7 +383,8 @@ def test_the_console_follows_the_cluster_live_and_runs_a_query(console, tmp_path
             ]
             rows = page.evaluate(STORAGE)
             seen[:] = [want, rows]
-            return rows if info["bytes"] > 0 and [r[:3] for r in rows] == want else None
+            stored = [w[1] for w in want]
+            return rows if all(b > 0 for b in stored) and [r[:3] for r in rows] == want else None
 
         try:
             rows = wait_for("the storage table equals the retention route", storage_shown)
@@ -387,6 +397,7 @@ def test_the_console_follows_the_cluster_live_and_runs_a_query(console, tmp_path
         resolutions = cluster.settings.downsample.resolutions_ms
         assert [int(r[0]) for r in downsampled] == sorted(resolutions), downsampled
         for res, stored_bytes, kept, what, retention, stored in downsampled:
+            assert stored_bytes > 0, downsampled
             assert what[0] == f"downsampled, {_duration(int(res))}", what
             assert retention[0].startswith(f"{_duration(kept)} ("), retention
             assert stored[1] == f"{stored_bytes:,} bytes", stored
