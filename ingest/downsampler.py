@@ -1,5 +1,8 @@
 """Downsampling a shard on its owner: periods whose samples are complete, summarised per
 resolution (store/downsample.py) and written beside the raw chunks, checkpointed like ingestion.
+Rounds run on a thread of their own per shard (`DownsampleWorker`): a round reads whole slices
+from memory and the store, which may take seconds on a busy shard, and neither consuming nor
+flushing waits for it.
 
 For each resolution r the shard keeps a mark in the MetaStore: the end of the last period done
 (a multiple of r). A round takes the slice (mark, target] where target is the latest period end
@@ -29,13 +32,16 @@ next round; its period's summary misses it (docs/lifecycle.md).
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 
 from core.dataset import DatasetRef
+from core.worker import Worker
 from ingest.memstore import ShardMemstore
 from ingest.shard_reader import read_merged_batch
 from store.api import ChunkRecord, ColumnStore, MetaStore, StaleEpochError, StoreUnavailable
@@ -45,6 +51,10 @@ log = logging.getLogger(__name__)
 
 PERIODS_PER_RECORD = 24  # a record: 2 hours of 5-minute periods, a day of hourly ones
 SERIES_PER_READ = 10_000  # series read and summarised at once
+
+
+class _Paused(Exception):
+    """A round given up between two reads because `Downsampler.paused` was asked for."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +70,7 @@ class DownsampleRound:
 
 
 class Downsampler:
-    """One shard's downsampling, run by its flush thread (`run_due`)."""
+    """One shard's downsampling, run by its `DownsampleWorker` (`run_due`)."""
 
     def __init__(
         self,
@@ -94,6 +104,8 @@ class Downsampler:
         self.repaired = 0  # series whose slices were redone for late samples
         self._repairing = 0  # series being redone now
         self.last_error: str | None = None  # the last round's failure; None once one succeeds
+        self._round_lock = threading.Lock()  # held by a round; `paused` waits for it
+        self._pause = threading.Event()  # a round gives up at its next read while set
 
     def marks(self) -> dict[int, int]:
         """Per resolution, the end of the last period done (absent: none yet)."""
@@ -103,15 +115,31 @@ class Downsampler:
                 self._memstore.set_downsampled(res, mark)
         return dict(self._marks)
 
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """No round runs inside this block (deleting series: a round that read a series before
+        its delete must not write its records after). A round in progress gives up at its next
+        read, leaving its mark where it was (the next round does it again, as after a crash)."""
+        self._pause.set()
+        try:
+            with self._round_lock:
+                yield
+        finally:
+            self._pause.clear()
+            self._next_due = 0.0  # do what was given up at once
+
     def run_due(self) -> list[DownsampleRound]:
         """Every slice due, once per `interval_s`; nothing while the memstore is recovering
         (its replay is not complete, so neither are its periods)."""
         now = self._clock()
-        if now < self._next_due or self._memstore.recovering:
+        if now < self._next_due or self._memstore.recovering or self._pause.is_set():
             return []
         self._next_due = now + self._interval_s
         try:
-            done = self.run(int(now * 1000))
+            with self._round_lock:
+                done = self.run(int(now * 1000))
+        except _Paused:
+            return []
         except StaleEpochError:
             raise  # another node owns the shard: the ingester stops
         except Exception as e:  # the next interval retries from the same marks
@@ -227,6 +255,8 @@ class Downsampler:
         ids = mem.in_range(every if series is None else series, start + 1, end)
         n_records = n_samples = n_periods = 0
         for i in range(0, len(ids), SERIES_PER_READ):  # bounded memory on a shard of millions
+            if self._pause.is_set():
+                raise _Paused
             some = ids[i : i + SERIES_PER_READ]
             ts, vals, bounds = read_merged_batch(
                 mem, self._columns, self._ref, self._shard, some, start + 1, end
@@ -252,3 +282,32 @@ class Downsampler:
         self.samples += n_samples
         self.periods += n_periods
         return DownsampleRound(res, start, end, n_records, n_samples, n_periods)
+
+
+class DownsampleWorker(Worker):
+    """A shard's downsampling rounds on their own thread: `run_due` every second while
+    `ready()` (the store takes writes: no round while flushes retry). A failure it does not
+    survive (`StaleEpochError`: another node owns the shard) ends the thread and is re-raised
+    on the ingesting thread by `check()`, as the flush thread's are."""
+
+    TICK_S = 1.0
+
+    def __init__(self, downsampler: Downsampler, ready: Callable[[], bool], name: str) -> None:
+        super().__init__(name)
+        self.downsampler = downsampler
+        self._ready = ready
+        self._failure: BaseException | None = None
+        self.start()
+
+    def _run(self) -> None:
+        try:
+            while not self.wait(self.TICK_S):
+                if self._ready():
+                    self.downsampler.run_due()
+        except BaseException as e:
+            self._failure = e
+
+    def check(self) -> None:
+        """Re-raise what ended the thread, if anything did."""
+        if self._failure is not None:
+            raise self._failure

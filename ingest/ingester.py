@@ -54,7 +54,7 @@ from core.shard_status import (
 )
 from core.worker import Worker
 from ingest.base import EventReporter, ReportingIngester
-from ingest.downsampler import Downsampler
+from ingest.downsampler import Downsampler, DownsampleWorker
 from ingest.flush import Flusher, recover_shard
 from ingest.kafka_config import ConnectionErrors, kafka_client_config
 from ingest.memstore import ShardMemstore
@@ -379,11 +379,22 @@ class KafkaShardIngester(ReportingIngester):
         # Flushes run on a thread of their own, so the store's latency (a Cassandra round trip,
         # an SQLite commit) overlaps consuming instead of stalling it.
         flushing = self._flushing = _FlushThread(
-            flusher, lambda: self.paused, f"flush-{ref.name}-{shard}", self.downsampler
+            flusher, lambda: self.paused, f"flush-{ref.name}-{shard}"
+        )
+        downsampling = (
+            None
+            if self.downsampler is None
+            else DownsampleWorker(
+                self.downsampler,
+                lambda: flusher.store_error is None,
+                f"downsample-{ref.name}-{shard}",
+            )
         )
         try:
             while not self._worker.stopping:
                 flushing.check()
+                if downsampling is not None:
+                    downsampling.check()
                 if self._pause_or_resume(consumer, partition):
                     # Paused: nothing to read until flushes get through; the flush thread flushes
                     # (or retries) every group meanwhile.
@@ -465,8 +476,12 @@ class KafkaShardIngester(ReportingIngester):
                 self._report_health()
         finally:
             self._flushing = None
+            if downsampling is not None:
+                downsampling.stop()
             flushing.stop()
         flushing.check()
+        if downsampling is not None:
+            downsampling.check()
 
     def _replay_progress(self, consumer: Consumer, first: int, high: int) -> bool:
         """Whether the consumer passed the end offset seen at start (the replay is over: the
@@ -694,6 +709,12 @@ class KafkaShardIngester(ReportingIngester):
         return flushing.submit(lambda f: self._delete_here(f, selectors)).result(timeout_s)
 
     def _delete_here(self, flusher: Flusher, selectors: Sequence[Sequence[LabelMatcher]]) -> int:
+        if self.downsampler is None:
+            return self._delete_now(flusher, selectors)
+        with self.downsampler.paused():
+            return self._delete_now(flusher, selectors)
+
+    def _delete_now(self, flusher: Flusher, selectors: Sequence[Sequence[LabelMatcher]]) -> int:
         ref, shard = self.dataset.ref, self.shard
         if any(r.held for r in flusher.flush_all()):
             raise Unavailable(f"{ref.name} shard {shard} is replaying: retry the delete")
@@ -757,16 +778,9 @@ class _FlushThread(Worker):
 
     MIN_WAIT_S = 0.02  # under memory pressure a group is always due: do not spin
 
-    def __init__(
-        self,
-        flusher: Flusher,
-        paused: Callable[[], bool],
-        name: str,
-        downsampler: Downsampler | None = None,
-    ) -> None:
+    def __init__(self, flusher: Flusher, paused: Callable[[], bool], name: str) -> None:
         super().__init__(name)
         self._flusher = flusher
-        self._downsampler = downsampler
         self._paused = paused
         self._wake = threading.Event()
         self._failure: BaseException | None = None
@@ -784,8 +798,6 @@ class _FlushThread(Worker):
                     flusher.flush_now()
                 else:
                     flusher.flush_due()
-                    if self._downsampler is not None and flusher.store_error is None:
-                        self._downsampler.run_due()  # once per its interval
                 wait = max(self.MIN_WAIT_S, min(0.5, flusher.seconds_until_due()))
                 self._wake.wait(wait)
                 self._wake.clear()
