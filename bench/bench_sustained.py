@@ -46,6 +46,14 @@ file's size, its WAL's and the dataset's stored chunk bytes (`ColumnStore.stored
 store must hold every sample produced without retention, and the retention side must have
 dropped buckets. Results: sustained-retention.{txt,csv,png}: disk over time for both sides, and
 the ratio of their ingest rates.
+
+`--downsample` (issue 33, docs/lifecycle.md): FiloPy only, twice with the same load and synthetic
+time, first without downsampling, then with 5-minute and hourly periods (the config's delay and
+interval), each shard's rounds on their own thread. Synthetic time runs hundreds of times faster
+than the clock, so every round has hours of data to summarise: a harder load than a real
+cluster's, where a round finds one slice at a time. Results: sustained-downsample.{txt,csv}: the
+ingest rate, ingester CPU, the most unflushed samples and the longest checkpoint stall side by
+side as ratios, and how far each resolution's mark got with its records and bytes.
 """
 
 from __future__ import annotations
@@ -355,6 +363,22 @@ def produce_filopy(
 CASSANDRA_PREFIX = "cassandra:"
 
 
+DOWNSAMPLE_RESOLUTIONS_MS = [300_000, 3_600_000]
+
+
+def downsample_settings() -> Any:
+    """--downsample's settings: 5-minute and hourly periods, the config's delay and interval."""
+    from core.config import DownsampleSettings, load_settings
+
+    base = load_settings().downsample
+    return DownsampleSettings(
+        resolutions_ms=DOWNSAMPLE_RESOLUTIONS_MS,
+        delay_s=base.delay_s,
+        interval_s=base.interval_s,
+        retention_days=[90.0, 730.0],
+    )
+
+
 def open_stores(spec: str, bucket_ms: int = 0) -> tuple[Any, Any]:
     """The bench's stores: an SQLite file path, or `cassandra:<keyspace>` on the local
     Cassandra (scripts/services.sh up cassandra). `bucket_ms` 0: SQLite's default buckets."""
@@ -403,6 +427,7 @@ def run_ingester(
     ready: Any,
     spawned_at: float,
     bucket_ms: int = 0,
+    downsample: bool = False,
 ) -> None:
     """The ingester process. mode "run": ingest, writing a row every second, until killed.
     mode "recover": start on the store a killed one left, note the recovery, go on writing rows
@@ -430,6 +455,8 @@ def run_ingester(
     if consume_batch:
         overrides["consume_batch"] = consume_batch
     settings = base.model_copy(update={"ingest": base.ingest.model_copy(update=overrides)})
+    if downsample:
+        settings = settings.model_copy(update={"downsample": downsample_settings()})
     groups = settings.ingest.groups_per_shard
     meta, columns = open_stores(db, bucket_ms)
     errors: list[str] = []
@@ -642,13 +669,25 @@ class FiloPyResult:
     rows: list[list[str]] = field(default_factory=list)
     retention_ms: int = 0
     disk: DiskWatch | None = None
+    downsample: bool = False
+    # --downsample: per resolution, how far its mark reached (ms), its records and bytes
+    down_marks: dict[int, int] = field(default_factory=dict)
+    down_records: dict[int, int] = field(default_factory=dict)
+    down_bytes: dict[int, int] = field(default_factory=dict)
 
 
 def run_filopy(
-    args: argparse.Namespace, t0: int, tmp: Path, ctx: Any, retention_ms: int | None = None
+    args: argparse.Namespace,
+    t0: int,
+    tmp: Path,
+    ctx: Any,
+    retention_ms: int | None = None,
+    downsample: bool | None = None,
 ) -> FiloPyResult:
     """One FiloPy phase. `retention_ms` not None (--retention-s, both sides; 0: kept forever):
-    a directory of its own, buckets of --bucket-s, and a `DiskWatch` sweeping and sampling."""
+    a directory of its own, buckets of --bucket-s, and a `DiskWatch` sweeping and sampling.
+    `downsample` not None (--downsample, both sides): a directory of its own, downsampling
+    on or off; what it wrote and how far it got is read from the store after."""
     from confluent_kafka.admin import AdminClient
 
     from ingest.kafka_config import kafka_client_config
@@ -663,6 +702,10 @@ def run_filopy(
         tmp = tmp / f"retention-{retention_ms}"
         tmp.mkdir()
         res.retention_ms = retention_ms or 0
+    if downsample is not None:
+        tmp = tmp / f"downsample-{'on' if downsample else 'off'}"
+        tmp.mkdir()
+        res.downsample = downsample
     db, rows_path = tmp / "filopy.db", tmp / "filopy-rows.csv"
     store = str(db)
     if args.store == "cassandra":
@@ -684,6 +727,7 @@ def run_filopy(
                 ready,
                 time.monotonic(),
                 bucket_ms,
+                res.downsample,
             ),
             name="filopy-ingester",
         )
@@ -761,6 +805,7 @@ def run_filopy(
                 ready2,
                 time.monotonic(),
                 bucket_ms,
+                res.downsample,
             ),
             name="filopy-recovery",
         )
@@ -802,6 +847,19 @@ def run_filopy(
             res.stored_samples, res.stored_bytes, res.chunks = n, nbytes, chunks
             res.snapshots_left = con.execute("SELECT count(*) FROM open_snapshots").fetchone()[0]
             res.part_keys = con.execute("SELECT count(*) FROM part_keys").fetchone()[0]
+            for r in DOWNSAMPLE_RESOLUTIONS_MS if res.downsample else ():
+                tables = con.execute(
+                    "SELECT tbl FROM chunk_buckets WHERE dataset = ?", (f"{ds.name}@{r}",)
+                ).fetchall()
+                for (tbl,) in tables:
+                    b, c = con.execute(
+                        f'SELECT sum(length(data)), count(*) FROM "{tbl}"'
+                    ).fetchone()
+                    res.down_bytes[r] = res.down_bytes.get(r, 0) + (b or 0)
+                    res.down_records[r] = res.down_records.get(r, 0) + c
+        if res.downsample:
+            meta, _ = open_stores(str(db))
+            res.down_marks = meta.read_downsample_marks(ds.ref, 0)
         res.db_bytes = sum(p.stat().st_size for p in tmp.glob("filopy.db*"))
     with rows_path.open() as f:
         res.rows = [r for r in csv.reader(f) if r]
@@ -1154,6 +1212,93 @@ def rate_between(rows: list[list[str]], a: float, b: float, col: str = "samples_
     return float(np.mean(vals)) if vals else float("nan")
 
 
+def unflushed_and_stall(fp: FiloPyResult) -> tuple[float, float]:
+    """The most samples waiting for a flush, and the longest stretch (s) without the lowest
+    checkpoint moving, while producing and draining."""
+    live_rows = [r for r in fp.rows if r[1] in ("run", "drain")]
+    max_unflushed = max((_f(r[FIELDS.index("unflushed_samples")]) for r in live_rows), default=0)
+    stall, since, last_cp = 0.0, 0.0, None
+    for r in live_rows:
+        cp, t = r[FIELDS.index("checkpoint")], _f(r[2])
+        if cp != last_cp:
+            since, last_cp = t, cp
+        stall = max(stall, t - since)
+    return max_unflushed, stall
+
+
+def downsample_summary(
+    args: argparse.Namespace,
+    t0: int,
+    sides: list[FiloPyResult],
+    load: tuple[float, float],
+    wall_s: float,
+) -> tuple[str, list[str]]:
+    """--downsample: the two runs' figures side by side (on / off as ratios), what downsampling
+    did, then each run's full summary."""
+    off, on = sides
+    d = args.duration_s
+    figures = []
+    for fp in sides:
+        unflushed, stall = unflushed_and_stall(fp)
+        cpu = fp.cpu.get("ingester", float("nan"))
+        rss = max((_f(r[FIELDS.index("rss_mib")]) for r in fp.rows if r[1] == "run"), default=0)
+        figures.append((rate_between(fp.rows, 0, d), cpu, unflushed, stall, rss))
+    names = (
+        "ingested, run mean (samples/s)",
+        "ingester CPU seconds while producing",
+        "most unflushed samples",
+        "longest checkpoint stall (s)",
+        "largest RSS (MiB)",
+    )
+    down = downsample_settings()
+    newest = t0 + (on.offered_scrapes - 1) * SCRAPE_MS
+    out = [
+        "Downsampling's cost under sustained ingestion (issue 33): the same load twice, "
+        "downsampling off, then on",
+        f"{time.strftime('%Y-%m-%d %H:%M')}; {machine()}",
+        "command: " + shlex.join(["python", "bench/bench_sustained.py", *sys.argv[1:]]),
+        f"code: git {args.code_version} at the start; load average {load[0]:.1f} at the start, "
+        f"{load[1]:.1f} at the end; run took {wall_s / 60:.1f} min",
+        f"{args.series:,} series, offered {args.rate:,.0f} samples/s for {d:g} s each; synthetic "
+        f"time (a scrape of all series every {args.series / args.rate:.3f} s), so data time "
+        f"runs {SCRAPE_MS / 1000 * args.rate / args.series:,.0f}x the clock: "
+        f"{(newest - t0) / 3_600_000:.1f} hours of data per run",
+        f"downsampling: resolutions {', '.join(f'{r // 60_000} min' for r in down.resolutions_ms)}"
+        f", delay_s {down.delay_s:g}, interval_s {down.interval_s:g} "
+        "(a round per interval, on the shard's own thread)",
+        "",
+        f"  {'':40} {'off':>14} {'on':>14} {'on / off':>9}",
+    ]
+    for i, name in enumerate(names):
+        a, b = figures[0][i], figures[1][i]
+        out.append(f"  {name:40} {a:>14,.0f} {b:>14,.0f} {b / a if a else float('nan'):>9.3f}")
+    out.append("")
+    problems = []
+    for r in down.resolutions_ms:
+        mark = on.down_marks.get(r)
+        reached = "no period yet" if mark is None else (
+            f"periods done to {(mark - t0) / 3_600_000:.1f} h of data "
+            f"({(newest - mark) / 60_000:,.0f} min behind the newest sample)"
+        )  # fmt: skip
+        out.append(
+            f"  {r // 60_000:>3} min: {reached}; {on.down_records.get(r, 0):,} records, "
+            f"{on.down_bytes.get(r, 0):,} bytes (raw chunks {on.stored_bytes:,} bytes)"
+        )
+    if not on.down_marks:
+        problems.append("downsampling did nothing")
+    if args.note:
+        out.append(f"  note: {args.note}")
+    out += ["", "== downsampling off", ""]
+    for name, fp in (("off", off), ("on", on)):
+        if name == "on":
+            out += ["", "== downsampling on", ""]
+        text, more = summary(args, t0, fp, None, load, wall_s)
+        lines = text.splitlines()
+        out += lines[lines.index("") + 1 :]  # its own section, without the common header
+        problems += [f"{name}: {p}" for p in more]
+    return "\n".join(out) + "\n", problems
+
+
 def summary(
     args: argparse.Namespace,
     t0: int,
@@ -1169,14 +1314,7 @@ def summary(
     fp_mean = rate_between(fp.rows, 0, d)
     fp_steady = rate_between(fp.rows, d / 2, d)
     spm = fp.produced / fp.messages if fp.messages else 0.0
-    live_rows = [r for r in fp.rows if r[1] in ("run", "drain")]
-    max_unflushed = max((_f(r[FIELDS.index("unflushed_samples")]) for r in live_rows), default=0)
-    stall, since, last_cp = 0.0, 0.0, None
-    for r in live_rows:  # the longest stretch without the lowest checkpoint moving
-        cp, t = r[FIELDS.index("checkpoint")], _f(r[2])
-        if cp != last_cp:
-            since, last_cp = t, cp
-        stall = max(stall, t - since)
+    max_unflushed, stall = unflushed_and_stall(fp)
     reread = max(0, fp.crashed_next_offset - rec["replayed_from"])
     drain = [_f(r[FIELDS.index("samples_per_s")]) for r in fp.rows if r[1] == "drain"]
     drain_rate = float(np.mean(drain[1:])) if len(drain) > 1 else float("nan")
@@ -1562,12 +1700,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--sweep-interval-s", type=float, default=5.0, help="retention mode: sweep interval"
     )
+    p.add_argument(
+        "--downsample",
+        action="store_true",
+        help="the downsampling mode: FiloPy only, the same load without and then with "
+        "downsampling (5 min and 1 h, the config's delay and interval)",
+    )
     p.add_argument("--note", default="", help="a line for the results file")
     p.add_argument("--out", default="", help="results path prefix (default: sustained[-retention])")
     args = p.parse_args(argv)
-    args.out = args.out or str(
-        RESULTS / ("sustained-retention" if args.retention_s else "sustained")
-    )
+    mode = "-retention" if args.retention_s else "-downsample" if args.downsample else ""
+    args.out = args.out or str(RESULTS / f"sustained{mode}")
     args.scrape_ms = max(1, round(args.series * 1000 / args.rate))
     if args.drain_timeout_s is None:
         args.drain_timeout_s = args.duration_s
@@ -1604,6 +1747,25 @@ def main(argv: list[str] | None = None) -> None:
         text, problems = retention_summary(args, sides, (load0, os.getloadavg()[0]), wall_s)
         out.with_suffix(".txt").write_text(text)
         plot_retention(out.with_suffix(".png"), sides, args)
+        print(text)
+        if problems:
+            raise SystemExit("FAILED: " + "; ".join(problems))
+        return
+    if args.downsample:
+        try:
+            sides = [run_filopy(args, t0, tmp, ctx, downsample=on) for on in (False, True)]
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        text, problems = downsample_summary(
+            args, t0, sides, (load0, os.getloadavg()[0]), time.monotonic() - wall
+        )
+        out = Path(args.out)
+        out.with_suffix(".txt").write_text(text)
+        with out.with_suffix(".csv").open("w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(FIELDS)
+            for fp, name in zip(sides, ("off", "on"), strict=True):
+                w.writerows([[f"FiloPy-downsample-{name}", *r[1:]] for r in fp.rows])
         print(text)
         if problems:
             raise SystemExit("FAILED: " + "; ".join(problems))

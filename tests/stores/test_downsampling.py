@@ -4,6 +4,7 @@ writing and the mark, or a new owner, leaves no gap and no duplicate; a deposed 
 
 from __future__ import annotations
 
+import threading
 import uuid
 
 import numpy as np
@@ -277,6 +278,57 @@ def test_a_sample_arriving_while_its_slice_is_read_is_redone(open_backend: Opene
     shard.mem.in_range = in_range_then_ingest
     d.run(NOW)
     d.run(NOW)  # redoes what the first round missed
+    for res in RESOLUTIONS:
+        mark = meta.read_downsample_marks(shard.ds.ref, 0)[res]
+        assert_equal(shard.stored_periods(res), shard.raw_periods(res, mark))
+
+
+def test_a_pause_stops_a_round_at_its_next_read_and_leaves_its_mark(
+    open_backend: Opener, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Deleting series pauses downsampling (`Downsampler.paused`): a round in progress gives up
+    before its next read, moving no mark; none starts inside the pause; the next round after
+    it does the whole slice again, without duplicates."""
+    import ingest.downsampler
+
+    monkeypatch.setattr("ingest.downsampler.SERIES_PER_READ", 2)
+    meta, column = open_backend()
+    shard = Shard(meta, column, _stream(3))
+    d = shard.downsampler()
+    reading, go = threading.Event(), threading.Event()
+    real_read, reads = ingest.downsampler.read_merged_batch, []
+
+    def held_read(*args: object, **kwargs: object) -> object:
+        reads.append(1)
+        if len(reads) == 1:  # the round's first read waits until told to go on
+            reading.set()
+            assert go.wait(60)
+        return real_read(*args, **kwargs)
+
+    monkeypatch.setattr("ingest.downsampler.read_merged_batch", held_read)
+    rounds: list[object] = []
+    round_thread = threading.Thread(target=lambda: rounds.append(d.run_due()))
+    round_thread.start()
+    assert reading.wait(60)
+    inside, leave = threading.Event(), threading.Event()
+
+    def delete() -> None:
+        with d.paused():
+            inside.set()
+            assert leave.wait(60)
+
+    deleting = threading.Thread(target=delete)
+    deleting.start()
+    assert not inside.wait(0.2), "the pause waits for the round in progress"
+    go.set()
+    assert inside.wait(60)
+    round_thread.join(60)
+    assert rounds == [[]] and len(reads) == 1, "given up before its next read"
+    assert meta.read_downsample_marks(shard.ds.ref, 0) == {}, "no mark moved"
+    assert d.run_due() == [] and len(reads) == 1, "no round inside the pause"
+    leave.set()
+    deleting.join(60)
+    assert d.run_due(), "the next round does the slices"
     for res in RESOLUTIONS:
         mark = meta.read_downsample_marks(shard.ds.ref, 0)[res]
         assert_equal(shard.stored_periods(res), shard.raw_periods(res, mark))
