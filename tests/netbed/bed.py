@@ -317,10 +317,19 @@ class Bed:
                  "root"], check=False)  # fmt: skip
             run(["tc", "qdisc", "del", "dev", _veth(host, self.prefix), "root"], check=False)
 
-    def kill(self, host: str) -> int:
-        """SIGKILL every process of `host` (as when its machine dies); how many there were."""
-        _signal_all(self.ns(host), signal.SIGCONT)
-        return _signal_all(self.ns(host), signal.SIGKILL)
+    def kill(self, host: str, deadline_s: float = 60.0) -> int:
+        """SIGKILL every process of `host` (as when its machine dies) and wait until they are
+        gone, so what they listened on is free (the next cluster's Kafka starts on the same
+        port); how many there were."""
+        ns = self.ns(host)
+        _signal_all(ns, signal.SIGCONT)
+        killed = _signal_all(ns, signal.SIGKILL)
+        end = time.monotonic() + deadline_s
+        while (left := pids_of(ns)) and time.monotonic() < end:
+            time.sleep(0.1)
+        if left:
+            raise BedError(f"{host}: processes {left} still alive {deadline_s:g} s after SIGKILL")
+        return killed
 
     def pause(self, host: str) -> int:
         """SIGSTOP every process of `host` (a machine that hangs); `resume` undoes it."""

@@ -26,8 +26,15 @@ HOUR = 60 * MIN
 @pytest.fixture(scope="module")
 def rest(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str) -> Iterator[Rest]:
     settings = cluster_settings(tmp_path_factory.mktemp("ret"), "kafka", flush_interval_s=1.0)
+    # Raw retention alone: with downsampling on, windows past it answer from the periods
+    # instead (tests/stores/test_downsampling.py, test_past_raw_retention_the_periods_answer).
     settings = settings.model_copy(
-        update={"kafka": settings.kafka.model_copy(update={"bootstrap_servers": kafka_bootstrap})}
+        update={
+            "kafka": settings.kafka.model_copy(update={"bootstrap_servers": kafka_bootstrap}),
+            "downsample": settings.downsample.model_copy(
+                update={"resolutions_ms": [], "retention_days": []}
+            ),
+        }
     )
     yield from start_rest(tmp_path_factory.mktemp("ret"), nodes=2, settings=settings)
 
