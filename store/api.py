@@ -254,7 +254,8 @@ class ChunkRecord:
 
     def samples(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
         """Decode: (int64 timestamps, float64 values), read-only (shared by a cache)."""
-        return decode_records([self])[0]
+        hit = _decoded_cache.get(self.data) if type(self.data) is bytes else None
+        return hit if hit is not None else decode_records([self])[0]
 
 
 # Decoded chunks, most recently used first: dashboards ask for the same recent windows again and
@@ -283,6 +284,13 @@ class _DecodedCache:
                 if hit is not None:
                     self._items.move_to_end(k)
         return found
+
+    def get(self, key: bytes) -> Decoded | None:
+        with self._lock:
+            hit = self._items.get(key)
+            if hit is not None:
+                self._items.move_to_end(key)
+        return hit
 
     def put_many(self, items: Iterable[tuple[bytes, Decoded]]) -> None:
         with self._lock:
