@@ -1,14 +1,16 @@
 """Codec benchmark: the reference `encode_chunk` chunk by chunk against the fast path
-`encode_chunks` (compiled loops, encoding_fast.py) on the whole batch.
+`encode_chunks` (compiled loops, encoding_fast.py) on the whole batch, and the same for decoding:
+`decode_chunk` chunk by chunk against `decode_chunks`.
 
 A flush encodes thousands of chunks at once. `encode_chunk` costs 30-400 us per chunk whatever
 its size (hundreds of NumPy calls on small arrays); `encode_chunks` makes the same choices in
 compiled loops and writes the same bytes. This benchmark is what keeps the fast path: it must
 beat the reference here, or go. Data as in bench_stores.py: 15 s scrapes with 5 ms jitter, half
 gauges (1-2 decimals, percentages, memory pages, small integers, flags) and half counters.
-Reports samples/s of both, their ratio, bytes/sample (checked equal, chunk by chunk) and the
-speed of `decode_chunk` (the only decoder: queries decode chunk by chunk, through a cache). The
-kernels are compiled (or loaded from numba's cache) before timing. Run from the repository root:
+Reports samples/s of both, their ratio, bytes/sample (checked equal, chunk by chunk), and both
+decoders' samples/s (the batch decoder serves reads of many chunks: queries' cache misses,
+downsampling), its output checked bit-exact against the samples encoded. The kernels are
+compiled (or loaded from numba's cache) before timing. Run from the repository root:
 
     .venv/bin/python bench/bench_codec.py [--out bench/results/codec.txt]
 
@@ -30,7 +32,7 @@ import numpy as np
 from bench_stores import make_series
 
 from store.encoding import decode_chunk, encode_chunk
-from store.encoding_fast import encode_chunks
+from store.encoding_fast import decode_chunks, encode_chunks
 
 CASES = [  # (name, chunks, samples per chunk)
     ("realistic flush: 10,000 chunks x 120 samples (30 min of 15 s scrapes)", 10_000, 120),
@@ -76,7 +78,11 @@ def bench_case(name: str, chunks: int, n: int, repeats: int, out: Callable[[str]
     t1, tb = _best([per_chunk, batched], repeats)
     same = sum(a == b for a, b in zip(one, batch, strict=True))
     size1, sizeb = sum(map(len, one)), sum(map(len, batch))
-    (td1,) = _best([lambda: [decode_chunk(b) for b in batch]], repeats)
+    td1, tdb = _best(
+        [lambda: [decode_chunk(b) for b in batch], lambda: decode_chunks(batch)], repeats
+    )
+    dts, dx, _ = decode_chunks(batch)
+    exact = np.array_equal(dts, ts) and np.array_equal(dx.view(np.uint64), x.view(np.uint64))
     out(name)
     us1, usb = t1 * 1e6 / chunks, tb * 1e6 / chunks
     out(
@@ -88,7 +94,12 @@ def bench_case(name: str, chunks: int, n: int, repeats: int, out: Callable[[str]
         f"  {sizeb / total:.3f} bytes/sample   x{t1 / tb:.1f}"
     )
     out(f"  identical bytes: {same:,} of {chunks:,} chunks")
-    out(f"  decode_chunk per chunk {total / td1:>12,.0f} samples/s")
+    ud1, udb = td1 * 1e6 / chunks, tdb * 1e6 / chunks
+    out(f"  decode_chunk per chunk {total / td1:>12,.0f} samples/s  ({ud1:6.1f} us/chunk)")
+    out(
+        f"  decode_chunks          {total / tdb:>12,.0f} samples/s  ({udb:6.1f} us/chunk)"
+        f"   x{td1 / tdb:.1f}   bit-exact: {exact}"
+    )
     out("")
 
 
@@ -134,7 +145,7 @@ def main(argv: list[str] | None = None) -> None:
     out("15 s scrapes, 5 ms jitter; half gauges, half counters (bench_stores.make_series)")
     out(f"CPU time of this process, best of {args.repeats} alternating runs")
     out("")
-    encode_chunks(np.arange(10), np.arange(10) / 10, [0, 2, 10])  # compile or load the kernels
+    decode_chunks(encode_chunks(np.arange(10), np.arange(10) / 10, [0, 2, 10]))  # compile/load
     for name, chunks, n in CASES:
         bench_case(name, chunks, n, args.repeats, out)
     bench_sweep(args.repeats, out)

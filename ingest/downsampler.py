@@ -259,7 +259,7 @@ class Downsampler:
                 raise _Paused
             some = ids[i : i + SERIES_PER_READ]
             ts, vals, bounds = read_merged_batch(
-                mem, self._columns, self._ref, self._shard, some, start + 1, end
+                mem, self._columns, self._ref, self._shard, some, start + 1, end, cache=False
             )
             periods = summarise(ts, vals, bounds, res)
             sizes = np.diff(periods.bounds).tolist()

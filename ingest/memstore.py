@@ -597,12 +597,16 @@ class ShardMemstore:
         return read_memory(_Settled(self), series_id, start, end)
 
     def snapshot_many(
-        self, series_ids: Sequence[int], start: int = INT64_MIN, end: int = INT64_MAX
+        self,
+        series_ids: Sequence[int],
+        start: int = INT64_MIN,
+        end: int = INT64_MAX,
+        cache: bool = True,
     ) -> tuple[npt.NDArray[I64], npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[I64]]:
         """`snapshot` of many series at once: their memory starts (`NONE_TS` for None), and
         their samples in [start, end] concatenated, series i's at `[bounds[i]:bounds[i + 1]]`
-        (`shard_reader.read_memory_many`)."""
-        return read_memory_many(_Settled(self), series_ids, start, end)
+        (`shard_reader.read_memory_many`; `cache=False` leaves the decoded-chunk cache alone)."""
+        return read_memory_many(_Settled(self), series_ids, start, end, cache)
 
     def memory_start(self, series_id: int) -> int | None:
         """Time of the series' oldest in-memory sample (None if none): memory holds every

@@ -21,7 +21,7 @@ import numpy.typing as npt
 
 from core.dataset import DatasetRef
 from ingest.mem_series import F64, I64, NO_TS, NO_VALS, NONE_TS, Series
-from store.api import INT64_MAX, INT64_MIN, ChunkRecord, ColumnStore
+from store.api import INT64_MAX, INT64_MIN, ChunkRecord, ColumnStore, decode_records
 
 if TYPE_CHECKING:  # the memstore reads memory through this module's `read_memory*`
     from ingest.memstore import ShardMemstore
@@ -47,7 +47,7 @@ def read_memory(
         n = ser.n
         open_ts = ser.ts[:n].copy()
         open_vals = ser.vals[:n].copy()
-    parts = [r.samples() for r in records]  # decode outside the lock
+    parts = decode_records(records)  # decoded outside the lock, all at once
     parts.append((open_ts, open_vals))
     ts = np.concatenate([p[0] for p in parts])
     vals = np.concatenate([p[1] for p in parts])
@@ -61,6 +61,7 @@ def read_memory_many(
     series_ids: Sequence[int],
     start: int = INT64_MIN,
     end: int = INT64_MAX,
+    cache: bool = True,
 ) -> tuple[
     npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.int64]
 ]:
@@ -70,7 +71,9 @@ def read_memory_many(
     each open buffer is cut to it (by its first and last times, searching only where the
     window ends inside it), so a 5-minute query of series holding hours costs minutes of
     copying (bench/bench_promql.py); the open buffers' pieces are copied by one
-    concatenation under the lock, and the chunks are cut with one mask over all of them."""
+    concatenation under the lock, and the chunks are cut with one mask over all of them.
+    The chunks are decoded together after the lock (`store.api.decode_records`; `cache=False`
+    leaves the decoded-chunk cache alone, for reads of everything once such as downsampling)."""
     ts_parts: list[npt.NDArray[np.int64]] = []
     val_parts: list[npt.NDArray[np.float64]] = []
     mem_starts: list[int] = []
@@ -133,8 +136,9 @@ def read_memory_many(
                 m = len(ts_parts[k])
                 ts_parts[k], val_parts[k] = open_ts[at : at + m], open_vals[at : at + m]
                 at += m
-        for pos, r in records:
-            ts_parts[pos], val_parts[pos] = r.samples()
+        decoded = decode_records([r for _, r in records], cache)
+        for (pos, _), (t, v) in zip(records, decoded, strict=True):
+            ts_parts[pos], val_parts[pos] = t, v
         ts_all, vals_all = np.concatenate(ts_parts), np.concatenate(val_parts)
     lengths = np.fromiter(map(len, ts_parts), I64, len(ts_parts))
     if cut:  # every part in series order and ascending: a mask keeps that
@@ -186,12 +190,14 @@ def read_merged_batch(
     series_ids: Sequence[int],
     start: int = INT64_MIN,
     end: int = INT64_MAX,
+    cache: bool = True,
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.int64]]:
     """The samples in [start, end] of many series of one shard, stored and in memory, as one
     columnar batch: series i's at `[bounds[i]:bounds[i + 1]]`. One ColumnStore read for all
     of them, and none of the per-series work when memory holds the whole window (the common
-    case of a dashboard's recent windows)."""
-    mem_starts, mem_ts, mem_vals, bounds = memstore.snapshot_many(series_ids, start, end)
+    case of a dashboard's recent windows). All chunks, in memory and stored, are decoded in
+    two batches; `cache=False` as in `read_memory_many`."""
+    mem_starts, mem_ts, mem_vals, bounds = memstore.snapshot_many(series_ids, start, end, cache)
     # Each series needs the ColumnStore only before its oldest in-memory sample (all of the
     # window if memory holds none of it): found for all series at once, as usually none does.
     last = np.where(mem_starts == NONE_TS, end, np.minimum(end, mem_starts - 1))
@@ -202,14 +208,16 @@ def read_merged_batch(
     chunks = column_store.read_chunks(ref, shard, need, start, max(need.values()))
     if not any(chunks.values()):
         return mem_ts, mem_vals, bounds
+    keys = [memstore.part_key(sid) for sid in series_ids]
+    stored = [chunk for key in keys if key in need for chunk in chunks.get(key, ())]
+    decoded = iter(decode_records(stored, cache))
     ts_parts: list[npt.NDArray[np.int64]] = []
     val_parts: list[npt.NDArray[np.float64]] = []
     sizes = np.diff(bounds)
-    for i, sid in enumerate(series_ids):
+    for i, key in enumerate(keys):
         lo, hi = int(bounds[i]), int(bounds[i + 1])
-        key = memstore.part_key(sid)
-        for chunk in chunks.get(key, ()) if key in need else ():
-            ts, vals = chunk.samples()
+        for _ in chunks.get(key, ()) if key in need else ():
+            ts, vals = next(decoded)
             inside = (ts >= start) & (ts <= need[key])
             ts_parts.append(ts[inside])
             val_parts.append(vals[inside])

@@ -41,12 +41,12 @@ not `StoreError`s: the store answered, and the answer is that someone else's sta
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import re
 import threading
 import time
 from abc import ABC, abstractmethod
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -254,10 +254,8 @@ class ChunkRecord:
 
     def samples(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
         """Decode: (int64 timestamps, float64 values), read-only (shared by a cache)."""
-        try:
-            return _decoded(self.data)
-        except TypeError:  # an unhashable buffer: decode without the cache
-            return encoding.decode_chunk(self.data)
+        hit = _decoded_cache.get(self.data) if type(self.data) is bytes else None
+        return hit if hit is not None else decode_records([self])[0]
 
 
 # Decoded chunks, most recently used first: dashboards ask for the same recent windows again and
@@ -267,13 +265,73 @@ class ChunkRecord:
 # bounds per process: docs/storage.md).
 DECODED_CHUNKS_CACHED = 8192
 
+Decoded = tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]
 
-@functools.lru_cache(maxsize=DECODED_CHUNKS_CACHED)
-def _decoded(data: bytes) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
-    ts, vals = encoding.decode_chunk(data)
-    ts.flags.writeable = False
-    vals.flags.writeable = False
-    return ts, vals
+
+class _DecodedCache:
+    """An LRU of decoded chunks that can be asked for many at once, so the misses of a read
+    are decoded together (`encoding_fast.decode_chunks`) rather than one by one."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._lock = threading.Lock()
+        self._items: OrderedDict[bytes, Decoded] = OrderedDict()
+
+    def get_many(self, keys: Sequence[bytes]) -> list[Decoded | None]:
+        with self._lock:
+            found = [self._items.get(k) for k in keys]
+            for k, hit in zip(keys, found, strict=True):
+                if hit is not None:
+                    self._items.move_to_end(k)
+        return found
+
+    def get(self, key: bytes) -> Decoded | None:
+        with self._lock:
+            hit = self._items.get(key)
+            if hit is not None:
+                self._items.move_to_end(key)
+        return hit
+
+    def put_many(self, items: Iterable[tuple[bytes, Decoded]]) -> None:
+        with self._lock:
+            for k, v in items:
+                self._items[k] = v
+                self._items.move_to_end(k)
+            while len(self._items) > self._size:
+                self._items.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+
+_decoded_cache = _DecodedCache(DECODED_CHUNKS_CACHED)
+
+
+def decode_records(records: Sequence[ChunkRecord], cache: bool = True) -> list[Decoded]:
+    """Each record's samples (read-only arrays), bit for bit `ChunkRecord.samples`. The misses
+    of the cache are decoded in one compiled batch. `cache=False` (a downsampling round, which
+    reads every chunk once) neither consults nor fills the cache, so dashboards keep theirs."""
+    # Imported here: numba's import is needed only by processes that read chunks.
+    from store.encoding_fast import decode_chunks
+
+    keys = [r.data if type(r.data) is bytes else bytes(r.data) for r in records]
+    hits = _decoded_cache.get_many(keys) if cache else [None] * len(keys)
+    missing = [i for i, hit in enumerate(hits) if hit is None]
+    fresh: dict[int, Decoded] = {}
+    if missing:
+        ts, vals, bounds = decode_chunks([keys[i] for i in missing])
+        b = bounds.tolist()
+        for j, i in enumerate(missing):
+            t, v = ts[b[j] : b[j + 1]], vals[b[j] : b[j + 1]]
+            if cache:  # copies: a cached view would keep its whole batch alive
+                t, v = t.copy(), v.copy()
+            t.flags.writeable = False
+            v.flags.writeable = False
+            fresh[i] = (t, v)
+        if cache:
+            _decoded_cache.put_many((keys[i], d) for i, d in fresh.items())
+    return [fresh[i] if hit is None else hit for i, hit in enumerate(hits)]
 
 
 @dataclass(frozen=True, slots=True)

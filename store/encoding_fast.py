@@ -18,6 +18,7 @@ compiles or loads them at a node's start, so no flush waits for the compiler.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -33,6 +34,7 @@ from store.encoding import (
     MAX_SAMPLES,
     VERSION,
     _put_xor,
+    decode_chunk,
     encode_chunk,
 )
 
@@ -419,8 +421,321 @@ def encode_chunks(
     return out
 
 
+# ------------------------------------------------------------------------------------ decoding
+# Every reading kernel takes the buffer, a position and the end of the chunk in it, and returns
+# the position after what it read, or _FAIL: the chunk is corrupt, or holds something the kernels
+# leave to the reference (zstd, a varint beyond 64 bits, patches inside patches, positions out
+# of order). A failed chunk is decoded again by `decoding.decode_chunk`, which then decodes it or
+# raises its precise ValueError; so a kernel may fail where the reference would not, never the
+# reverse. Every read is checked against `end` first: numba does not bounds-check.
+
+_FAIL = -1
+
+
+@kernel
+def _read_uvarint(buf: U8, pos: int, end: int) -> tuple[np.uint64, int]:
+    """`encoding._Reader.uvarint`, failing also where the value needs more than 64 bits."""
+    result = _U0
+    shift = 0
+    while pos >= 0:
+        if pos >= end:
+            return _U0, _FAIL
+        b = np.uint64(buf[pos])
+        pos += 1
+        if shift == 63 and b > _U1:  # more than 64 bits, or too long
+            return _U0, _FAIL
+        result |= (b & _U0x7F) << np.uint64(shift)
+        if b < _U0x80:
+            return result, pos
+        shift += 7
+    return _U0, _FAIL
+
+
+@kernel
+def _read_svarint(buf: U8, pos: int, end: int) -> tuple[np.uint64, int]:
+    """`encoding._Reader.svarint` (zigzag), as the uint64 of its int64 (any uint64 is in range)."""
+    u, pos = _read_uvarint(buf, pos, end)
+    return (u >> _U1) ^ (_U0 - (u & _U1)), pos
+
+
+@kernel
+def _unpack(buf: U8, pos: int, end: int, out: U64, width: int) -> int:
+    """`encoding._bitunpack` of len(out) values `width` bits wide (little-endian) into out."""
+    n = len(out)
+    size = (n * width + 7) // 8
+    if pos < 0 or size > end - pos:
+        return _FAIL
+    if width == 0:
+        out[:] = _U0
+        return pos
+    mask = ~_U0 if width == 64 else (_U1 << np.uint64(width)) - _U1
+    stop = pos + size
+    q = pos
+    acc = _U0
+    used = 0  # bits held in acc, below width when more are loaded
+    for i in range(n):
+        if used >= width:
+            out[i] = acc & mask
+            acc = acc >> np.uint64(width) if width < 64 else _U0
+            used -= width
+            continue
+        take = min(8, stop - q)  # the payload holds the n * width bits, so this suffices
+        nxt = _U0
+        for j in range(take):
+            nxt |= np.uint64(buf[q + j]) << np.uint64(8 * j)
+        q += take
+        out[i] = (acc | (nxt << np.uint64(used))) & mask
+        rest = width - used  # bits of nxt this value took
+        acc = nxt >> np.uint64(rest) if rest < 64 else _U0
+        used = 8 * take - rest
+    return stop
+
+
+@kernel
+def _read_head(buf: U8, pos: int, end: int) -> tuple[int, np.uint64, np.uint64, bool, int]:
+    """An int stream's head, base and gcd (`encoding._get_ints`): (width, base, gcd, patched,
+    pos). Fails on a zstd payload and where the reference raises."""
+    head, pos = _read_uvarint(buf, pos, end)
+    width = np.int64(head & _U0x7F)
+    if pos < 0 or width > 64 or head >> np.uint64(10) or head & _U0x80:
+        return 0, _U0, _U0, False, _FAIL
+    base, pos = _read_svarint(buf, pos, end)
+    g = _U1
+    if head & np.uint64(0x100):
+        g, pos = _read_uvarint(buf, pos, end)
+    return width, base, g, bool(head & np.uint64(0x200)), pos
+
+
+@kernel
+def _finish(out: U64, base: np.uint64, g: np.uint64) -> None:
+    """u * gcd + base, wrapping as the reference's uint64 arithmetic does."""
+    if g > _U1:
+        for i in range(len(out)):
+            out[i] *= g
+    for i in range(len(out)):
+        out[i] += base
+
+
+@kernel
+def _read_plain(buf: U8, pos: int, end: int, out: U64) -> int:
+    """`encoding._get_ints` of a stream without patches (patch positions and high bits: the
+    encoder never patches those; a stream that does is left to the reference)."""
+    width, base, g, patched, pos = _read_head(buf, pos, end)
+    if pos < 0 or patched:
+        return _FAIL
+    pos = _unpack(buf, pos, end, out, width)
+    _finish(out, base, g)
+    return pos
+
+
+@kernel
+def _read_ints(buf: U8, pos: int, end: int, out: U64) -> int:
+    """`encoding._get_ints`: an int stream of len(out) values, patches included."""
+    n = len(out)
+    width, base, g, patched, pos = _read_head(buf, pos, end)
+    if pos < 0:
+        return _FAIL
+    if patched:
+        count, pos = _read_uvarint(buf, pos, end)
+        if pos < 0 or count == _U0 or count > np.uint64(n) or width >= 64:
+            return _FAIL
+        m = np.int64(count)
+        where = np.empty(m, np.uint64)  # `_get_diffs(r, count, 1)`: a seed, then the deltas
+        seed, pos = _read_svarint(buf, pos, end)
+        where[0] = seed
+        if pos < 0:
+            return _FAIL
+        pos = _read_plain(buf, pos, end, where[1:])
+        high = np.empty(m, np.uint64)
+        pos = _read_plain(buf, pos, end, high)
+        if pos < 0:
+            return _FAIL
+        for j in range(1, m):
+            where[j] += where[j - 1]
+        for j in range(m):  # in range and strictly increasing (the reference allows repeats)
+            if np.int64(where[j]) < 0 or where[j] >= np.uint64(n):
+                return _FAIL
+            if j and where[j] <= where[j - 1]:
+                return _FAIL
+        pos = _unpack(buf, pos, end, out, width)
+        if pos < 0:
+            return _FAIL
+        for j in range(m):
+            out[where[j]] |= high[j] << np.uint64(width)
+    else:
+        pos = _unpack(buf, pos, end, out, width)
+    _finish(out, base, g)
+    return pos
+
+
+@kernel
+def _read_diffs(buf: U8, pos: int, end: int, out: U64, order: int) -> int:
+    """`encoding._get_diffs`: min(order, n) seeds, the int stream of the order-th differences,
+    summed back (wrapping, as the reference's int64 cumsum)."""
+    n = len(out)
+    k = min(order, n)
+    for i in range(k):
+        seed, pos = _read_svarint(buf, pos, end)
+        out[i] = seed
+    if pos < 0:
+        return _FAIL
+    pos = _read_ints(buf, pos, end, out[k:])
+    for o in range(k, 0, -1):  # the last seed's sum first, as `encoding._undiff`
+        for i in range(o, n):
+            out[i] += out[i - 1]
+    return pos
+
+
+@kernel
+def _read_decimal(buf: U8, pos: int, end: int, x: F64, bits: U64, k: U64) -> int:
+    """`encoding._get_decimal`: k / 10**e, then the exceptions' raw bits."""
+    n = len(x)
+    if pos < 0 or end - pos < 2:
+        return _FAIL
+    e, order = buf[pos], buf[pos + 1]
+    if e > _MAX_EXP or order > 2:
+        return _FAIL
+    pos = _read_diffs(buf, pos + 2, end, k, order)
+    if pos < 0:
+        return _FAIL
+    p = _POW10[e]
+    for i in range(n):
+        x[i] = np.float64(np.int64(k[i])) / p
+    count, pos = _read_uvarint(buf, pos, end)
+    if pos < 0 or count > np.uint64(n):
+        return _FAIL
+    m = np.int64(count)
+    if m == 0:
+        return pos
+    where = k[:m]  # k is spent: it holds the positions now
+    pos = _read_diffs(buf, pos, end, where, 1)
+    if pos < 0 or 8 * m > end - pos:
+        return _FAIL
+    for j in range(m):
+        if np.int64(where[j]) < 0 or where[j] >= np.uint64(n):
+            return _FAIL
+        if j and where[j] <= where[j - 1]:
+            return _FAIL
+    for j in range(m):
+        v = _U0
+        for b in range(8):
+            v |= np.uint64(buf[pos + b]) << np.uint64(8 * b)
+        bits[where[j]] = v  # raw bits: NaN payloads survive
+        pos += 8
+    return pos
+
+
+@kernel
+def _read_xor(buf: U8, pos: int, end: int, bits: U64) -> int:
+    """`encoding._get_xor` without zstd: the 8 byte planes of x[i] XOR x[i - 1]."""
+    n = len(bits)
+    if pos < 0 or end - pos < 1 + 8 * n or buf[pos] != 0:
+        return _FAIL
+    pos += 1
+    acc = _U0
+    for i in range(n):
+        xo = _U0
+        for b in range(8):
+            xo |= np.uint64(buf[pos + b * n + i]) << np.uint64(8 * b)
+        acc ^= xo
+        bits[i] = acc
+    return pos + 8 * n
+
+
+@kernel
+def _chunk_size(buf: U8, pos: int, end: int) -> tuple[int, int]:
+    """A chunk's version and sample count (`encoding.decode_chunk`): (n, position after them),
+    n 0 where the kernels leave the chunk to the reference: a bad header, or more samples than
+    its bytes make plausible (bounding what corrupt headers make the batch allocate)."""
+    if end - pos < 1 or buf[pos] != VERSION:
+        return 0, _FAIL
+    n, at = _read_uvarint(buf, pos + 1, end)
+    if at < 0 or n < _U1 or n > np.uint64(MAX_SAMPLES) or n > np.uint64(8 * (end - pos) + 256):
+        return 0, _FAIL
+    return np.int64(n), at
+
+
+@kernel
+def _decode_all(buf: U8, starts: I64) -> tuple[I64, F64, I64, I8]:
+    """`encoding.decode_chunk` of each chunk buf[starts[c]:starts[c + 1]], concatenated. Returns
+    (timestamps, values, each chunk's offset in them, its flag: 1 for the reference to finish)."""
+    s = len(starts) - 1
+    off = np.zeros(s + 1, np.int64)
+    flags = np.zeros(s, np.int8)
+    longest = 0
+    for c in range(s):
+        n, _ = _chunk_size(buf, starts[c], starts[c + 1])
+        off[c + 1] = off[c] + n
+        longest = max(longest, n)
+        if n == 0:
+            flags[c] = 1
+    ts = np.empty(off[s], np.int64)
+    x = np.empty(off[s], np.float64)
+    ts_u = ts.view(np.uint64)
+    bits = x.view(np.uint64)
+    k = np.empty(longest, np.uint64)
+    for c in range(s):
+        if flags[c]:
+            continue
+        a, b, end = off[c], off[c + 1], starts[c + 1]
+        n, pos = _chunk_size(buf, starts[c], end)
+        order = buf[pos] if pos < end else 0
+        if order != 1 and order != 2:
+            flags[c] = 1
+            continue
+        pos = _read_diffs(buf, pos + 1, end, ts_u[a:b], order)
+        if pos < 0 or pos >= end:
+            flags[c] = 1
+            continue
+        mode = buf[pos]
+        if mode == 0:  # DECIMAL
+            pos = _read_decimal(buf, pos + 1, end, x[a:b], bits[a:b], k[:n])
+        elif mode == 1:  # XOR
+            pos = _read_xor(buf, pos + 1, end, bits[a:b])
+        else:
+            pos = _FAIL
+        if pos != end:  # failed, or trailing bytes
+            flags[c] = 1
+    return ts, x, off, flags
+
+
+def decode_chunks(
+    datas: Sequence[bytes],
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.int64]]:
+    """Decode many chunks at once: (timestamps, values, bounds), chunk i's samples at
+    [bounds[i]:bounds[i + 1]], bit for bit `encoding.decode_chunk` of each concatenated.
+    A corrupt chunk raises `decode_chunk`'s ValueError (the first such chunk in order)."""
+    sizes = np.fromiter(map(len, datas), np.int64, len(datas))
+    starts = np.zeros(len(datas) + 1, np.int64)
+    np.cumsum(sizes, out=starts[1:])
+    buf = np.frombuffer(b"".join(datas), np.uint8)
+    ts, x, off, flags = _decode_all(buf, starts)
+    redo = np.flatnonzero(flags).tolist()
+    if not redo:
+        return ts, x, off
+    fixed = {c: decode_chunk(datas[c]) for c in redo}  # raises for a corrupt chunk
+    if all(len(fixed[c][0]) == off[c + 1] - off[c] for c in redo):  # their places are reserved
+        for c, (t, v) in fixed.items():
+            ts[off[c] : off[c + 1]], x[off[c] : off[c + 1]] = t, v
+        return ts, x, off
+    ts_parts, val_parts = [], []
+    lengths = np.diff(off)
+    at = 0
+    for c in redo:  # the kernels' runs between the redone chunks, and the redone chunks
+        ts_parts += [ts[off[at] : off[c]], fixed[c][0]]
+        val_parts += [x[off[at] : off[c]], fixed[c][1]]
+        lengths[c] = len(fixed[c][0])
+        at = c + 1
+    ts_parts.append(ts[off[at] :])
+    val_parts.append(x[off[at] :])
+    bounds = np.zeros(len(datas) + 1, np.int64)
+    np.cumsum(lengths, out=bounds[1:])
+    return np.concatenate(ts_parts), np.concatenate(val_parts), bounds
+
+
 @warms
 def _warm() -> None:
     """One chunk of each kind a flush meets, for `core.jit.warm`."""
     ts = np.arange(0, 40_000, 1000, dtype=np.int64)
-    encode_chunks(ts, np.linspace(0, 1, len(ts)), np.array([0, 20, 40]))
+    chunks = encode_chunks(ts, np.linspace(0, 1, len(ts)), np.array([0, 20, 40]))
+    decode_chunks(chunks)
