@@ -366,16 +366,17 @@ CASSANDRA_PREFIX = "cassandra:"
 DOWNSAMPLE_RESOLUTIONS_MS = [300_000, 3_600_000]
 
 
-def downsample_settings() -> Any:
-    """--downsample's settings: 5-minute and hourly periods, the config's delay and interval."""
+def downsample_settings(on: bool = True) -> Any:
+    """Downsampling for a run: 5-minute and hourly periods with the config's delay and interval,
+    or off."""
     from core.config import DownsampleSettings, load_settings
 
     base = load_settings().downsample
     return DownsampleSettings(
-        resolutions_ms=DOWNSAMPLE_RESOLUTIONS_MS,
+        resolutions_ms=DOWNSAMPLE_RESOLUTIONS_MS if on else [],
         delay_s=base.delay_s,
         interval_s=base.interval_s,
-        retention_days=[90.0, 730.0],
+        retention_days=[90.0, 730.0] if on else [],
     )
 
 
@@ -455,8 +456,9 @@ def run_ingester(
     if consume_batch:
         overrides["consume_batch"] = consume_batch
     settings = base.model_copy(update={"ingest": base.ingest.model_copy(update=overrides)})
-    if downsample:
-        settings = settings.model_copy(update={"downsample": downsample_settings()})
+    # Downsampling as the run asks: on (--downsample's second side) or off (every other run,
+    # whatever the config's default).
+    settings = settings.model_copy(update={"downsample": downsample_settings(downsample)})
     groups = settings.ingest.groups_per_shard
     meta, columns = open_stores(db, bucket_ms)
     errors: list[str] = []
