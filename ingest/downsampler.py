@@ -50,7 +50,7 @@ from store.downsample import encode_records, summarise
 log = logging.getLogger(__name__)
 
 PERIODS_PER_RECORD = 24  # a record: 2 hours of 5-minute periods, a day of hourly ones
-SERIES_PER_READ = 10_000  # series read and summarised at once
+SERIES_PER_READ = 2_000  # series read and summarised at once: a round's memory, bounded
 
 
 class _Paused(Exception):
