@@ -61,4 +61,34 @@ class Worker:
         return self._thread is not None and self._thread.is_alive()
 
 
-__all__ = ["Worker"]
+class CheckedWorker(Worker):
+    """A Worker whose loop (`_loop()`) fails into its owner's hands rather than the thread's
+    excepthook: whatever it raises ends the thread, is kept in `failure`, and `check()`
+    re-raises it on the owner's thread (a shard's flush and downsampling threads: the ingester
+    stops on what stopped them). `_done()` runs after the loop, its failure already recorded."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.failure: BaseException | None = None
+
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as e:
+            self.failure = e
+        finally:
+            self._done()
+
+    def _loop(self) -> None:
+        raise NotImplementedError
+
+    def _done(self) -> None:
+        """What must follow the loop however it ended; nothing by default."""
+
+    def check(self) -> None:
+        """Re-raise what ended the loop, if anything did."""
+        if self.failure is not None:
+            raise self.failure
+
+
+__all__ = ["CheckedWorker", "Worker"]

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from core.dataset import DatasetRef
-from core.worker import Worker
+from core.worker import CheckedWorker
 from ingest.memstore import ShardMemstore
 from ingest.shard_reader import read_merged_batch
 from store.api import ChunkRecord, ColumnStore, MetaStore, StaleEpochError, StoreUnavailable
@@ -284,11 +284,11 @@ class Downsampler:
         return DownsampleRound(res, start, end, n_records, n_samples, n_periods)
 
 
-class DownsampleWorker(Worker):
+class DownsampleWorker(CheckedWorker):
     """A shard's downsampling rounds on their own thread: `run_due` every second while
     `ready()` (the store takes writes: no round while flushes retry). A failure it does not
-    survive (`StaleEpochError`: another node owns the shard) ends the thread and is re-raised
-    on the ingesting thread by `check()`, as the flush thread's are."""
+    survive (`StaleEpochError`: another node owns the shard) ends the thread; `check()`
+    re-raises it on the ingesting thread, as the flush thread's."""
 
     TICK_S = 1.0
 
@@ -296,18 +296,9 @@ class DownsampleWorker(Worker):
         super().__init__(name)
         self.downsampler = downsampler
         self._ready = ready
-        self._failure: BaseException | None = None
         self.start()
 
-    def _run(self) -> None:
-        try:
-            while not self.wait(self.TICK_S):
-                if self._ready():
-                    self.downsampler.run_due()
-        except BaseException as e:
-            self._failure = e
-
-    def check(self) -> None:
-        """Re-raise what ended the thread, if anything did."""
-        if self._failure is not None:
-            raise self._failure
+    def _loop(self) -> None:
+        while not self.wait(self.TICK_S):
+            if self._ready():
+                self.downsampler.run_due()

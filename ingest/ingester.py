@@ -28,6 +28,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
+from contextlib import nullcontext
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -52,7 +53,7 @@ from core.shard_status import (
     RecoveryInProgress,
     ShardEvent,
 )
-from core.worker import Worker
+from core.worker import CheckedWorker, Worker
 from ingest.base import EventReporter, ReportingIngester
 from ingest.downsampler import Downsampler, DownsampleWorker
 from ingest.flush import Flusher, recover_shard
@@ -709,25 +710,22 @@ class KafkaShardIngester(ReportingIngester):
         return flushing.submit(lambda f: self._delete_here(f, selectors)).result(timeout_s)
 
     def _delete_here(self, flusher: Flusher, selectors: Sequence[Sequence[LabelMatcher]]) -> int:
-        if self.downsampler is None:
-            return self._delete_now(flusher, selectors)
-        with self.downsampler.paused():
-            return self._delete_now(flusher, selectors)
-
-    def _delete_now(self, flusher: Flusher, selectors: Sequence[Sequence[LabelMatcher]]) -> int:
-        ref, shard = self.dataset.ref, self.shard
-        if any(r.held for r in flusher.flush_all()):
-            raise Unavailable(f"{ref.name} shard {shard} is replaying: retry the delete")
-        keys = set(self.memstore.delete_series(selectors))
-        for matchers in selectors:  # and any the store holds that memory does not
-            keys.update(
-                r.part_key for r in self._columns.list_part_keys(ref, shard, matchers=matchers)
-            )
-        flusher.flush_all()
-        self._columns.delete_series(ref, shard, keys)
-        if keys:
-            log.info("%s shard %d: deleted %d series", ref.name, shard, len(keys))
-        return len(keys)
+        # No downsampling round overlaps: one that read a series before the delete must not
+        # write its records after.
+        with nullcontext() if self.downsampler is None else self.downsampler.paused():
+            ref, shard = self.dataset.ref, self.shard
+            if any(r.held for r in flusher.flush_all()):
+                raise Unavailable(f"{ref.name} shard {shard} is replaying: retry the delete")
+            keys = set(self.memstore.delete_series(selectors))
+            for matchers in selectors:  # and any the store holds that memory does not
+                keys.update(
+                    r.part_key for r in self._columns.list_part_keys(ref, shard, matchers=matchers)
+                )
+            flusher.flush_all()
+            self._columns.delete_series(ref, shard, keys)
+            if keys:
+                log.info("%s shard %d: deleted %d series", ref.name, shard, len(keys))
+            return len(keys)
 
     def series_samples(self) -> dict[str, np.ndarray]:
         """Every series' timestamps, from the ColumnStore and memory, as a query would see them
@@ -770,7 +768,7 @@ class KafkaShardIngester(ReportingIngester):
         return max(0, self.end_offset - self.next_offset)
 
 
-class _FlushThread(Worker):
+class _FlushThread(CheckedWorker):
     """A shard's flusher on its own thread: `flush_due()` whenever a group is due (every group
     at once while `paused()`: consumption waits for the store), retries after store errors by
     the flusher's backoff. A failure the flusher raises (`StaleEpochError`, a bug) ends the
@@ -783,38 +781,36 @@ class _FlushThread(Worker):
         self._flusher = flusher
         self._paused = paused
         self._wake = threading.Event()
-        self._failure: BaseException | None = None
         # Work that must not overlap a flush (`submit`), run between rounds.
         self._tasks: list[tuple[Callable[[Flusher], Any], Future[Any]]] = []
         self._tasks_lock = threading.Lock()
         self.start()
 
-    def _run(self) -> None:
+    def _loop(self) -> None:
         flusher = self._flusher
-        try:
-            while not self.stopping:
-                self._run_tasks()
-                if self._paused():
-                    flusher.flush_now()
-                else:
-                    flusher.flush_due()
-                wait = max(self.MIN_WAIT_S, min(0.5, flusher.seconds_until_due()))
-                self._wake.wait(wait)
-                self._wake.clear()
-        except BaseException as e:
-            self._failure = e
-        finally:
-            with self._tasks_lock:
-                tasks, self._tasks = self._tasks, []
-            for _, fut in tasks:
-                fut.set_exception(Unavailable("the shard stopped ingesting: retry"))
+        while not self.stopping:
+            self._run_tasks()
+            if self._paused():
+                flusher.flush_now()
+            else:
+                flusher.flush_due()
+            wait = max(self.MIN_WAIT_S, min(0.5, flusher.seconds_until_due()))
+            self._wake.wait(wait)
+            self._wake.clear()
+
+    def _done(self) -> None:
+        """Tasks still waiting fail (their callers retry): no flush thread will run them."""
+        with self._tasks_lock:
+            tasks, self._tasks = self._tasks, []
+        for _, fut in tasks:
+            fut.set_exception(Unavailable("the shard stopped ingesting: retry"))
 
     def submit(self, task: Callable[[Flusher], Any]) -> Future[Any]:
         """Run `task(flusher)` on this thread between flushes; its result or error in the
         future."""
         fut: Future[Any] = Future()
         with self._tasks_lock:
-            if self.stopping or self._failure is not None:
+            if self.stopping or self.failure is not None:
                 fut.set_exception(Unavailable("the shard stopped ingesting: retry"))
                 return fut
             self._tasks.append((task, fut))
@@ -832,11 +828,6 @@ class _FlushThread(Worker):
 
     def wake(self) -> None:
         self._wake.set()
-
-    def check(self) -> None:
-        """Re-raise what ended the flush thread, if anything did."""
-        if self._failure is not None:
-            raise self._failure
 
     def _interrupt(self) -> None:
         """`stop()` ends the loop after the flush in progress, if any (the final flush is the

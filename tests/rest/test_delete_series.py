@@ -39,6 +39,20 @@ def rest(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str) -> Iter
     yield from start_rest(tmp_path_factory.mktemp("del"), nodes=2, settings=settings)
 
 
+def _dataset(rest: Rest, name: str, kafka_bootstrap: str) -> Dataset:
+    """A dataset of two shards, every series' samples on both, set up and active."""
+    ds = Dataset(
+        name=name,
+        num_shards=2,
+        spread={"default": 1},  # hosts on both shards
+        source=SourceSettings(bootstrap_servers=kafka_bootstrap),
+        store=StoreOptions(memory_retention_ms=4 * HOUR, flush_interval_s=1.0),
+    )
+    rest.client.setup_dataset(ds)
+    rest.wait_for("all shards active", lambda: rest.all_active(name), 60)
+    return ds
+
+
 def _labels(metric: str, host: str) -> dict[str, str]:
     return {"_metric_": metric, "_ws_": "w", "_ns_": "n", "host": host}
 
@@ -60,15 +74,7 @@ def _series(rest: Rest, name: str, match: str) -> list[dict[str, Any]]:
 
 def test_deleted_series_are_gone_for_good_and_others_untouched(rest: Rest, kafka_bootstrap: str):
     name = f"del{uuid.uuid4().hex[:8]}"
-    ds = Dataset(
-        name=name,
-        num_shards=2,
-        spread={"default": 1},  # hosts on both shards
-        source=SourceSettings(bootstrap_servers=kafka_bootstrap),
-        store=StoreOptions(memory_retention_ms=4 * HOUR, flush_interval_s=1.0),
-    )
-    rest.client.setup_dataset(ds)
-    rest.wait_for("all shards active", lambda: rest.all_active(name), 60)
+    ds = _dataset(rest, name, kafka_bootstrap)
     now = int(time.time() * 1000)
     times = [now - i * MIN for i in range(30, 0, -1)]
     hosts = ["a", "b", "c", "d"]
@@ -141,15 +147,7 @@ def test_the_cli_deletes_series_over_rest_and_over_ray_and_asks_first(
     """`filopy series delete` as a user types it: a subprocess, over the REST API (`--url`) and
     as a Ray driver (`--address`); a bad selector and a "no" at the prompt delete nothing."""
     name = f"cli{uuid.uuid4().hex[:8]}"
-    ds = Dataset(
-        name=name,
-        num_shards=2,
-        spread={"default": 1},
-        source=SourceSettings(bootstrap_servers=kafka_bootstrap),
-        store=StoreOptions(memory_retention_ms=4 * HOUR, flush_interval_s=1.0),
-    )
-    rest.client.setup_dataset(ds)
-    rest.wait_for("all shards active", lambda: rest.all_active(name), 60)
+    ds = _dataset(rest, name, kafka_bootstrap)
     now = int(time.time() * 1000)
     with Gateway(ds) as gw:
         gw.send((_labels(m, h), now - i * MIN, 1.0)
