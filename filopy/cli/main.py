@@ -784,10 +784,9 @@ def series_delete(
         console.print(f"{dataset}: deleted the series matching {' or '.join(selectors)}")
         return
     info = _client(address).delete_series(dataset, parsed)
-    console.print(
-        f"{dataset}: deleted {info['series']:,} series ({info['shards']} shards, "
-        f"{info['by_nodes']} by their owners, the rest from the store)"
-    )
+    unowned = info["shards"] - info["by_nodes"]
+    where = f", {unowned} of them run by no node: from the store" if unowned else ""
+    console.print(f"{dataset}: deleted {info['series']:,} series ({info['shards']} shards{where})")
 
 
 @shards_app.command("stop")
