@@ -25,8 +25,13 @@ downsampled starts from its oldest sample still held.
 Late samples (accepted for a time at or before a mark: a series lagging more than the delay, or
 a backfill sending one series after another) are kept track of by the memstore; the next round
 redoes the slices they fell into for their series, from the raw data, under the same record
-identities. What is not covered: a late sample flushed and checkpointed, then a crash before the
-next round; its period's summary misses it (docs/lifecycle.md).
+identities. Across a crash: a new owner's replay starts after the checkpoints, so it never sees
+again a late sample flushed before the crash. So before a flush's checkpoint passes late
+samples not yet redone, the flush thread records in the MetaStore the earliest of them
+(`keep_late`, `MetaStore.set_downsample_redo`); a new owner's first round redoes every series'
+slices from there, and a round that has redone everything lowers or clears the record.
+Slices that begin before the raw retention's cutoff are never redone: their raw data is partly
+gone, and their records summarise more of it than a redo could.
 """
 
 from __future__ import annotations
@@ -105,15 +110,44 @@ class Downsampler:
         self._repairing = 0  # series being redone now
         self.last_error: str | None = None  # the last round's failure; None once one succeeds
         self._round_lock = threading.Lock()  # held by a round; `paused` waits for it
+        # The redo record (`keep_late`): what the store holds, and the earliest late time
+        # known here and not in the memstore's count: the record a new owner found, until
+        # redone, and the late samples a repair in progress took. Under `_late_lock`, which
+        # orders the record's writes by the flush thread and the rounds.
+        self._late_lock = threading.Lock()
+        self._redo_stored: int | None = None
+        self._redo_found: int | None = None
+        self._redo_taken: int | None = None
         self._pause = threading.Event()  # a round gives up at its next read while set
 
     def marks(self) -> dict[int, int]:
         """Per resolution, the end of the last period done (absent: none yet)."""
         if self._marks is None:
-            self._marks = self._meta.read_downsample_marks(self._ref, self._shard)
-            for res, mark in self._marks.items():
+            marks = self._meta.read_downsample_marks(self._ref, self._shard)
+            with self._late_lock:
+                self._redo_stored = self._meta.read_downsample_redo(self._ref, self._shard)
+                self._redo_found = self._redo_stored
+            for res, mark in marks.items():
                 self._memstore.set_downsampled(res, mark)
+            self._marks = marks
         return dict(self._marks)
+
+    def keep_late(self) -> None:
+        """Called by the flush thread before it commits a checkpoint: the store's redo record
+        must name the earliest late sample not yet redone, which the checkpoint may pass (a
+        new owner would not replay it). Writes only when that changed: no write in the steady
+        state."""
+        self.marks()  # the record a previous owner left is kept until redone
+        with self._late_lock:
+            self._store_redo()
+
+    def _store_redo(self) -> None:
+        """Under `_late_lock`: write the redo record if it differs from the truth."""
+        known = [self._memstore.earliest_late(), self._redo_found, self._redo_taken]
+        since = min((t for t in known if t is not None), default=None)
+        if since != self._redo_stored:
+            self._meta.set_downsample_redo(self._ref, self._shard, since, self._epoch)
+            self._redo_stored = since
 
     @contextmanager
     def paused(self) -> Iterator[None]:
@@ -164,6 +198,8 @@ class Downsampler:
             "repaired": self.repaired,
             # series with late samples whose slices are not redone yet
             "late_series": self._memstore.late_series() + self._repairing,
+            # the redo record in the store: slices from there are redone if this node dies
+            "redo_since_ms": self._redo_stored,
             "last_error": self.last_error,
         }
 
@@ -198,40 +234,62 @@ class Downsampler:
 
     def _repair(self, marks: dict[int, int]) -> list[DownsampleRound]:
         """Late samples (accepted at or before a mark, `ShardMemstore.take_late`): redo the
-        slices from each late series' earliest one up to the mark, for those series only;
-        the records replace the ones written before (same identities)."""
+        slices from each late series' earliest one up to the mark, for those series only; and
+        from the redo record a previous owner left (`keep_late`), for every series. The
+        records replace the ones written before (same identities)."""
         # Counted as being redone before they leave the memstore's count, so `stats` never
         # shows none pending while some are.
         self._repairing = self._memstore.late_series()
-        late = self._memstore.take_late()
+        with self._late_lock:
+            late = self._memstore.take_late()
+            found = self._redo_found
+            self._redo_taken = min(late.values(), default=None)
         done: list[DownsampleRound] = []
-        if not late:
+        if not late and found is None:
             self._repairing = 0
             return done
         self._repairing = max(self._repairing, len(late))
         try:
-            self._redo(late, marks, done)
+            self._redo(late, found, marks, done)
         except BaseException:
             self._memstore.put_back_late(late)  # the next round tries again
+            with self._late_lock:
+                self._redo_taken = None
             raise
         finally:
             self._repairing = 0
+        with self._late_lock:
+            self._redo_taken = self._redo_found = None
+            self._store_redo()  # lowered or cleared: what is left is in the memstore's count
         self.repaired += len(late)
         return done
 
     def _redo(
-        self, late: dict[int, int], marks: dict[int, int], done: list[DownsampleRound]
+        self,
+        late: dict[int, int],
+        found: int | None,
+        marks: dict[int, int],
+        done: list[DownsampleRound],
     ) -> None:
+        cutoff = self._columns.cutoff(self._ref)  # older raw data is gone: never redone
         for res in self.resolutions_ms:
             mark, span = marks.get(res), self.slice_ms(res)
             if mark is None:
                 continue
+
+            def slices(since: int, mark: int = mark, span: int = span) -> range:
+                first = (since - 1) // span * span  # the slice (first, first + span] holding it
+                if first + 1 < cutoff:  # from the first slice whose raw data is all kept
+                    first += -(-(cutoff - 1 - first) // span) * span
+                return range(first, mark, span)
+
             by_slice: dict[int, list[int]] = {}
             for sid, since in late.items():
-                first = (since - 1) // span * span  # the slice (first, first + span] holding it
-                for start in range(first, mark, span):
+                for start in slices(since):
                     by_slice.setdefault(start, []).append(sid)
-            for start, sids in sorted(by_slice.items()):
+            every = set(slices(found)) if found is not None else set()
+            for start in sorted(every | set(by_slice)):
+                sids = None if start in every else by_slice[start]
                 done.append(self._slice(res, start, start + span, sids, commit=False))
 
     def _first_mark(self, span: int) -> int | None:

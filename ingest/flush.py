@@ -186,6 +186,7 @@ class Flusher:
         clock: Callable[[], float] = time.monotonic,
         retry_initial_s: float = DEFAULT_RETRY_INITIAL_S,
         retry_max_s: float = DEFAULT_RETRY_MAX_S,
+        before_checkpoint: Callable[[], None] | None = None,
     ) -> None:
         if memstore.chunk_span_ms > column_store.max_chunk_span_ms:
             raise ValueError(
@@ -205,6 +206,9 @@ class Flusher:
         self.flush_interval_s = flush_interval_s
         self.check_epoch = check_epoch
         self._clock = clock
+        # Run before each checkpoint commit: the downsampler records late samples the
+        # checkpoint may pass (`Downsampler.keep_late`).
+        self._before_checkpoint = before_checkpoint
         groups = memstore.groups_per_shard
         self.group_stats = {g: GroupFlushStats() for g in range(groups)}
         for g, off in (checkpoints or {}).items():
@@ -271,6 +275,8 @@ class Flusher:
             del self._pending[group]
             committed = None
             if advance:
+                if self._before_checkpoint is not None:
+                    self._before_checkpoint()
                 committed = self.meta_store.commit_checkpoint(
                     self.ref, self.shard, group, sealed.offset, self.epoch
                 )

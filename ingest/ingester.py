@@ -262,6 +262,15 @@ class KafkaShardIngester(ReportingIngester):
             self.replayed_offsets = self._replayed(first, high, plan.checkpoints)
             self.end_offset, self.next_offset = high, first
             self._tenure = replace(self._tenure, first_offset=first, end_offset=high)
+            down = self._settings.downsample
+            if down.resolutions_ms:
+                self.downsampler = Downsampler(
+                    self.memstore, self._columns, self._meta, ref, shard, self._epoch,
+                    down.resolutions_ms, delay_ms=round(down.delay_s * 1000),
+                    interval_s=down.interval_s,
+                )  # fmt: skip
+                # Before the replay: a replayed sample older than a mark is late (and redone).
+                self._store_retrying("reading downsample marks", self.downsampler.marks)
             self.flusher = flusher = Flusher(
                 self.memstore,
                 self._columns,
@@ -273,16 +282,8 @@ class KafkaShardIngester(ReportingIngester):
                 checkpoints=plan.checkpoints,
                 retry_initial_s=self._ingest.store_retry_initial_s,
                 retry_max_s=max(self._ingest.store_retry_max_s, self._ingest.store_retry_initial_s),
+                before_checkpoint=self.downsampler.keep_late if self.downsampler else None,
             )
-            down = self._settings.downsample
-            if down.resolutions_ms:
-                self.downsampler = Downsampler(
-                    self.memstore, self._columns, self._meta, ref, shard, self._epoch,
-                    down.resolutions_ms, delay_ms=round(down.delay_s * 1000),
-                    interval_s=down.interval_s,
-                )  # fmt: skip
-                # Before the replay: a replayed sample older than a mark is late (and redone).
-                self._store_retrying("reading downsample marks", self.downsampler.marks)
             consumer.assign(
                 [
                     TopicPartition(

@@ -500,6 +500,13 @@ class ShardMemstore:
         """How many series have late samples waiting for the downsampler."""
         return int(np.count_nonzero(self._late_since[: len(self._series)] != NO_LATE))
 
+    def earliest_late(self) -> int | None:
+        """The earliest late sample waiting for the downsampler; None if none."""
+        with self._lock:
+            n = len(self._series)
+            earliest = int(self._late_since[:n].min()) if n else NO_LATE
+        return None if earliest == NO_LATE else earliest
+
     def put_back_late(self, late: Mapping[int, int]) -> None:
         """Late series `take_late` gave out whose slices could not be redone."""
         if not late:

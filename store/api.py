@@ -67,6 +67,10 @@ INT64_MAX = (1 << 63) - 1
 INT32_MAX = (1 << 31) - 1
 # The flush group whose "checkpoint" row holds a shard's seal mark (`MetaStore.raise_seal_mark`).
 SEAL_MARK_GROUP = -1
+# The flush group whose row holds a shard's downsampling redo record
+# (`MetaStore.set_downsample_redo`); below every resolution's mark group.
+REDO_GROUP = -(1 << 31)
+NO_REDO = -1  # the redo record's value when there is nothing to redo
 DEFAULT_MAX_CHUNK_SPAN_MS = 24 * 3600 * 1000
 
 
@@ -74,7 +78,10 @@ def _downsample_group(resolution_ms: int) -> int:
     """The reserved flush group holding a resolution's downsample mark: -1 - seconds."""
     if not isinstance(resolution_ms, int) or resolution_ms < 1000 or resolution_ms % 1000:
         raise ValueError(f"a resolution is a whole number of seconds, got {resolution_ms!r} ms")
-    return -1 - resolution_ms // 1000
+    group = -1 - resolution_ms // 1000
+    if group <= REDO_GROUP:
+        raise ValueError(f"a resolution of {resolution_ms!r} ms is too long")
+    return group
 
 
 def downsampled_name(name: str, resolution_ms: int) -> str:
@@ -605,7 +612,29 @@ class MetaStore(_Closable):
         """The shard's downsample marks: {resolution_ms: end of the last period done}."""
         _check_shard(shard)
         rows = self._read_checkpoints(_check_ref(ref), shard)
-        return {(-g - 1) * 1000: end for g, end in rows.items() if g < SEAL_MARK_GROUP}
+        return {(-g - 1) * 1000: end for g, end in rows.items() if REDO_GROUP < g < SEAL_MARK_GROUP}
+
+    def set_downsample_redo(
+        self, ref: DatasetRef, shard: int, since_ms: int | None, epoch: int
+    ) -> None:
+        """Record that the shard's downsampled slices holding `since_ms` and later, up to its
+        marks, may miss samples and must be summarised again for every series (None: nothing
+        to redo). The downsampler writes it before a checkpoint passes a late sample, so a new
+        owner redoes what a crash kept the old one from redoing (ingest/downsampler.py).
+        Unlike a mark, it goes both ways. Fenced like `commit_checkpoint`."""
+        _check_shard(shard)
+        if since_ms is not None and (not isinstance(since_ms, int) or since_ms < 0):
+            raise ValueError(f"since_ms must be a non-negative int64 or None, got {since_ms!r}")
+        if not isinstance(epoch, int) or not 1 <= epoch <= INT64_MAX:
+            raise ValueError(f"epoch must be a positive int64 from claim_epoch, got {epoch!r}")
+        value = NO_REDO if since_ms is None else since_ms
+        self._set_checkpoint(_check_ref(ref), shard, REDO_GROUP, value, epoch)
+
+    def read_downsample_redo(self, ref: DatasetRef, shard: int) -> int | None:
+        """The shard's redo record (`set_downsample_redo`); None if there is nothing to redo."""
+        _check_shard(shard)
+        value = self._read_checkpoints(_check_ref(ref), shard).get(REDO_GROUP, NO_REDO)
+        return None if value == NO_REDO else value
 
     def record_ownership(self, changes: Sequence[OwnershipChange], retention_ms: int) -> None:
         """Append ownership changes to the history, each kept for `retention_ms` after it
@@ -716,6 +745,10 @@ class MetaStore(_Closable):
     def _commit_checkpoint(
         self, name: str, shard: int, group: int, offset: int, epoch: int
     ) -> int: ...
+    @abstractmethod
+    def _set_checkpoint(self, name: str, shard: int, group: int, value: int, epoch: int) -> None:
+        """Like `_commit_checkpoint`, but the value may go down."""
+
     @abstractmethod
     def _read_checkpoints(self, name: str, shard: int) -> dict[int, int]: ...
 

@@ -419,6 +419,10 @@ class CassandraMetaStore(_UsesConnection, MetaStore):
             "UPDATE {ks}.shard_state SET checkpoint = ? "
             "WHERE dataset = ? AND shard = ? AND flush_group = ? IF epoch = ? AND checkpoint = null"
         )
+        self._commit_set = p(
+            "UPDATE {ks}.shard_state SET checkpoint = ? "
+            "WHERE dataset = ? AND shard = ? AND flush_group = ? IF epoch = ?"
+        )
         self._select_checkpoints = p(
             "SELECT flush_group, checkpoint FROM {ks}.shard_state WHERE dataset = ? AND shard = ?",
             serial_read=True,
@@ -601,6 +605,11 @@ class CassandraMetaStore(_UsesConnection, MetaStore):
             if (row.get("epoch") or 0) != epoch:
                 raise StaleEpochError(name, shard, epoch, row.get("epoch") or 0)
         raise StoreError(f"checkpoint commit for shard {shard} of {name!r} kept losing races")
+
+    def _set_checkpoint(self, name: str, shard: int, group: int, value: int, epoch: int) -> None:
+        row = self._lwt(self._commit_set, (value, name, shard, group, epoch))
+        if not row["[applied]"]:
+            raise StaleEpochError(name, shard, epoch, row.get("epoch") or 0)
 
     def _read_checkpoints(self, name: str, shard: int) -> dict[int, int]:
         rows = self._conn.execute(self._select_checkpoints, (name, shard))

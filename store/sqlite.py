@@ -441,6 +441,17 @@ class SqliteMetaStore(_UsesDatabase, MetaStore):
                 (name, shard, group, offset),
             ).fetchone()[0]
 
+    def _set_checkpoint(self, name: str, shard: int, group: int, value: int, epoch: int) -> None:
+        with self._db.write() as c:
+            current = self._epoch(c, name, shard)
+            if current != epoch:
+                raise StaleEpochError(name, shard, epoch, current)
+            c.execute(
+                "INSERT OR REPLACE INTO checkpoints (dataset, shard, flush_group, checkpoint) "
+                "VALUES (?, ?, ?, ?)",
+                (name, shard, group, value),
+            )
+
     def _read_checkpoints(self, name: str, shard: int) -> dict[int, int]:
         with self._db.read() as c:
             rows = c.execute(

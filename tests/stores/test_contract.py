@@ -157,6 +157,33 @@ def test_the_seal_mark_is_fenced_never_goes_back_and_is_no_group_checkpoint(
         new_node.raise_seal_mark(ref, 6, -1, new)
 
 
+def test_the_downsample_redo_record_goes_both_ways_is_fenced_and_is_no_mark(
+    open_backend: Opener, ref: DatasetRef
+) -> None:
+    (old_node, _), (new_node, _) = open_backend(), open_backend()
+    assert old_node.read_downsample_redo(ref, 3) is None
+    old = old_node.claim_epoch(ref, 3, "old")
+    with pytest.raises(StaleEpochError):
+        old_node.set_downsample_redo(ref, 4, 10, old)  # shard 4 was never claimed
+    old_node.commit_downsample_mark(ref, 3, 60_000, 600_000, old)
+    old_node.set_downsample_redo(ref, 3, 500_000, old)
+    assert new_node.read_downsample_redo(ref, 3) == 500_000
+    old_node.set_downsample_redo(ref, 3, 700_000, old)  # unlike a mark, it may go up...
+    assert new_node.read_downsample_redo(ref, 3) == 700_000
+    old_node.set_downsample_redo(ref, 3, 0, old)  # ...and down
+    assert new_node.read_downsample_redo(ref, 3) == 0
+    assert new_node.read_downsample_marks(ref, 3) == {60_000: 600_000}  # it is not a mark
+    assert new_node.read_checkpoints(ref, 3) == {}  # nor a group's checkpoint
+    new = new_node.claim_epoch(ref, 3, "new")
+    with pytest.raises(StaleEpochError):
+        old_node.set_downsample_redo(ref, 3, None, old)  # a deposed owner cannot clear it
+    assert new_node.read_downsample_redo(ref, 3) == 0
+    new_node.set_downsample_redo(ref, 3, None, new)
+    assert old_node.read_downsample_redo(ref, 3) is None
+    with pytest.raises(ValueError):
+        new_node.set_downsample_redo(ref, 3, -5, new)
+
+
 def test_a_stale_writer_is_fenced_and_the_fresh_one_proceeds(
     open_backend: Opener, ref: DatasetRef
 ) -> None:

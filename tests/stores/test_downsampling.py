@@ -13,7 +13,7 @@ import pytest
 from core.dataset import Dataset
 from ingest.batch import SampleBatch
 from ingest.downsampler import Downsampler
-from ingest.flush import Flusher
+from ingest.flush import Flusher, recover_shard
 from ingest.memstore import ShardMemstore
 from ingest.shard_reader import read_merged_batch
 from query.executor import NodeQuery, ShardSource, run_node_query
@@ -147,12 +147,15 @@ def test_a_crash_before_the_mark_and_a_new_owner_leave_no_gap_and_no_duplicate(
     class Crash(Exception):
         pass
 
-    def crash(*args: object) -> int:
-        raise Crash
+    class CrashingMeta:  # the store, but the process dies at the mark
+        def __getattr__(self, name: str) -> object:
+            return getattr(meta, name)
+
+        def commit_downsample_mark(self, *args: object) -> int:
+            raise Crash
 
     crashing = shard.downsampler()
-    crashing._meta = type("M", (), {"read_downsample_marks": meta.read_downsample_marks,
-                                    "commit_downsample_mark": staticmethod(crash)})()  # fmt: skip
+    crashing._meta = CrashingMeta()
     with pytest.raises(Crash):  # its records are written, its mark is not
         crashing.run(T0 + 2 * HOUR)
     epoch = meta.claim_epoch(shard.ds.ref, 0, "b")  # the next owner
@@ -195,6 +198,61 @@ def test_late_samples_and_series_sent_one_after_another_are_summarised_too(
         mark = meta.read_downsample_marks(shard.ds.ref, 0)[res]
         assert_equal(shard.stored_periods(res), shard.raw_periods(res, mark))
     assert d.run(NOW) == [] and d.repaired == SERIES - SERIES // 2  # nothing late is left
+
+
+def test_late_samples_flushed_before_a_crash_are_redone_by_the_next_owner(
+    open_backend: Opener,
+) -> None:
+    """Late samples flushed and checkpointed, then the node dies before its next round: the
+    next owner's replay starts after the checkpoints and never sees them again; the redo
+    record the flush left makes its first round redo their slices."""
+    meta, column = open_backend()
+    stream = _stream(3)
+    shard = Shard(meta, column, [_only(b, range(SERIES // 2)) for b in stream])
+    d = shard.downsampler()
+    assert d.run(NOW)
+    flusher = Flusher(
+        shard.mem, column, meta, shard.ds.ref, 0, shard.epoch,
+        flush_interval_s=1, before_checkpoint=d.keep_late,
+    )  # fmt: skip
+    rest = [_only(b, range(SERIES // 2, SERIES)) for b in stream]
+    for offset, batch in enumerate(rest, start=len(stream)):
+        shard.mem.ingest(batch, offset)
+    earliest = shard.mem.earliest_late()
+    assert earliest is not None and earliest < min(d.marks().values())
+    flusher.flush_all()  # every checkpoint passes the late samples; then the node dies
+    assert meta.read_downsample_redo(shard.ds.ref, 0) == earliest
+
+    epoch = meta.claim_epoch(shard.ds.ref, 0, "b")
+    shard.mem = ShardMemstore(shard.ds, 0, groups_per_shard=2, chunk_span_ms=10 * MIN)
+    plan = recover_shard(shard.mem, meta, column, shard.ds.ref, 0, 2 * len(stream))
+    assert plan.replay_until == -1 and shard.mem.earliest_late() is None  # nothing replayed
+    new = shard.downsampler(epoch)
+    new.run(NOW)
+    for res in RESOLUTIONS:
+        mark = meta.read_downsample_marks(shard.ds.ref, 0)[res]
+        assert_equal(shard.stored_periods(res), shard.raw_periods(res, mark))
+    assert meta.read_downsample_redo(shard.ds.ref, 0) is None  # redone: cleared
+    assert new.run(NOW) == []
+
+
+def test_a_redo_skips_the_slices_whose_raw_data_is_partly_past_retention(
+    open_backend: Opener,
+) -> None:
+    """Their records summarise more raw data than is left: redone, they would lose some."""
+    meta, column = open_backend()
+    shard = Shard(meta, column, _stream(3))
+    shard.downsampler().run(NOW)
+    before = {res: shard.stored_periods(res) for res in RESOLUTIONS}
+    epoch = meta.claim_epoch(shard.ds.ref, 0, "b")
+    meta.set_downsample_redo(shard.ds.ref, 0, T0, epoch)  # as a crashed owner leaves it
+    column.clock = lambda: NOW
+    meta.set_retention(shard.ds.ref, NOW - (T0 + 15 * MIN))  # raw data from T0 + 15 min
+    redone = shard.downsampler(epoch).run(NOW)
+    assert redone and min(r.start for r in redone) >= T0 + 15 * MIN - 1
+    for res in RESOLUTIONS:
+        assert_equal(shard.stored_periods(res), before[res])
+    assert meta.read_downsample_redo(shard.ds.ref, 0) is None
 
 
 def _only(batch: SampleBatch, series: range) -> SampleBatch:
