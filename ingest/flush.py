@@ -11,8 +11,9 @@ groups flush in turn across the flush interval. Flushing group g:
    range (one batched call): chunks first, so a stored part key's `end_time` never claims samples
    that are not in the ColumnStore;
 3. write the snapshot under (g, offset, epoch), if the checkpoint advances and anything is open;
-4. commit g's checkpoint = `offset`, fenced by the shard's ownership epoch, then drop g's older
-   snapshots. `StaleEpochError` propagates: the ingester must stop the shard. Any other error
+4. commit g's checkpoint = `offset`, fenced by the shard's ownership epoch (first, the
+   downsampler records late samples the checkpoint may pass: `before_checkpoint`), then drop
+   g's older snapshots. `StaleEpochError` propagates: the ingester must stop the shard. Any other error
    leaves the sealed flush pending and propagates; the next `flush_group(g)` retries the same
    chunks and snapshot before sealing anything new.
 
