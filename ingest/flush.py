@@ -13,9 +13,9 @@ groups flush in turn across the flush interval. Flushing group g:
 3. write the snapshot under (g, offset, epoch), if the checkpoint advances and anything is open;
 4. commit g's checkpoint = `offset`, fenced by the shard's ownership epoch (first, the
    downsampler records late samples the checkpoint may pass: `before_checkpoint`), then drop
-   g's older snapshots. `StaleEpochError` propagates: the ingester must stop the shard. Any other error
-   leaves the sealed flush pending and propagates; the next `flush_group(g)` retries the same
-   chunks and snapshot before sealing anything new.
+   g's older snapshots. `StaleEpochError` propagates: the ingester must stop the shard. Any
+   other error leaves the sealed flush pending and propagates; the next `flush_group(g)`
+   retries the same chunks and snapshot before sealing anything new.
 
 So the checkpoint rule is: g's checkpoint c means every sample of g from messages <= c is in a
 chunk or in g's snapshot at c. Chunks stay large whatever the flush interval (a 15 s scrape makes

@@ -29,6 +29,7 @@ from ingest.wire.line_protocol import decode_influx
 from ingest.wire.prompb.remote_pb2 import WriteRequest
 from tests.ingest.line_loop import keyed_alike, line_loop_only
 from tests.ingest.test_gateway import _consume_all, dataset  # noqa: F401 - the fixture
+from tests.ingest.test_gateway_hot_paths import steady_requests
 
 T0 = 1_700_000_000_000
 _names = st.sampled_from(["__name__", "job", "instance", "le", "a", "", "ü", "x" * 200])
@@ -87,14 +88,24 @@ def test_fast_decoding_equals_the_full_parser(req: WriteRequest, metric_column: 
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(write_requests(), st.data())
-def test_corrupt_bodies_are_left_to_the_full_parser(req: WriteRequest, data: st.DataObject) -> None:
-    raw = bytearray(req.SerializeToString())
-    if not raw:
+@given(st.one_of(write_requests(), steady_requests()), st.booleans(), st.data())
+def test_corrupt_bodies_are_left_to_the_full_parser(
+    req: WriteRequest, learn: bool, data: st.DataObject
+) -> None:
+    """Bytes changed (and the body perhaps cut), with or without the clean body's labels
+    learnt first: the fast path gives the full parser's batch or steps aside, and never takes
+    a body the full parser refuses."""
+    clean = req.SerializeToString()
+    if not clean:
         return
+    if learn:
+        remote_write_v1.decode(clean, "_metric_")
+    raw = bytearray(clean)
     for _ in range(data.draw(st.integers(1, 3))):
         i = data.draw(st.integers(0, len(raw) - 1))
-        raw[i] = data.draw(st.sampled_from([0x00, 0x0A, 0x12, 0x09, 0x10, 0x80, 0xFF, raw[i] ^ 1]))
+        raw[i] = data.draw(
+            st.sampled_from([0x00, 0x07, 0x0A, 0x12, 0x09, 0x10, 0x80, 0xFF, raw[i] ^ 1])
+        )
     cut = data.draw(st.integers(0, len(raw)))
     body = bytes(raw[:cut]) if data.draw(st.booleans()) else bytes(raw)
     fast = remote_write_v1.decode_fast(body, "_metric_")

@@ -123,34 +123,6 @@ def test_known_series_path_equals_the_full_parser(req: WriteRequest, metric_colu
     _same(remote_write_v1.decode(raw, metric_column), _full(raw, metric_column))
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(steady_requests(), st.data())
-def test_known_series_path_on_corrupt_bodies(req: WriteRequest, data: st.DataObject) -> None:
-    """Bytes changed after the labels are cached: the known path gives the full parser's batch
-    or steps aside (and never takes a body the full parser refuses)."""
-    clean = req.SerializeToString()
-    remote_write_v1.decode(clean, "_metric_")
-    raw = bytearray(clean)
-    for _ in range(data.draw(st.integers(1, 3))):
-        i = data.draw(st.integers(0, len(raw) - 1))
-        raw[i] = data.draw(
-            st.sampled_from([0x00, 0x07, 0x0A, 0x10, 0x12, 0x09, 0x80, 0xFF, raw[i] ^ 1])
-        )
-    body = bytes(raw[: data.draw(st.integers(0, len(raw)))]) if data.draw(st.booleans()) else raw
-    body = bytes(body)
-    known = _known(body)
-    fast = remote_write_v1.decode_fast(body, "_metric_")
-    try:
-        full = _full(body)
-    except Exception:
-        assert known is None and fast is None
-        return
-    if known is not None:
-        _same(known, full)
-    if fast is not None:
-        _same(fast, full)
-
-
 def _series(labels: bytes, sample: bytes) -> bytes:
     body = labels + sample
     return b"\x0a" + bytes([len(body)]) + body
@@ -215,7 +187,7 @@ def fresh_tables() -> Iterator[None]:
 
 
 @settings(
-    max_examples=300,
+    max_examples=150,  # per kind of collision: three runs
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )

@@ -92,7 +92,7 @@ _values = (
 )
 
 
-@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(_values, min_size=1, max_size=6))
 def test_values_read_as_float_reads_them(values: list[str]) -> None:
     """NumPy's reading of plain decimals is bit for bit float()'s; other values go through

@@ -377,7 +377,7 @@ def lines(draw: st.DrawFn) -> str:
     return line if ts is None else f"{line} {ts}"
 
 
-@settings(max_examples=800, deadline=None)
+@settings(max_examples=400, deadline=None)
 @given(st.lists(lines(), min_size=1, max_size=6))
 def test_influx_fast_path_agrees_with_the_parser(batch_lines: list[str]) -> None:
     text = "\n".join(batch_lines)
