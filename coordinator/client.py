@@ -377,6 +377,14 @@ class FiloPyClient:
                 self._query_service = cluster_query_service(self, self.timeout_s)
             return self._query_service
 
+    def close(self) -> None:
+        """Close the query service, if one was made (its shard map subscriptions and node
+        connections): before disconnecting from a cluster this process outlives."""
+        with self._create_lock:
+            service, self._query_service = self._query_service, None
+        if service is not None:
+            service.close()
+
     def query(self, dataset: str, promql: str, time_ms: int | None = None, **options: Any) -> Any:
         """An instant PromQL query at `time_ms` (default: now); see `QueryService.instant`."""
         at = int(time.time() * 1000) if time_ms is None else time_ms

@@ -57,7 +57,9 @@ def cassandra_address() -> tuple[str, int]:
 def ray_cluster() -> Iterator[object]:
     """A real local Ray cluster (head only; tests add nodes), with this process as its driver."""
     from coordinator.local_cluster import LocalRayCluster  # Ray only where a test uses it
+    from tests.cluster import release_ray_pool
 
+    release_ray_pool()  # one Ray cluster per test process at a time
     cluster = LocalRayCluster()
     try:
         yield cluster
@@ -86,6 +88,16 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
             return "tests/netbed" if module.startswith("tests/netbed/") else module
 
     return ByModule(config, log)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _warm_ray_cluster_shut_down() -> Iterator[None]:
+    """The warm Ray cluster modules share (tests/cluster.py `ray_pool`) ends with the session."""
+    yield
+    if "ray" in sys.modules:
+        from tests.cluster import release_ray_pool
+
+        release_ray_pool()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -166,8 +166,8 @@ def test_the_limit_is_a_parameter() -> None:
 
 @pytest.fixture(scope="module")
 def rest(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rest]:
-    """One node, control plane only: depth is checked before any data is read."""
-    yield from start_rest(Path(tmp_path_factory.mktemp("limits")), nodes=1)
+    """The control plane only: depth is checked before any data is read."""
+    yield from start_rest(Path(tmp_path_factory.mktemp("limits")), nodes=2)
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,14 @@ from core.dataset import Dataset
 from filopy.rest import create_app
 from ingest.batch import SampleBatch
 from ingest.wire.binary_format import decode_binary
-from tests.cluster import FiloPyCluster, cluster_settings, start_cluster
+from tests.cluster import (
+    FiloPyCluster,
+    cluster_settings,
+    end_cluster,
+    ray_pool,
+    release_ray_pool,
+    start_cluster,
+)
 from tests.waiting import DEADLINE_S, wait_for
 
 if TYPE_CHECKING:
@@ -79,19 +86,37 @@ class Rest:
         return self.client.shard_map(name).is_healthy()
 
 
+POOL_NODES = 2  # the warm Ray cluster's nodes (tests/cluster.py `ray_pool`)
+
+
 def start_rest(tmp_path: Path, nodes: int, settings: Settings | None = None) -> Iterator[Rest]:
+    """A FiloPy cluster of `nodes` nodes with its REST server. Two nodes: on the process' warm
+    Ray cluster (`ray_pool`); any other number: on a Ray cluster of its own."""
+    settings = settings or cluster_settings(tmp_path)
+    if nodes == POOL_NODES:
+        ray_cluster, ids = ray_pool(nodes, settings.cluster.node_resource)
+        cluster = start_cluster(ray_cluster, settings)
+        try:
+            yield from _serve(cluster, ids)
+        finally:
+            end_cluster(cluster)
+        return
     from coordinator.local_cluster import LocalRayCluster  # Ray only where a test starts it
 
+    release_ray_pool()
     ray_cluster = LocalRayCluster()
     try:
-        cluster = start_cluster(ray_cluster, settings or cluster_settings(tmp_path))
-        ids = [cluster.add_node().node_id for _ in range(nodes)]
-        cluster.wait_for(f"{nodes} members", lambda: set(cluster.client.members()) == set(ids))
-        app = create_app(cluster.client, cluster.settings)
-        with ServerThread(app) as url, httpx.Client(base_url=url, timeout=30) as http:
-            yield Rest(cluster, url, http, ids, app)
+        cluster = start_cluster(ray_cluster, settings)
+        yield from _serve(cluster, [cluster.add_node().node_id for _ in range(nodes)])
     finally:
         ray_cluster.shutdown()
+
+
+def _serve(cluster: FiloPyCluster, ids: list[str]) -> Iterator[Rest]:
+    cluster.wait_for(f"{len(ids)} members", lambda: set(cluster.client.members()) == set(ids))
+    app = create_app(cluster.client, cluster.settings)
+    with ServerThread(app) as url, httpx.Client(base_url=url, timeout=30) as http:
+        yield Rest(cluster, url, http, ids, app)
 
 
 @pytest.fixture(scope="module")

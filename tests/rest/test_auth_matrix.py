@@ -74,7 +74,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
     tmp = tmp_path_factory.mktemp("auth")
     base = cluster_settings(tmp)
     settings = base.model_copy(update={"auth": base.auth.model_copy(update={"enabled": True})})
-    for rest in start_rest(tmp, nodes=1, settings=settings):
+    for rest in start_rest(tmp, nodes=2, settings=settings):
         rest.client.setup_dataset(Dataset(name=DATASET, num_shards=2, min_num_nodes=1))
         meta, columns = open_stores(settings)
         columns.close()

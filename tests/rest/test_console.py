@@ -29,7 +29,7 @@ from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from coordinator.node_coordinator import NAME_LABEL
 from core.config import DownsampleSettings
 from filopy.rest.app import create_app
-from tests.cluster import FiloPyCluster, cluster_settings, start_cluster
+from tests.cluster import FiloPyCluster, cluster_settings, release_ray_pool, start_cluster
 from tests.rest.conftest import ServerThread
 from tests.waiting import wait_for
 
@@ -56,6 +56,7 @@ def console(tmp_path: Path, kafka_bootstrap: str) -> Iterator[tuple[FiloPyCluste
     )
     from coordinator.local_cluster import LocalRayCluster  # Ray only where a test starts it
 
+    release_ray_pool()  # one Ray cluster per test process at a time
     ray_cluster = LocalRayCluster()
     try:
         cluster = start_cluster(ray_cluster, settings)

@@ -37,7 +37,7 @@ def rest(tmp_path_factory: pytest.TempPathFactory, cluster_kafka: str) -> Iterat
     settings = settings.model_copy(
         update={"kafka": settings.kafka.model_copy(update={"bootstrap_servers": cluster_kafka})}
     )
-    yield from start_rest(tmp_path_factory.mktemp("rest-bootstrap"), nodes=1, settings=settings)
+    yield from start_rest(tmp_path_factory.mktemp("rest-bootstrap"), nodes=2, settings=settings)
 
 
 def _stored(rest: Rest, name: str) -> Dataset:

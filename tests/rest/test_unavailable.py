@@ -1,6 +1,6 @@
 """Without the cluster singleton: every cluster request is a 503, liveness and metrics still answer.
 
-Its own module: the fixture starts its own Ray cluster, which cannot overlap the module-scoped one.
+Its own module and cluster: the singleton is killed for good.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ pytestmark = pytest.mark.ray
 
 @pytest.fixture
 def singleton_gone(tmp_path: Path) -> Iterator[Rest]:
-    """A one-node cluster whose singleton is killed for good (no restart)."""
+    """A cluster whose singleton is killed for good (no restart)."""
     import ray
 
-    for rest in start_rest(tmp_path, nodes=1):
+    for rest in start_rest(tmp_path, nodes=2):
         assert rest.http.post("/api/v1/datasets", json={"name": "d", "num_shards": 2}).is_success
         ray.kill(rest.cluster.actor, no_restart=True)
         yield rest

@@ -23,7 +23,6 @@ from coordinator.cluster_queries import (
     SocketNodeCaller,
     cluster_query_service,
 )
-from coordinator.local_cluster import LocalRayCluster
 from coordinator.names import node_actor_name
 from coordinator.query_channel import QueryEndpoint
 from core.dataset import Dataset, DatasetRef, SourceSettings, StoreOptions
@@ -33,6 +32,7 @@ from query.executor import NodeQuery, ShardsNotHere
 from query.promql import parse
 from query.service import NodeUnavailable, QueryService
 from query.values import StepMatrix
+from tests.cluster import end_cluster, ray_pool
 from tests.runtime.conftest import FiloPyCluster, cluster_settings, start_cluster
 
 pytestmark = [pytest.mark.ray, pytest.mark.kafka]
@@ -57,11 +57,10 @@ def cluster(
     settings = settings.model_copy(
         update={"kafka": settings.kafka.model_copy(update={"bootstrap_servers": kafka_bootstrap})}
     )
-    ray_cluster = LocalRayCluster()
+    ray_cluster, ids = ray_pool(2, settings.cluster.node_resource)
+    c = start_cluster(ray_cluster, settings)
     try:
-        c = start_cluster(ray_cluster, settings)
-        ids = {c.add_node().node_id for _ in range(2)}
-        c.wait_for("2 members", lambda: set(c.client.members()) == ids)
+        c.wait_for("2 members", lambda: set(c.client.members()) == set(ids))
         ds = Dataset(
             name=NAME,
             num_shards=4,
@@ -89,7 +88,7 @@ def cluster(
         c.wait_for("every sample ingested", ingested, 60)
         yield c
     finally:
-        ray_cluster.shutdown()
+        end_cluster(c)
 
 
 def _service(c: FiloPyCluster, nodes: object) -> QueryService:
