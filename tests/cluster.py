@@ -119,8 +119,10 @@ def end_cluster(cluster: FiloPyCluster) -> None:
     singleton may start a coordinator between the listing and its own end."""
     import ray
 
-    namespace = cluster.settings.ray.namespace
     cluster.client.close()
+    if _pool is None or not ray.is_initialized():
+        return  # the warm cluster was shut down (a later test's own), and everything with it
+    namespace = cluster.settings.ray.namespace
     with contextlib.suppress(ValueError):  # the singleton first: it restarts coordinators
         ray.kill(cluster.actor, no_restart=True)
     left: list[str] = []

@@ -46,6 +46,38 @@ def kafka_cluster(
     yield start_cluster(ray_cluster, settings)
 
 
+@pytest.fixture(scope="module")
+def three_nodes(
+    tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str
+) -> Iterator[FiloPyCluster]:
+    """Three nodes of the warm Ray cluster, shared by the tests that change no membership
+    (each with its dataset); the test that kills a node comes last, on a cluster of its own."""
+    from tests.cluster import end_cluster, ray_pool
+
+    settings = cluster_settings(
+        tmp_path_factory.mktemp("ingest"), "kafka", flush_interval_s=1.0, groups_per_shard=4
+    )
+    settings = settings.model_copy(
+        update={"kafka": settings.kafka.model_copy(update={"bootstrap_servers": kafka_bootstrap})}
+    )
+    ray_cluster, ids = ray_pool(3, settings.cluster.node_resource)
+    c = start_cluster(ray_cluster, settings)
+    try:
+        c.wait_for("3 members", lambda: set(c.client.members()) == set(ids))
+        yield c
+    finally:
+        end_cluster(c)
+
+
+@pytest.fixture
+def shared(three_nodes: FiloPyCluster) -> Iterator[FiloPyCluster]:
+    """The module's three nodes; the test's datasets are removed after it (their ingesters
+    stop)."""
+    yield three_nodes
+    for ds in three_nodes.client.datasets():
+        three_nodes.client.remove_dataset(ds.name)
+
+
 def dataset(bootstrap: str, fmt: RecordFormat = RecordFormat.BINARY) -> Dataset:
     name = f"ds{uuid.uuid4().hex[:8]}"
     return Dataset(
@@ -124,15 +156,19 @@ def produce_pausing(
 def start_three(c: FiloPyCluster, ds: Dataset) -> list:
     nodes = [c.add_node() for _ in range(3)]
     c.wait_for("3 members", lambda: len(c.client.members()) == 3)
-    assert c.client.setup_dataset(ds)
-    c.wait_for("all shards active", lambda: c.client.shard_map(ds.name).is_healthy(), 60)
+    activate(c, ds)
     return nodes
 
 
-def test_binary_samples_are_ingested_exactly(kafka_cluster, kafka_bootstrap: str) -> None:
-    c = kafka_cluster
+def activate(c: FiloPyCluster, ds: Dataset) -> None:
+    assert c.client.setup_dataset(ds)
+    c.wait_for("all shards active", lambda: c.client.shard_map(ds.name).is_healthy(), 60)
+
+
+def test_binary_samples_are_ingested_exactly(shared: FiloPyCluster, kafka_bootstrap: str) -> None:
+    c = shared
     ds = dataset(kafka_bootstrap)
-    start_three(c, ds)
+    activate(c, ds)
     n_series, n_samples = 1000, 200  # 200k samples
     with Gateway(ds, kafka_bootstrap) as gw:
         for b in batches(n_series, n_samples, per_call=10):
@@ -140,10 +176,12 @@ def test_binary_samples_are_ingested_exactly(kafka_cluster, kafka_bootstrap: str
     wait_exact(c, ds, expected(n_series, n_samples))
 
 
-def test_line_protocol_samples_are_ingested_exactly(kafka_cluster, kafka_bootstrap: str) -> None:
-    c = kafka_cluster
+def test_line_protocol_samples_are_ingested_exactly(
+    shared: FiloPyCluster, kafka_bootstrap: str
+) -> None:
+    c = shared
     ds = dataset(kafka_bootstrap, RecordFormat.INFLUX)
-    start_three(c, ds)
+    activate(c, ds)
     n_series, n_samples = 200, 100
     producer = Producer({"bootstrap.servers": kafka_bootstrap, "acks": "all"})
     for k in range(n_samples):
@@ -159,6 +197,85 @@ def test_line_protocol_samples_are_ingested_exactly(kafka_cluster, kafka_bootstr
         producer.poll(0)
     assert producer.flush(30) == 0
     wait_exact(c, ds, expected(n_series, n_samples))
+
+
+def test_malformed_messages_are_counted_and_skipped(
+    shared: FiloPyCluster, kafka_bootstrap: str
+) -> None:
+    c = shared
+    ds = dataset(kafka_bootstrap)
+    activate(c, ds)
+    n_series, n_samples = 100, 50
+    producer = Producer({"bootstrap.servers": kafka_bootstrap, "acks": "all"})
+    with Gateway(ds, kafka_bootstrap) as gw:
+        for k, b in enumerate(batches(n_series, n_samples, per_call=5)):
+            gw.send_batch(b)
+            gw.flush()
+            for shard in range(ds.num_shards):  # garbage between good messages, every shard
+                producer.produce(ds.topic, f"not a batch {k}".encode(), partition=shard)
+            assert producer.flush(30) == 0
+    wait_exact(c, ds, expected(n_series, n_samples))
+    undecodable = sum(
+        stats["bad_records"].get("undecodable", 0)
+        for per_shard in c.client.ingest_stats(ds.ref).values()
+        for stats in per_shard.values()
+    )
+    assert undecodable == ds.num_shards * (n_samples // 5)
+
+
+def test_stopped_shard_restarted_elsewhere_catches_up_exactly(
+    shared: FiloPyCluster, kafka_bootstrap: str
+) -> None:
+    c = shared
+    ds = dataset(kafka_bootstrap)
+    activate(c, ds)
+    n_series = 300
+    with Gateway(ds, kafka_bootstrap) as gw:
+        for b in batches(n_series, 50, per_call=10):
+            gw.send_batch(b)
+    wait_exact(c, ds, expected(n_series, 50))
+
+    before = c.client.shard_map(ds.name)
+    shard = 0
+    owner = before.owner(shard)
+    c.client.stop_shards(ds.name, [shard])
+    c.wait_for("shard 0 down", lambda: c.client.shard_map(ds.name).owner(shard) is None)
+    with Gateway(ds, kafka_bootstrap) as gw:  # shard 0's partition grows while nobody reads it
+        for b in batches(n_series, 50, per_call=10, start=50):
+            gw.send_batch(b)
+    other = next(n for n in c.client.members() if n != owner and before.shards_for_node(n))
+    # Make room on the other node, then start shard 0 there.
+    room = before.shards_for_node(other)[-1]
+    c.client.stop_shards(ds.name, [room])
+    c.wait_for("room made", lambda: c.client.shard_map(ds.name).owner(room) is None)
+    c.client.start_shards(ds.name, other, [shard])
+    c.client.start_shards(ds.name, owner, [room])
+    c.wait_for(
+        "shard 0 active on the other node",
+        lambda: (m := c.client.shard_map(ds.name)).owner(shard) == other and m.is_healthy(),
+        60,
+    )
+    wait_exact(c, ds, expected(n_series, 100))
+
+
+def test_cli_ingest_sends_the_synthetic_workload_exactly(
+    shared: FiloPyCluster, kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from filopy.cli import app
+    from ingest.workload import series_labels
+
+    c = shared
+    ds = dataset(kafka_bootstrap)
+    activate(c, ds)
+    monkeypatch.setenv("FILOPY_RAY__NAMESPACE", c.settings.ray.namespace)
+    args = ["ingest", ds.name, "--series", "120", "--scrapes", "30", "--start-ms", str(T0)]
+    result = CliRunner().invoke(app, [*args, "--address", c.ray.address])
+    assert result.exit_code == 0, result.output
+    assert "sent 3,600 samples" in result.output
+    ts = T0 + 15_000 * np.arange(30, dtype=np.int64)
+    wait_exact(c, ds, {encode_part_key(series_labels(i)): ts for i in range(120)})
 
 
 def test_node_killed_mid_ingestion_loses_and_doubles_nothing(
@@ -215,80 +332,3 @@ def test_node_killed_mid_ingestion_loses_and_doubles_nothing(
     stats = ray.get(h.ingest_stats.remote(ds.ref))
     assert sorted(stats) == moved
     assert all(stats[s]["replayed_from"] > 0 for s in moved), stats
-
-
-def test_malformed_messages_are_counted_and_skipped(kafka_cluster, kafka_bootstrap: str) -> None:
-    c = kafka_cluster
-    ds = dataset(kafka_bootstrap)
-    start_three(c, ds)
-    n_series, n_samples = 100, 50
-    producer = Producer({"bootstrap.servers": kafka_bootstrap, "acks": "all"})
-    with Gateway(ds, kafka_bootstrap) as gw:
-        for k, b in enumerate(batches(n_series, n_samples, per_call=5)):
-            gw.send_batch(b)
-            gw.flush()
-            for shard in range(ds.num_shards):  # garbage between good messages, every shard
-                producer.produce(ds.topic, f"not a batch {k}".encode(), partition=shard)
-            assert producer.flush(30) == 0
-    wait_exact(c, ds, expected(n_series, n_samples))
-    undecodable = sum(
-        stats["bad_records"].get("undecodable", 0)
-        for per_shard in c.client.ingest_stats(ds.ref).values()
-        for stats in per_shard.values()
-    )
-    assert undecodable == ds.num_shards * (n_samples // 5)
-
-
-def test_stopped_shard_restarted_elsewhere_catches_up_exactly(
-    kafka_cluster, kafka_bootstrap: str
-) -> None:
-    c = kafka_cluster
-    ds = dataset(kafka_bootstrap)
-    start_three(c, ds)
-    n_series = 300
-    with Gateway(ds, kafka_bootstrap) as gw:
-        for b in batches(n_series, 50, per_call=10):
-            gw.send_batch(b)
-    wait_exact(c, ds, expected(n_series, 50))
-
-    before = c.client.shard_map(ds.name)
-    shard = 0
-    owner = before.owner(shard)
-    c.client.stop_shards(ds.name, [shard])
-    c.wait_for("shard 0 down", lambda: c.client.shard_map(ds.name).owner(shard) is None)
-    with Gateway(ds, kafka_bootstrap) as gw:  # shard 0's partition grows while nobody reads it
-        for b in batches(n_series, 50, per_call=10, start=50):
-            gw.send_batch(b)
-    other = next(n for n in c.client.members() if n != owner and before.shards_for_node(n))
-    # Make room on the other node, then start shard 0 there.
-    room = before.shards_for_node(other)[-1]
-    c.client.stop_shards(ds.name, [room])
-    c.wait_for("room made", lambda: c.client.shard_map(ds.name).owner(room) is None)
-    c.client.start_shards(ds.name, other, [shard])
-    c.client.start_shards(ds.name, owner, [room])
-    c.wait_for(
-        "shard 0 active on the other node",
-        lambda: (m := c.client.shard_map(ds.name)).owner(shard) == other and m.is_healthy(),
-        60,
-    )
-    wait_exact(c, ds, expected(n_series, 100))
-
-
-def test_cli_ingest_sends_the_synthetic_workload_exactly(
-    kafka_cluster, kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from typer.testing import CliRunner
-
-    from filopy.cli import app
-    from ingest.workload import series_labels
-
-    c = kafka_cluster
-    ds = dataset(kafka_bootstrap)
-    start_three(c, ds)
-    monkeypatch.setenv("FILOPY_RAY__NAMESPACE", c.settings.ray.namespace)
-    args = ["ingest", ds.name, "--series", "120", "--scrapes", "30", "--start-ms", str(T0)]
-    result = CliRunner().invoke(app, [*args, "--address", c.ray.address])
-    assert result.exit_code == 0, result.output
-    assert "sent 3,600 samples" in result.output
-    ts = T0 + 15_000 * np.arange(30, dtype=np.int64)
-    wait_exact(c, ds, {encode_part_key(series_labels(i)): ts for i in range(120)})
