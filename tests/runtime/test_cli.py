@@ -9,12 +9,17 @@ from typer.testing import CliRunner
 
 from core.dataset import Dataset
 from filopy.cli import app
+from tests.cluster import release_ray_pool
 
 pytestmark = pytest.mark.ray
 runner = CliRunner()
 
 
 def test_unreachable_cluster_is_one_clear_line() -> None:
+    import ray
+
+    release_ray_pool()  # connected to a cluster, the CLI would use that one, as `connect` says
+    assert not ray.is_initialized()
     result = runner.invoke(app, ["status", "metrics", "--address", "127.0.0.1:1"])
     assert result.exit_code == 1
     assert "no Ray cluster answers at 127.0.0.1:1" in result.output
