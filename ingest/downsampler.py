@@ -276,18 +276,11 @@ class Downsampler:
             mark, span = marks.get(res), self.slice_ms(res)
             if mark is None:
                 continue
-
-            def slices(since: int, mark: int = mark, span: int = span) -> range:
-                first = (since - 1) // span * span  # the slice (first, first + span] holding it
-                if first + 1 < cutoff:  # from the first slice whose raw data is all kept
-                    first += -(-(cutoff - 1 - first) // span) * span
-                return range(first, mark, span)
-
             by_slice: dict[int, list[int]] = {}
             for sid, since in late.items():
-                for start in slices(since):
+                for start in _slices(since, mark, span, cutoff):
                     by_slice.setdefault(start, []).append(sid)
-            every = set(slices(found)) if found is not None else set()
+            every = set(_slices(found, mark, span, cutoff)) if found is not None else set()
             for start in sorted(every | set(by_slice)):
                 sids = None if start in every else by_slice[start]
                 done.append(self._slice(res, start, start + span, sids, commit=False))
@@ -340,6 +333,15 @@ class Downsampler:
         self.samples += n_samples
         self.periods += n_periods
         return DownsampleRound(res, start, end, n_records, n_samples, n_periods)
+
+
+def _slices(since: int, mark: int, span: int, cutoff: int) -> range:
+    """The starts of the slices from the one holding `since` up to `mark`, but none beginning
+    before `cutoff` (its raw data is partly gone)."""
+    first = (since - 1) // span * span  # the slice (first, first + span] holding it
+    if first + 1 < cutoff:
+        first += -(-(cutoff - 1 - first) // span) * span
+    return range(first, mark, span)
 
 
 class DownsampleWorker(CheckedWorker):

@@ -38,12 +38,17 @@ class FiloPyCluster:
 
 
 def cluster_settings(
-    tmp_path: Path, source: str = "none", rebalance: bool = False, **ingest: Any
+    tmp_path: Path,
+    source: str = "none",
+    rebalance: bool = False,
+    kafka_bootstrap: str | None = None,
+    **ingest: Any,
 ) -> Settings:
     """Settings for one test cluster: its own SQLite file and Ray namespace.
 
     `source="none"` runs the control plane alone (shards are claimed and reported live without
-    reading Kafka); the ingestion tests pass "kafka". Rebalancing is off unless asked for: the
+    reading Kafka); the ingestion tests pass "kafka" and the test broker's `kafka_bootstrap`
+    (the fixture's). Rebalancing is off unless asked for: the
     tests of failures, starts and stops pin where shards are (FiloDB's placement, where a node
     that joins gets nothing); tests/runtime/test_rebalance.py turns it on.
     """
@@ -55,6 +60,9 @@ def cluster_settings(
             "ingest": base.ingest.model_copy(update={"source": source, **ingest}),
             "rebalance": base.rebalance.model_copy(update={"enabled": rebalance}),
             "auth": base.auth.model_copy(update={"enabled": False}),
+            "kafka": base.kafka.model_copy(
+                update={"bootstrap_servers": kafka_bootstrap or base.kafka.bootstrap_servers}
+            ),
         }
     )
 

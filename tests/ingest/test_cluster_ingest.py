@@ -29,6 +29,7 @@ from tests.cluster import FiloPyCluster, cluster_settings, start_cluster
 
 if TYPE_CHECKING:
     from coordinator.local_cluster import LocalRayCluster
+    from core.config import Settings
 
 pytestmark = [pytest.mark.kafka, pytest.mark.ray]
 
@@ -39,11 +40,13 @@ T0 = 1_700_000_000_000
 def kafka_cluster(
     ray_cluster: LocalRayCluster, tmp_path: Path, kafka_bootstrap: str
 ) -> Iterator[FiloPyCluster]:
-    settings = cluster_settings(tmp_path, "kafka", flush_interval_s=1.0, groups_per_shard=4)
-    settings = settings.model_copy(
-        update={"kafka": settings.kafka.model_copy(update={"bootstrap_servers": kafka_bootstrap})}
+    yield start_cluster(ray_cluster, _settings(tmp_path, kafka_bootstrap))
+
+
+def _settings(tmp_path: Path, kafka_bootstrap: str) -> Settings:
+    return cluster_settings(
+        tmp_path, "kafka", kafka_bootstrap=kafka_bootstrap, flush_interval_s=1.0, groups_per_shard=4
     )
-    yield start_cluster(ray_cluster, settings)
 
 
 @pytest.fixture(scope="module")
@@ -54,12 +57,7 @@ def three_nodes(
     (each with its dataset); the test that kills a node comes last, on a cluster of its own."""
     from tests.cluster import end_cluster, ray_pool
 
-    settings = cluster_settings(
-        tmp_path_factory.mktemp("ingest"), "kafka", flush_interval_s=1.0, groups_per_shard=4
-    )
-    settings = settings.model_copy(
-        update={"kafka": settings.kafka.model_copy(update={"bootstrap_servers": kafka_bootstrap})}
-    )
+    settings = _settings(tmp_path_factory.mktemp("ingest"), kafka_bootstrap)
     ray_cluster, ids = ray_pool(3, settings.cluster.node_resource)
     c = start_cluster(ray_cluster, settings)
     try:

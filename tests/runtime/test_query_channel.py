@@ -53,9 +53,8 @@ def cluster(
     tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str
 ) -> Iterator[FiloPyCluster]:
     """Two nodes, a 4-shard dataset read from Kafka holding 20 counters over 30 minutes."""
-    settings = cluster_settings(tmp_path_factory.mktemp("channel"), "kafka")
-    settings = settings.model_copy(
-        update={"kafka": settings.kafka.model_copy(update={"bootstrap_servers": kafka_bootstrap})}
+    settings = cluster_settings(
+        tmp_path_factory.mktemp("channel"), "kafka", kafka_bootstrap=kafka_bootstrap
     )
     ray_cluster, ids = ray_pool(2, settings.cluster.node_resource)
     c = start_cluster(ray_cluster, settings)
