@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVICES = ROOT / "scripts" / "services.sh"
@@ -22,6 +23,17 @@ KAFKA_PORT = int(os.environ.get("FILOPY_KAFKA_PORT", "9092"))
 CASSANDRA_PORT = int(os.environ.get("FILOPY_CASSANDRA_PORT", "9042"))
 
 _started: dict[str, str] = {}
+
+# The property tests (hypothesis) run the library's 100 examples each and no per-example deadline:
+# on a loaded two-core machine a slow example is the machine, not a bug. Tests that need more
+# examples to reach a rare case say so in their own @settings. After changing a fast path or a
+# codec, `pytest --hypothesis-profile=thorough` runs ten times as many. Under CI, hypothesis'
+# own "ci" profile (derandomised: a CI run is reproducible) is the base.
+settings.register_profile(
+    "filopy", settings.default, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile("thorough", settings.get_profile("filopy"), max_examples=1000)
+settings.load_profile("filopy")
 
 
 def _ensure_service(name: str) -> None:

@@ -17,7 +17,7 @@ import struct
 import numpy as np
 import pytest
 from google.protobuf.message import DecodeError
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from core.dataset import Dataset, LabelLimits
@@ -72,7 +72,6 @@ def _full(raw: bytes, metric_column: str = "_metric_") -> Decoded:
     return remote_write_v1.to_batch(remote_write_v1.parse(raw), metric_column)
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(write_requests(), st.sampled_from(["_metric_", "__name__"]))
 def test_fast_decoding_equals_the_full_parser(req: WriteRequest, metric_column: str) -> None:
     raw = req.SerializeToString()
@@ -87,7 +86,6 @@ def test_fast_decoding_equals_the_full_parser(req: WriteRequest, metric_column: 
         assert fast is not None, "a plain request must take the fast path"
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.one_of(write_requests(), steady_requests()), st.booleans(), st.data())
 def test_corrupt_bodies_are_left_to_the_full_parser(
     req: WriteRequest, learn: bool, data: st.DataObject
@@ -207,7 +205,6 @@ _tag_sets = ["host=a,dc=x", "dc=x,host=a", "host=b", "", "host=a,dc=x,k=v"]
 _fields = ["value=1.5", "v=2i,value=3", "x=t,y=4", 'q="s",value=5', "value=1e400", "v=1,v=2"]
 
 
-@settings(max_examples=300, deadline=None)
 @given(
     st.lists(
         st.tuples(
@@ -279,7 +276,6 @@ _bulk_stamps = _mostly(
 _field_names = _mostly(["value", "v"], ["x y", "", "a,b"])
 
 
-@settings(max_examples=400, deadline=None)
 @given(
     st.lists(
         st.tuples(

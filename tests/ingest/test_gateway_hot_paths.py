@@ -106,7 +106,6 @@ def _usual(req: WriteRequest) -> bool:
     )
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(steady_requests(), st.sampled_from(["_metric_", "__name__"]))
 def test_known_series_path_equals_the_full_parser(req: WriteRequest, metric_column: str) -> None:
     raw = req.SerializeToString()
@@ -349,7 +348,6 @@ _columns = st.sampled_from(
 )
 
 
-@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(lp_messages(), _precisions, _columns)
 def test_line_protocol_column_path_equals_the_line_loop(
     raw: bytes, precision: str, column_limits: tuple[str, LabelLimits]
@@ -365,7 +363,6 @@ def test_line_protocol_column_path_equals_the_line_loop(
         assert got.batch.keys == again.batch.keys
 
 
-@settings(max_examples=300, deadline=None)
 @given(lp_messages(), st.booleans())
 def test_line_protocol_str_and_bytes_decode_alike(raw: bytes, forget: bool) -> None:
     """decode_influx takes str too (the same path), and what it keeps across messages (series

@@ -72,7 +72,6 @@ def test_kernels_warm() -> None:
     warm()
 
 
-@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(steady_requests(), _body_edits, st.data())
 def test_kernels_decide_as_the_references(
     req: WriteRequest, edit: str, data: st.DataObject
@@ -100,7 +99,6 @@ def test_kernels_decide_as_the_references(
     _check(raw)
 
 
-@settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=64))
 def test_kernels_on_random_bytes(raw: bytes) -> None:
     _check(raw)
@@ -293,7 +291,6 @@ _lp_bytes = st.lists(
 ).map(b"".join)
 
 
-@settings(max_examples=500, deadline=None)
 @given(_lp_bytes)
 def test_line_protocol_kernels_decide_as_the_references(raw: bytes) -> None:
     """Framing, field names, timestamps and plain values: the kernels take exactly what the NumPy
@@ -335,7 +332,6 @@ def test_line_protocol_kernels_decide_as_the_references(raw: bytes) -> None:
 # ----- the gateway's grouping of a scrape --------------------------------------------------------
 
 
-@settings(max_examples=300, deadline=None)
 @given(
     st.integers(1, 60),
     st.integers(1, 9),

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from core.config import Settings, load_settings
@@ -227,7 +227,6 @@ def _assert_safe(got: Decoded, limits: LabelLimits, ts_range: tuple[int, int] | 
             assert len(pk.part_key.encode("utf-8")) <= limits.max_series_key_bytes
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batch=_batches())
 def test_valid_messages_keep_exactly_the_series_within_the_contract(batch: SampleBatch) -> None:
     got = decode_binary(encode_binary(batch, 0), limits=TIGHT, ts_range=(-(1 << 40), 1 << 50))
@@ -247,7 +246,6 @@ def test_valid_messages_keep_exactly_the_series_within_the_contract(batch: Sampl
     assert _kept(got) == kept
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     batch=_batches(),
     level=st.sampled_from([0, 1]),
@@ -268,7 +266,6 @@ def test_mutated_binary_messages_never_raise_and_pass_on_only_safe_series(
     _assert_safe(got, TIGHT, (0, 253_402_300_799_999))
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     header=st.tuples(
         st.sampled_from([0, 1]),  # flags (1: zstd, over a raw body it is undecodable)
@@ -288,7 +285,6 @@ def test_random_bodies_behind_a_valid_header_never_raise(header, body: bytes, ta
     _assert_safe(decode_binary(data, limits=TIGHT), TIGHT, (0, 253_402_300_799_999))
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.binary(max_size=400))
 def test_random_bytes_never_raise_in_either_decoder(data: bytes) -> None:
     for fmt in RecordFormat:
@@ -299,7 +295,6 @@ def test_random_bytes_never_raise_in_either_decoder(data: bytes) -> None:
 _tag = st.text(alphabet=st.sampled_from('ab,= \\"é1\t'), min_size=0, max_size=12)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     lines=st.lists(
         st.tuples(_tag, st.lists(st.tuples(_tag, _tag), max_size=6), _tag, st.integers(0, 3)),

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from core.dataset import LabelLimits
@@ -92,7 +92,6 @@ _values = (
 )
 
 
-@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(_values, min_size=1, max_size=6))
 def test_values_read_as_float_reads_them(values: list[str]) -> None:
     """NumPy's reading of plain decimals is bit for bit float()'s; other values go through
@@ -146,7 +145,6 @@ _stamps = (
 )
 
 
-@settings(max_examples=800, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(_stamps, min_size=1, max_size=6), st.sampled_from(["ns", "us", "ms", "s", "h"]))
 def test_timestamps_of_every_length(stamps: list[str], precision: str) -> None:
     raw = "\n".join(f"cpu,host=h{i % 3} value=1.5 {s}" for i, s in enumerate(stamps)).encode()
@@ -179,7 +177,6 @@ _keys = st.sampled_from(
 )  # fmt: skip
 
 
-@settings(max_examples=800, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.lists(st.tuples(_keys, st.sampled_from(["1.5", "-2", "3e3"])), min_size=1, max_size=10),
     st.sampled_from(

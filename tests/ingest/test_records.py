@@ -7,7 +7,7 @@ import struct
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.dataset import Dataset, RecordFormat, SourceSettings
@@ -130,7 +130,6 @@ def batches(draw: st.DrawFn) -> SampleBatch:
     return _batch(series, idx, ts, vals)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batch=batches(), level=st.sampled_from([0, 1]))
 def test_binary_round_trip_property(batch: SampleBatch, level: int) -> None:
     got = decode_binary(encode_binary(batch, level), ts_range=INT64)
@@ -139,7 +138,6 @@ def test_binary_round_trip_property(batch: SampleBatch, level: int) -> None:
     assert _rows(got.batch) == _rows(batch)
 
 
-@settings(max_examples=300, deadline=None)
 @given(
     batch=batches(),
     level=st.sampled_from([0, 1]),
@@ -377,7 +375,6 @@ def lines(draw: st.DrawFn) -> str:
     return line if ts is None else f"{line} {ts}"
 
 
-@settings(max_examples=400, deadline=None)
 @given(st.lists(lines(), min_size=1, max_size=6))
 def test_influx_fast_path_agrees_with_the_parser(batch_lines: list[str]) -> None:
     text = "\n".join(batch_lines)

@@ -6,7 +6,7 @@ windows."""
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import assume, given, settings
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from query import functions as fn
@@ -40,7 +40,6 @@ def _bits(x: np.ndarray, signed_zero: bool = True) -> list[int]:
     return x.view(np.int64).ravel().tolist()
 
 
-@settings(max_examples=300, deadline=None)
 @given(
     vals=st.lists(VALUES, min_size=1, max_size=60),
     windows=st.lists(st.tuples(st.integers(0, 59), st.integers(0, 12)), min_size=1, max_size=24),
@@ -77,7 +76,6 @@ def test_a_window_of_negative_zeros_sums_to_positive_zero() -> None:
     assert np.signbit(got).tolist() == [[False, False]]
 
 
-@settings(max_examples=300, deadline=None)
 @given(
     series=st.lists(
         st.lists(st.integers(-50, 50), max_size=12).map(sorted), min_size=1, max_size=5
@@ -148,7 +146,6 @@ def _numpy_rate(
     return np.where(ok, result * factor, np.nan)
 
 
-@settings(max_examples=400, deadline=None)
 @given(
     series=st.lists(
         st.lists(st.tuples(st.integers(0, 40), VALUES), max_size=10), min_size=1, max_size=4

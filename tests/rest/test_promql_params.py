@@ -81,7 +81,6 @@ def test_values_are_written_as_prometheus_does(v: float, text: str) -> None:
     assert format_value(v) == text
 
 
-@settings(max_examples=2000, deadline=None)
 @given(st.floats(allow_nan=True, allow_infinity=True) | st.sampled_from([-0.0, 5e-324, 1e16]))
 def test_the_fast_value_format_is_the_positional_shortest_form(v: float) -> None:
     """`repr`'s digits, out of exponent form, are NumPy's shortest positional digits."""

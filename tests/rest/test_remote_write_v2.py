@@ -34,7 +34,7 @@ import cramjam
 import httpx
 import pytest
 from fastapi import FastAPI
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client import Counter as PromCounter
@@ -410,7 +410,6 @@ def _outcome(raw: bytes, column: str, how: str) -> Any:
 
 
 @given(st.lists(_series, max_size=6), st.sampled_from([None, ["x"], []]))
-@settings(max_examples=400, deadline=None)
 def test_the_vectorized_decoder_gives_what_the_full_parse_gives(
     series: list[dict[str, Any]], symbols: list[str] | None
 ) -> None:
@@ -457,7 +456,6 @@ def test_the_vectorized_decoder_reads_long_label_lists_and_many_samples() -> Non
 
 
 @given(st.binary(max_size=200), st.integers(0, 400))
-@settings(max_examples=300, deadline=None)
 def test_the_vectorized_decoder_never_fails_on_corrupt_bodies(tail: bytes, cut: int) -> None:
     """Cut or corrupted bodies: the fast path gives up (the full parse answers) or agrees."""
     one = {

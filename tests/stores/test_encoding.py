@@ -6,7 +6,7 @@ import contextlib
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from store import ChunkRecord, decode_chunk, encode_chunk, encoding
@@ -75,19 +75,16 @@ def _assert_round_trip(ts: np.ndarray, x: np.ndarray) -> bytes:
     return data
 
 
-@settings(max_examples=300, deadline=None)
 @given(arbitrary_chunks())
 def test_any_samples_round_trip_bit_exactly(chunk: tuple[np.ndarray, np.ndarray]) -> None:
     _assert_round_trip(*chunk)
 
 
-@settings(max_examples=300, deadline=None)
 @given(scrape_like_chunks())
 def test_scrape_like_samples_round_trip_bit_exactly(chunk: tuple[np.ndarray, np.ndarray]) -> None:
     _assert_round_trip(*chunk)
 
 
-@settings(max_examples=400, deadline=None)
 @given(st.one_of(arbitrary_chunks(), scrape_like_chunks()).filter(lambda c: len(c[0]) < 8))
 def test_small_chunks_round_trip_and_take_the_smallest_difference_order(
     chunk: tuple[np.ndarray, np.ndarray],

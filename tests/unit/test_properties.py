@@ -53,7 +53,6 @@ from .support import dataset, ref
 INT32 = st.integers(min_value=-(2**31), max_value=2**31 - 1)
 
 
-@settings(max_examples=300, deadline=None)
 @given(k=INT32, p=INT32, n=st.integers(0, 12), data=st.data())
 def test_ingestion_shard_is_always_among_query_shards(k: int, p: int, n: int, data) -> None:
     spread = data.draw(st.integers(0, n))

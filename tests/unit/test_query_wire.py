@@ -163,7 +163,6 @@ def answer_round_trip(answer: NodeAnswer) -> NodeAnswer:
 # ---------------------------------------------------------------------------------- answers
 
 
-@settings(max_examples=300, deadline=None)
 @given(
     results,
     st.lists(st.integers(0, 1 << 16), max_size=4),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from coordinator.rebalance import Move, plan_moves, version_key
@@ -68,7 +68,6 @@ nodes_st = st.dictionaries(
 )
 
 
-@settings(max_examples=300, deadline=None)
 @given(
     data=st.data(),
     nodes=nodes_st,
