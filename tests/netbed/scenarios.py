@@ -1,6 +1,6 @@
-"""Fault scenarios that depend on the store, run once per store: SQLite (test_partitions.py,
-test_head_failover.py) and Cassandra (test_cassandra.py). Each writes through the gateway while
-the fault lasts and ends by checking every acknowledged sample stored once and the tenures."""
+"""Fault scenarios that depend on the store, run once per store: SQLite (test_faults.py) and
+Cassandra (test_cassandra.py). Each writes through the gateway while the fault lasts and ends by
+checking every acknowledged sample stored once and the tenures."""
 
 from __future__ import annotations
 

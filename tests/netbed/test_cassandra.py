@@ -4,7 +4,7 @@ head's machine dying, the singleton recovering its maps from Cassandra and the g
 one only a networked store can have: a node cut off from the store alone.
 
 The faults that do not touch the store (Kafka or the gateway cut off, a slow link, a query that
-cannot reach a node) run once, on SQLite, in test_partitions.py.
+cannot reach a node, a node's machine dying) run once, on SQLite, in test_faults.py.
 """
 
 from __future__ import annotations

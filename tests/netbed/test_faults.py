@@ -1,17 +1,28 @@
-"""Network partitions on the bed, with a writer running and every sample counted afterwards
-(the SQLite store; the store-dependent scenarios run on Cassandra too, in test_cassandra.py):
-a query needing a node the asker cannot reach; a node cut off from the head (both ways, one way
-each way: its shards move and its late commits are fenced by epoch); the gateway cut off from
-Kafka (503 + Retry-After); a node cut off from Kafka (Degraded, nothing moves); a node on a
-1 Mbit/s link (lag visible, queries within their deadline).
+"""Faults between hosts, on one cluster (Kafka, Redis, the head, three nodes, a gateway and a
+client, each on a host of its own; the SQLite store on the shared file system), with a writer
+running and every acknowledged sample counted afterwards: a query needing a node the asker cannot
+reach; a node cut off from the head (both ways, one way each way: its shards move and its late
+commits are fenced by epoch); the gateway cut off from Kafka (503 + Retry-After); a node cut off
+from Kafka (Degraded, nothing moves); a node on a 1 Mbit/s link (lag visible, queries within
+their deadline); the head cut off from every node, and its machine dying and coming back (nothing
+moves); a node's machine dying and joining again. The store-dependent ones run on Cassandra too
+(test_cassandra.py).
+
+One cluster serves them all, in this order: each test leaves every node a member. The query test
+comes first, while every node runs on the Ray node it started with (a node's machine killed and
+joined again leaves a stale raylet entry that a driver on that machine may pick: issue 29's
+notes); the dead host comes last.
 """
 
 from __future__ import annotations
 
+import json
+import urllib.parse
+
 import pytest
 
 from tests.netbed.cluster import HEAD_ADDRESS, NODES, REST, NetCluster, wait_for
-from tests.netbed.scenarios import node_cut_off_from_the_head
+from tests.netbed.scenarios import head_dies_and_returns, node_cut_off_from_the_head
 from tests.netbed.tenures import check as check_tenures
 
 # Flushes every 2 s, so a cut-off owner tries to commit while cut off (and is fenced); Kafka
@@ -24,6 +35,10 @@ CLUSTER_ENV = {
     "FILOPY_INGEST__KAFKA_RETRY_TIMEOUT_S": "5",
     "FILOPY_CLUSTER__FAILURE_TIMEOUT_S": "10",
 }
+# The dead host's dataset: its samples, and the count every node's answer must give.
+DATASET = "hosts"
+SERIES, SCRAPES = 300, 20
+COUNT = f'sum(count_over_time({{__name__=~".+"}}[{SCRAPES}m]))'
 
 
 def test_a_query_needing_an_unreachable_node_fails_or_is_partial_never_hangs(
@@ -187,3 +202,99 @@ def test_a_node_on_a_slow_link_answers_queries_within_their_deadline_and_loses_n
     record = c.stop_producer(producer, out)
     c.assert_stored_once(dataset, record)
     check_tenures(c.tenures(dataset))
+
+
+def test_the_head_dies_and_returns_without_a_shard_moving_or_a_sample_lost(
+    net_cluster: NetCluster,
+) -> None:
+    head_dies_and_returns(net_cluster, "headfail")
+
+
+def test_the_head_cut_off_from_every_node_moves_nothing_and_loses_nothing(
+    net_cluster: NetCluster,
+) -> None:
+    """The head's host cut off from every node for longer than the failure timeout: the
+    singleton hears no member, suspects itself rather than all of them (`/__health` says so on
+    the head's own host) and moves nothing; the nodes keep ingesting what the gateway is
+    acknowledged for. After the heal the map is the one the nodes ran all along, no node process
+    died, and every sample is stored once."""
+    c = net_cluster
+    dataset = "headcut"
+    producer, out, before = c.writing_to(dataset, shards=4)
+    node_pids = {n: sorted(c.bed.pids(n)) for n in NODES}
+
+    def held_back() -> bool:
+        health = c.bed.sh("head", ["curl", "-sS", "--max-time", "20",
+                                   "http://head:8080/__health"], check=False)  # fmt: skip
+        return "failover held back" in health.stdout
+
+    c.bed.partition("head", *NODES)
+    try:
+        wait_for("the singleton holding failover back", held_back, 60)
+        acked = len(c.acked(out)["acked_ts"])
+        wait_for("writes acknowledged meanwhile",
+                 lambda: len(c.acked(out)["acked_ts"]) > acked + 10, 60)  # fmt: skip
+    finally:
+        c.bed.heal()
+    wait_for("healthy again", lambda: c.rest("/__health")["healthy"], 90)
+    after = {s["shard"]: s["node"] for s in c.wait_active(dataset)}
+    moves = [(h["shard"], h["source"], h["target"], h["reason"])
+             for h in c.rest(f"/api/v1/cluster/{dataset}/history") if h["source"]]  # fmt: skip
+    assert after == before, f"no shard moved; moves: {moves}"
+    assert {n: sorted(c.bed.pids(n)) for n in NODES} == node_pids, "no node process died"
+    record = c.stop_producer(producer, out)
+    c.assert_stored_once(dataset, record)
+    check_tenures(c.tenures(dataset))
+
+
+def test_a_cluster_across_hosts_ingests_answers_and_survives_a_dead_host(
+    net_cluster: NetCluster,
+) -> None:
+    c = net_cluster
+    # --min-nodes 2: two hosts hold every shard (at most 4 each), so losing one loses none.
+    c.cli("dataset", "create", DATASET, "--shards", "8", "--min-nodes", "2",
+          "--address", HEAD_ADDRESS)  # fmt: skip
+    shards = c.wait_active(DATASET)
+    assert len({s["node"] for s in shards}) >= 2, "the shards are spread over the hosts"
+    status = c.cli("status", DATASET, "--address", HEAD_ADDRESS)
+    assert all(s["node"] in status for s in shards), "status names the owners from the client"
+
+    start_ms = 1_700_000_000_000
+    c.cli("ingest", DATASET, "--series", str(SERIES), "--scrapes", str(SCRAPES),
+          "--start-ms", str(start_ms), "--address", HEAD_ADDRESS, timeout=300)  # fmt: skip
+    total = SERIES * SCRAPES
+    at = str(start_ms // 1000 + SCRAPES * 15)  # queries are evaluated at the workload's end
+    expected = float(total)
+
+    def counted_everywhere() -> bool:
+        return _count_at(c, at) == expected
+
+    wait_for(f"{total} samples answered from the client host", counted_everywhere, 120)
+
+    # The host of the node owning shard 0 dies: its shards come back on the other hosts, and
+    # every sample is answered once (re-read from Kafka past the last checkpoints, none twice).
+    victim = c.shards(DATASET)[0]["node"]
+    c.bed.kill(victim)
+    c.wait_members(set(NODES) - {victim})
+    c.wait_active(DATASET, avoid=[victim])
+    assert _count_at(c, at) == expected
+
+    # It comes back as it started: `filopy node join`. It is a member again, and nothing is lost
+    # or doubled by its return.
+    c.join(victim)
+    c.wait_members(set(NODES))
+    c.wait_active(DATASET)
+    assert _count_at(c, at) == expected
+    assert _count_rest_at(c, at) == expected
+
+
+def _count_at(cluster: NetCluster, at: str) -> float:
+    out = cluster.cli("query", DATASET, COUNT, "--time", at, "--json", "--address", HEAD_ADDRESS)
+    result = json.loads(out)["data"]["result"]
+    return float(result[0]["value"][1]) if result else 0.0
+
+
+def _count_rest_at(cluster: NetCluster, at: str) -> float:
+    query = urllib.parse.urlencode({"query": COUNT, "time": at})
+    result = cluster.rest(f"/promql/{DATASET}/api/v1/query?{query}")["result"]
+    return float(result[0]["value"][1]) if result else 0.0
