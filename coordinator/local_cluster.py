@@ -70,6 +70,11 @@ class LocalRayCluster:
     def address(self) -> str:
         return self._cluster.address
 
+    @property
+    def worker_nodes(self) -> list[Any]:
+        """Ray's handles of the nodes added (and not removed) so far."""
+        return list(self._cluster.worker_nodes)
+
     def add_node(
         self,
         *,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import uuid
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,70 +81,123 @@ def start_cluster(ray_cluster: LocalRayCluster, settings: Settings) -> FiloPyClu
 
 
 # A warm Ray cluster kept by this test process (one driver per process: one Ray cluster at a
-# time) and lent to the modules whose FiloPy cluster needs nothing of Ray's own but its nodes:
-# each gets a fresh FiloPy cluster (its own Ray namespace, store and settings) on the same Ray
-# processes, and ends it by killing its namespace's actors. A fresh FiloPy cluster on warm Ray
-# nodes starts in about a quarter of a cold start's CPU (ray head, raylets, agents, workers).
+# time) and lent to every test that needs a Ray cluster: each starts a fresh FiloPy cluster (its
+# own Ray namespace, store and settings) on the same Ray head, and its nodes are added or removed
+# to fit. A fresh FiloPy cluster on a warm Ray cluster starts in about a quarter of a cold
+# start's CPU (ray head, raylets, agents, workers).
 _pool: LocalRayCluster | None = None
 _pool_nodes: list[Any] = []
+_pool_resource: str | None = None
 
 
 def ray_pool(nodes: int, node_resource: str) -> tuple[LocalRayCluster, list[str]]:
-    """The process' warm Ray cluster with exactly `nodes` live nodes offering
-    `node_resource`, and their ids; started (again) when there is none or it no longer fits."""
-    global _pool
+    """The process' warm Ray cluster with exactly `nodes` live worker nodes offering
+    `node_resource`, and their ids: started when there is none, nodes added or removed to fit
+    (a node a test killed is dropped, one offering another resource removed)."""
+    global _pool_resource
     import ray
 
-    from coordinator.local_cluster import LocalRayCluster
+    pool = _warm_pool()
+    if node_resource != _pool_resource:
+        _remove_pool_nodes()
+        _pool_resource = node_resource
+    alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+    _pool_nodes[:] = [n for n in _pool_nodes if n.node_id in alive]
+    while len(_pool_nodes) > nodes:
+        pool.remove_node(_pool_nodes.pop())
+    while len(_pool_nodes) < nodes:
+        _pool_nodes.append(pool.add_node(resources={node_resource: 1}))
+    return pool, [n.node_id for n in _pool_nodes]
 
-    if _pool is not None:
-        alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
-        ids = [n.node_id for n in _pool_nodes]
-        if len(ids) > nodes or not set(ids) <= alive:
-            release_ray_pool()
+
+def lend_ray_head() -> LocalRayCluster:
+    """The warm Ray cluster with no worker node, for a test that adds and kills its own nodes
+    (the `ray_cluster` fixture); `reclaim_ray_head` takes it back."""
+    pool = _warm_pool()
+    _remove_pool_nodes()
+    return pool
+
+
+def reclaim_ray_head() -> None:
+    """After a test that had the warm Ray cluster to itself: every actor of every namespace
+    killed (its FiloPy cluster, whatever it was called) and every worker node it added removed,
+    so the next test starts on a bare head. If that fails (a test left Ray wedged), the whole
+    Ray cluster is shut down, with a warning: the next test starts a new one."""
+    import ray
+
+    if _pool is None or not ray.is_initialized():
+        return
+    try:
+        _kill_actors(None)
+        _remove_pool_nodes()
+    except Exception as e:
+        warnings.warn(f"the warm Ray cluster, not cleared, shut down: {e}", stacklevel=2)
+        release_ray_pool()
+
+
+def _warm_pool() -> LocalRayCluster:
+    global _pool
     if _pool is None:
+        from coordinator.local_cluster import LocalRayCluster
+
         _pool = LocalRayCluster()
         _pool_nodes.clear()
         atexit.register(release_ray_pool)  # a script's (tests.compliance.harness) as well
-    while len(_pool_nodes) < nodes:
-        _pool_nodes.append(_pool.add_node(resources={node_resource: 1}))
-    return _pool, [n.node_id for n in _pool_nodes]
+    return _pool
+
+
+def _remove_pool_nodes() -> None:
+    for node in _pool.worker_nodes if _pool else []:
+        _pool.remove_node(node)
+    _pool_nodes.clear()
 
 
 def release_ray_pool() -> None:
-    """Shut the warm Ray cluster down, if any: before a Ray cluster of a test's own, and at the
-    end of the session."""
-    global _pool
+    """Shut the warm Ray cluster down, if any: before a test that needs this process not
+    connected to Ray, and at the end of the session."""
+    global _pool, _pool_resource
     if _pool is not None:
-        pool, _pool = _pool, None
+        pool, _pool, _pool_resource = _pool, None, None
         _pool_nodes.clear()
         pool.shutdown()
 
 
 def end_cluster(cluster: FiloPyCluster) -> None:
-    """End a FiloPy cluster on the warm Ray cluster: kill every actor of its namespace (the
-    singleton, the node coordinators; what they own dies with them) until none is left, so
-    nothing of it keeps reading Kafka or writing its store. Killed again while listed: a
-    singleton may start a coordinator between the listing and its own end."""
+    """End a FiloPy cluster on the warm Ray cluster, which goes on with its nodes: every actor
+    of its namespace killed, so nothing of it keeps reading Kafka or writing its store."""
     import ray
 
     cluster.client.close()
     if _pool is None or not ray.is_initialized():
         return  # the warm cluster was shut down (a later test's own), and everything with it
-    namespace = cluster.settings.ray.namespace
-    with contextlib.suppress(ValueError):  # the singleton first: it restarts coordinators
-        ray.kill(cluster.actor, no_restart=True)
-    left: list[str] = []
+    _kill_actors(cluster.settings.ray.namespace)
+
+
+def _kill_actors(namespace: str | None) -> None:
+    """Kill the named actors of `namespace` (None: of every namespace; FiloPy names every actor
+    it starts, and what they own dies with them) until none is left. The singletons first, as
+    they start coordinators; killed again while listed, as one may have started a coordinator
+    between the listing and its own end."""
+    import ray
+
+    from coordinator.names import CLUSTER_ACTOR_NAME
+
+    left: list[tuple[str, str]] = []
+
+    def listed() -> list[tuple[str, str]]:
+        actors = ray.util.list_named_actors(all_namespaces=True)
+        named = [(a["namespace"], a["name"]) for a in actors]
+        mine = [a for a in named if namespace is None or a[0] == namespace]
+        return sorted(mine, key=lambda a: a[1] != CLUSTER_ACTOR_NAME)
 
     def gone() -> bool:
-        actors = ray.util.list_named_actors(all_namespaces=True)
-        left[:] = [a["name"] for a in actors if a["namespace"] == namespace]
-        for name in left:
+        left[:] = listed()
+        for ns, name in left:
             with contextlib.suppress(ValueError):  # gone meanwhile
-                ray.kill(ray.get_actor(name, namespace=namespace), no_restart=True)
+                ray.kill(ray.get_actor(name, namespace=ns), no_restart=True)
         return not left
 
     try:
-        wait_for(f"the actors of {namespace} gone", gone, interval_s=0.5)
+        wait_for(f"the actors of {namespace or 'every namespace'} gone", gone, interval_s=0.5)
     except AssertionError as e:
         raise AssertionError(f"{e}; still listed: {left}") from None

@@ -67,16 +67,16 @@ def cassandra_address() -> tuple[str, int]:
 
 @pytest.fixture
 def ray_cluster() -> Iterator[object]:
-    """A real local Ray cluster (head only; tests add nodes), with this process as its driver."""
-    from coordinator.local_cluster import LocalRayCluster  # Ray only where a test uses it
-    from tests.cluster import release_ray_pool
+    """A real local Ray cluster (head only; tests add nodes and may kill them), with this process
+    as its driver: the process' warm Ray head (tests/cluster.py), bare, and bare again after the
+    test (its actors killed, its nodes removed)."""
+    from tests.cluster import lend_ray_head, reclaim_ray_head  # Ray only where a test uses it
 
-    release_ray_pool()  # one Ray cluster per test process at a time
-    cluster = LocalRayCluster()
+    cluster = lend_ray_head()
     try:
         yield cluster
     finally:
-        cluster.shutdown()
+        reclaim_ray_head()
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects, so `make unit` never needs a service

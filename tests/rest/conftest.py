@@ -31,7 +31,6 @@ from tests.cluster import (
     cluster_settings,
     end_cluster,
     ray_pool,
-    release_ray_pool,
     start_cluster,
 )
 from tests.waiting import DEADLINE_S, wait_for
@@ -86,30 +85,16 @@ class Rest:
         return self.client.shard_map(name).is_healthy()
 
 
-POOL_NODES = 2  # the warm Ray cluster's nodes (tests/cluster.py `ray_pool`)
-
-
 def start_rest(tmp_path: Path, nodes: int, settings: Settings | None = None) -> Iterator[Rest]:
-    """A FiloPy cluster of `nodes` nodes with its REST server. Two nodes: on the process' warm
-    Ray cluster (`ray_pool`); any other number: on a Ray cluster of its own."""
+    """A FiloPy cluster of `nodes` nodes with its REST server, on the process' warm Ray cluster
+    (`ray_pool`)."""
     settings = settings or cluster_settings(tmp_path)
-    if nodes == POOL_NODES:
-        ray_cluster, ids = ray_pool(nodes, settings.cluster.node_resource)
-        cluster = start_cluster(ray_cluster, settings)
-        try:
-            yield from _serve(cluster, ids)
-        finally:
-            end_cluster(cluster)
-        return
-    from coordinator.local_cluster import LocalRayCluster  # Ray only where a test starts it
-
-    release_ray_pool()
-    ray_cluster = LocalRayCluster()
+    ray_cluster, ids = ray_pool(nodes, settings.cluster.node_resource)
+    cluster = start_cluster(ray_cluster, settings)
     try:
-        cluster = start_cluster(ray_cluster, settings)
-        yield from _serve(cluster, [cluster.add_node().node_id for _ in range(nodes)])
+        yield from _serve(cluster, ids)
     finally:
-        ray_cluster.shutdown()
+        end_cluster(cluster)
 
 
 def _serve(cluster: FiloPyCluster, ids: list[str]) -> Iterator[Rest]:

@@ -20,6 +20,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
@@ -29,9 +30,12 @@ from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from coordinator.node_coordinator import NAME_LABEL
 from core.config import DownsampleSettings
 from filopy.rest.app import create_app
-from tests.cluster import FiloPyCluster, cluster_settings, release_ray_pool, start_cluster
+from tests.cluster import FiloPyCluster, cluster_settings, start_cluster
 from tests.rest.conftest import ServerThread
 from tests.waiting import wait_for
+
+if TYPE_CHECKING:
+    from coordinator.local_cluster import LocalRayCluster
 
 pytestmark = [pytest.mark.kafka, pytest.mark.ray]
 
@@ -43,32 +47,28 @@ RAY_ID = re.compile(r"[0-9a-f]{56}")
 
 
 @pytest.fixture
-def console(tmp_path: Path, kafka_bootstrap: str) -> Iterator[tuple[FiloPyCluster, str, dict]]:
-    settings = cluster_settings(tmp_path, "kafka", flush_interval_s=1.0)
+def console(
+    tmp_path: Path, kafka_bootstrap: str, ray_cluster: LocalRayCluster
+) -> Iterator[tuple[FiloPyCluster, str, dict]]:
+    settings = cluster_settings(
+        tmp_path, "kafka", flush_interval_s=1.0, kafka_bootstrap=kafka_bootstrap
+    )
     # Downsampling at once (no delay), so the storage table shows its bytes.
     down = DownsampleSettings(resolutions_ms=[300_000, 3_600_000], delay_s=0.0, interval_s=1.0,
                               retention_days=[90.0, 730.0])  # fmt: skip
     settings = settings.model_copy(
         update={
-            "kafka": settings.kafka.model_copy(update={"bootstrap_servers": kafka_bootstrap}),
             "downsample": down,
         }
     )
-    from coordinator.local_cluster import LocalRayCluster  # Ray only where a test starts it
-
-    release_ray_pool()  # one Ray cluster per test process at a time
-    ray_cluster = LocalRayCluster()
-    try:
-        cluster = start_cluster(ray_cluster, settings)
-        handles = {
-            name: cluster.add_node(labels={NAME_LABEL: name}) for name in ("ingest-a", "ingest-b")
-        }
-        cluster.wait_for("2 members", lambda: len(cluster.client.members()) == 2)
-        with ServerThread(create_app(cluster.client, settings)) as url:
-            yield cluster, url, handles
-            cluster.client.queries().close()
-    finally:
-        ray_cluster.shutdown()
+    cluster = start_cluster(ray_cluster, settings)
+    handles = {
+        name: cluster.add_node(labels={NAME_LABEL: name}) for name in ("ingest-a", "ingest-b")
+    }
+    cluster.wait_for("2 members", lambda: len(cluster.client.members()) == 2)
+    with ServerThread(create_app(cluster.client, settings)) as url:
+        yield cluster, url, handles
+        cluster.client.queries().close()
 
 
 # Installed before the kill; the observer runs right after each DOM change, so what it records
