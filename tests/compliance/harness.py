@@ -536,10 +536,7 @@ def filopy(workdir: Path, series: list[demo_data.Series], kafka: str) -> Iterato
     from tests.rest.conftest import start_rest
     from tests.runtime.conftest import cluster_settings
 
-    settings = cluster_settings(workdir, "kafka")
-    settings = settings.model_copy(
-        update={"kafka": settings.kafka.model_copy(update={"bootstrap_servers": kafka})}
-    )
+    settings = cluster_settings(workdir, "kafka", kafka_bootstrap=kafka)
     with contextlib.contextmanager(start_rest)(workdir, 2, settings) as rest:
         name = f"compliance{uuid.uuid4().hex[:6]}"
         body = {"name": name, "num_shards": 4, "min_num_nodes": 2,

@@ -33,10 +33,14 @@ UNALIGNED = ALIGNED + 1_000
 
 @pytest.fixture(scope="module")
 def rest(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str) -> Iterator[Rest]:
-    settings = cluster_settings(tmp_path_factory.mktemp("down"), "kafka", flush_interval_s=1.0)
+    settings = cluster_settings(
+        tmp_path_factory.mktemp("down"),
+        "kafka",
+        flush_interval_s=1.0,
+        kafka_bootstrap=kafka_bootstrap,
+    )
     settings = settings.model_copy(
         update={
-            "kafka": settings.kafka.model_copy(update={"bootstrap_servers": kafka_bootstrap}),
             "downsample": settings.downsample.model_copy(
                 update={
                     "resolutions_ms": list(RES),

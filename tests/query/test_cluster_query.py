@@ -73,9 +73,11 @@ RANGE = range_times(START + 3 * MIN, START + SPAN + 7 * MIN, 130_000)
 
 @pytest.fixture(scope="module")
 def rest(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str) -> Iterator[Rest]:
-    settings = cluster_settings(tmp_path_factory.mktemp("query"), "kafka", flush_interval_s=1.0)
-    settings = settings.model_copy(
-        update={"kafka": settings.kafka.model_copy(update={"bootstrap_servers": kafka_bootstrap})}
+    settings = cluster_settings(
+        tmp_path_factory.mktemp("query"),
+        "kafka",
+        flush_interval_s=1.0,
+        kafka_bootstrap=kafka_bootstrap,
     )
     for r in start_rest(tmp_path_factory.mktemp("query"), nodes=3, settings=settings):
         _load(r, kafka_bootstrap)

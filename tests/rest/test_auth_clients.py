@@ -133,10 +133,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str) -> I
         if not Path(tool).exists():
             pytest.fail(f"{tool} not found: run scripts/system-deps.sh")
     tmp = tmp_path_factory.mktemp("authclients")
-    base = cluster_settings(tmp, "kafka", flush_interval_s=1.0)
+    base = cluster_settings(tmp, "kafka", flush_interval_s=1.0, kafka_bootstrap=kafka_bootstrap)
     settings = base.model_copy(
         update={
-            "kafka": base.kafka.model_copy(update={"bootstrap_servers": kafka_bootstrap}),
             "auth": base.auth.model_copy(update={"enabled": True}),
         }
     )

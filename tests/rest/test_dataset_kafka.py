@@ -33,9 +33,8 @@ def cluster_kafka(kafka_bootstrap: str) -> str:
 
 @pytest.fixture(scope="module")
 def rest(tmp_path_factory: pytest.TempPathFactory, cluster_kafka: str) -> Iterator[Rest]:
-    settings = cluster_settings(tmp_path_factory.mktemp("rest-bootstrap"), "kafka")
-    settings = settings.model_copy(
-        update={"kafka": settings.kafka.model_copy(update={"bootstrap_servers": cluster_kafka})}
+    settings = cluster_settings(
+        tmp_path_factory.mktemp("rest-bootstrap"), "kafka", kafka_bootstrap=cluster_kafka
     )
     yield from start_rest(tmp_path_factory.mktemp("rest-bootstrap"), nodes=2, settings=settings)
 

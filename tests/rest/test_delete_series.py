@@ -32,9 +32,11 @@ HOUR = 60 * MIN
 
 @pytest.fixture(scope="module")
 def rest(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str) -> Iterator[Rest]:
-    settings = cluster_settings(tmp_path_factory.mktemp("del"), "kafka", flush_interval_s=1.0)
-    settings = settings.model_copy(
-        update={"kafka": settings.kafka.model_copy(update={"bootstrap_servers": kafka_bootstrap})}
+    settings = cluster_settings(
+        tmp_path_factory.mktemp("del"),
+        "kafka",
+        flush_interval_s=1.0,
+        kafka_bootstrap=kafka_bootstrap,
     )
     yield from start_rest(tmp_path_factory.mktemp("del"), nodes=2, settings=settings)
 

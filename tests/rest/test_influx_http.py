@@ -48,9 +48,8 @@ HOUR_MS = 3_600_000
 
 @pytest.fixture(scope="module")
 def rest(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str) -> Iterator[Rest]:
-    settings = cluster_settings(tmp_path_factory.mktemp("influx"), "kafka")
-    settings = settings.model_copy(
-        update={"kafka": settings.kafka.model_copy(update={"bootstrap_servers": kafka_bootstrap})}
+    settings = cluster_settings(
+        tmp_path_factory.mktemp("influx"), "kafka", kafka_bootstrap=kafka_bootstrap
     )
     yield from start_rest(tmp_path_factory.mktemp("influx"), nodes=2, settings=settings)
 

@@ -34,10 +34,10 @@ T0_NS = 1_700_000_000_000 * 1_000_000
 def rest(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str) -> Iterator[Rest]:
     # Flushing every second, so the flush metrics move within the test.
     settings = cluster_settings(
-        tmp_path_factory.mktemp("rest-kafka"), "kafka", flush_interval_s=1.0
-    )
-    settings = settings.model_copy(
-        update={"kafka": settings.kafka.model_copy(update={"bootstrap_servers": kafka_bootstrap})}
+        tmp_path_factory.mktemp("rest-kafka"),
+        "kafka",
+        flush_interval_s=1.0,
+        kafka_bootstrap=kafka_bootstrap,
     )
     yield from start_rest(tmp_path_factory.mktemp("rest-kafka"), nodes=2, settings=settings)
 

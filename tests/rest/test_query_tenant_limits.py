@@ -58,10 +58,9 @@ def series(tenant: str, n: int) -> list[dict[str, str]]:
 @pytest.fixture(scope="module")
 def limited(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str) -> Iterator[Limited]:
     tmp: Path = tmp_path_factory.mktemp("qlimits")
-    base = cluster_settings(tmp, "kafka")
+    base = cluster_settings(tmp, "kafka", kafka_bootstrap=kafka_bootstrap)
     settings = base.model_copy(
         update={
-            "kafka": base.kafka.model_copy(update={"bootstrap_servers": kafka_bootstrap}),
             "auth": base.auth.model_copy(update={"enabled": True}),
             "query": QuerySettings(tenant_max_samples=MAX_SAMPLES, tenant_max_series=MAX_SERIES),
         }

@@ -486,9 +486,8 @@ def prometheus3() -> Path:
 
 @pytest.fixture(scope="module")
 def rest(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str) -> Iterator[Rest]:
-    settings = cluster_settings(tmp_path_factory.mktemp("rw2"), "kafka")
-    settings = settings.model_copy(
-        update={"kafka": settings.kafka.model_copy(update={"bootstrap_servers": kafka_bootstrap})}
+    settings = cluster_settings(
+        tmp_path_factory.mktemp("rw2"), "kafka", kafka_bootstrap=kafka_bootstrap
     )
     yield from start_rest(tmp_path_factory.mktemp("rw2"), nodes=2, settings=settings)
 

@@ -28,10 +28,9 @@ def gateway(
     tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str
 ) -> Iterator[tuple[str, Dataset, dict[str, str]]]:
     tmp: Path = tmp_path_factory.mktemp("tenants")
-    base = cluster_settings(tmp, "kafka")
+    base = cluster_settings(tmp, "kafka", kafka_bootstrap=kafka_bootstrap)
     settings = base.model_copy(
         update={
-            "kafka": base.kafka.model_copy(update={"bootstrap_servers": kafka_bootstrap}),
             "gateway": base.gateway.model_copy(
                 update={"tenant_active_series": 10, "retry_after_s": 3}
             ),

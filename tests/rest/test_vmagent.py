@@ -44,9 +44,8 @@ def rest(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str) -> Iter
     for tool in (VMAGENT, VICTORIA_METRICS):  # the real sender is the point: fail, never skip
         if not Path(tool).exists():
             pytest.fail(f"{tool} not found: run scripts/system-deps.sh (Debian's victoria-metrics)")
-    settings = cluster_settings(tmp_path_factory.mktemp("vmagent"), "kafka")
-    settings = settings.model_copy(
-        update={"kafka": settings.kafka.model_copy(update={"bootstrap_servers": kafka_bootstrap})}
+    settings = cluster_settings(
+        tmp_path_factory.mktemp("vmagent"), "kafka", kafka_bootstrap=kafka_bootstrap
     )
     yield from start_rest(tmp_path_factory.mktemp("vmagent"), nodes=2, settings=settings)
 

@@ -61,10 +61,10 @@ def _cluster(
         store_retry_initial_s=0.2,
         store_retry_max_s=1.0,
         **ingest,
+        kafka_bootstrap=kafka,
     )
     settings = settings.model_copy(
         update={
-            "kafka": settings.kafka.model_copy(update={"bootstrap_servers": kafka}),
             "store": settings.store.model_copy(
                 update={"backend": backend, "sqlite_busy_timeout_s": 0.5}
             ),

@@ -400,10 +400,11 @@ def test_a_drain_that_hangs_falls_back_to_a_forced_move_and_loses_nothing(
     """The old owner freezes (SIGSTOP) before it can drain: after `drain_timeout_s` the move is
     forced (and the event says so), the new owner replays from the checkpoints under a new
     epoch, and the old owner, woken, is fenced off: every sample once."""
-    settings = cluster_settings(tmp_path, "kafka", flush_interval_s=0.5, groups_per_shard=2)
+    settings = cluster_settings(
+        tmp_path, "kafka", flush_interval_s=0.5, groups_per_shard=2, kafka_bootstrap=kafka_bootstrap
+    )
     settings = settings.model_copy(
         update={
-            "kafka": settings.kafka.model_copy(update={"bootstrap_servers": kafka_bootstrap}),
             # Long enough that the frozen node is not declared failed: only the drain times out.
             "cluster": settings.cluster.model_copy(update={"failure_timeout_s": 120.0}),
             "rebalance": settings.rebalance.model_copy(

@@ -49,11 +49,14 @@ def _cluster(
     ray_cluster: LocalRayCluster, tmp_path: Path, kafka: str, flush_interval_s: float
 ) -> FiloPyCluster:
     settings = cluster_settings(
-        tmp_path, "kafka", flush_interval_s=flush_interval_s, groups_per_shard=GROUPS
+        tmp_path,
+        "kafka",
+        flush_interval_s=flush_interval_s,
+        groups_per_shard=GROUPS,
+        kafka_bootstrap=kafka,
     )
     settings = settings.model_copy(
         update={
-            "kafka": settings.kafka.model_copy(update={"bootstrap_servers": kafka}),
             "rebalance": settings.rebalance.model_copy(
                 update={"interval_s": 0.5, "max_concurrent_moves": 2, "move_cooldown_s": 0.0}
             ),

@@ -46,10 +46,10 @@ def cluster(ray_cluster: LocalRayCluster, tmp_path: Path, kafka_bootstrap: str) 
         groups_per_shard=2,
         store_retry_initial_s=0.2,
         store_retry_max_s=1.0,
+        kafka_bootstrap=kafka_bootstrap,
     )
     settings = settings.model_copy(
         update={
-            "kafka": settings.kafka.model_copy(update={"bootstrap_servers": kafka_bootstrap}),
             "store": settings.store.model_copy(update={"sqlite_busy_timeout_s": 0.5}),
         }
     )
