@@ -67,10 +67,13 @@ running_pid() {
 
 # Download a service's jars once; the cache folder is keyed by the pom's hash.
 fetch() {
-  local svc=$1 pom hash dir
+  local svc=$1 pom hash dir fetching
   pom=$ROOT/scripts/maven/$svc/pom.xml
   hash=$(sha256sum "$pom" | cut -c1-12)
   dir=$CACHE/$svc-$hash
+  mkdir -p "$CACHE"
+  exec {fetching}>"$CACHE/$svc.lock"
+  flock "$fetching"  # one download at a time: another `up` or `fetch` may be at it
   if [ ! -f "$dir/.complete" ]; then
     command -v mvn >/dev/null || die "mvn (Apache Maven) is needed to fetch $svc: apt-get install maven"
     log "fetching $svc jars from Maven Central into $dir"
@@ -82,6 +85,7 @@ fetch() {
     fi
     touch "$dir/.complete"
   fi
+  exec {fetching}>&-
   echo "$dir"
 }
 
@@ -103,6 +107,23 @@ wait_ready() {
     tail -n 25 "$(logfile "$svc")" >&2 || true
     die "$svc did not become ready; its log is $(logfile "$svc")"
   fi
+}
+
+# Whether NAME runs already, once it serves: `up` may be called by several processes at once (the
+# test workers, a start in the background), so one start of a service at a time (a lock per
+# service, held until it serves; the service itself does not inherit it: {START_LOCK}>&-) and a
+# second caller waits for the first one's start to finish.
+already_up() {
+  local name=$1 addr=$2 pid
+  mkdir -p "$SVC/run"
+  exec {START_LOCK}>"$SVC/run/$name.lock"
+  flock "$START_LOCK"
+  if pid=$(running_pid "$name"); then
+    wait_ready "$name" "$addr" "$pid"
+    log "$name already running (pid $pid)"
+    return 0
+  fi
+  return 1
 }
 
 # The CA, the servers' certificate (one PKCS12 keystore, SAN 127.0.0.1, localhost and $HOST) and
@@ -165,7 +186,7 @@ start_kafka-secure() {
 start_kafka_as() {
   local name=$1 port=$2 fragment=${3:-} pid dir data props cluster_id
   shift $(($# < 3 ? $# : 3))
-  if pid=$(running_pid "$name"); then log "$name already running (pid $pid)"; return; fi
+  if already_up "$name" "$HOST:$port"; then return; fi
   port_free "$port" || die "port $port is taken by a process this script did not start"
   dir=$(fetch kafka)
   data=$SVC/data/$name
@@ -183,7 +204,7 @@ start_kafka_as() {
   nohup java -Dfilopy.service="$name" -Xms"${FILOPY_KAFKA_HEAP:-512m}" -Xmx"${FILOPY_KAFKA_HEAP:-512m}" \
     -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -Djava.awt.headless=true \
     -Dlog4j2.configurationFile="$CONF/kafka-log4j2.xml" \
-    -cp "$dir/lib/*" kafka.Kafka "$props" >>"$(logfile "$name")" 2>&1 </dev/null &
+    -cp "$dir/lib/*" kafka.Kafka "$props" >>"$(logfile "$name")" 2>&1 </dev/null {START_LOCK}>&- &
   echo $! >"$(pidfile "$name")"
   wait_ready "$name" "$HOST:$port" "$!"
 }
@@ -199,7 +220,7 @@ start_cassandra-secure() {
 # start_cassandra_as NAME PORT STORAGE_PORT [FRAGMENT]: the fragment is appended to the yaml.
 start_cassandra_as() {
   local name=$1 port=$2 storage=$3 fragment=${4:-} pid dir data opts
-  if pid=$(running_pid "$name"); then log "$name already running (pid $pid)"; return; fi
+  if already_up "$name" "$HOST:$port"; then return; fi
   port_free "$port" || die "port $port is taken by a process this script did not start"
   dir=$(fetch cassandra)
   data=$SVC/data/$name
@@ -212,7 +233,7 @@ start_cassandra_as() {
     -Dcassandra.config="file://$data/cassandra.yaml" -Dcassandra.storagedir="$data" \
     -Dcassandra.logdir="$SVC/logs" -Dlogback.configurationFile="$CONF/cassandra-logback.xml" \
     -Dcassandra-foreground=yes \
-    -cp "$dir/lib/*" org.apache.cassandra.service.CassandraDaemon >>"$(logfile "$name")" 2>&1 </dev/null &
+    -cp "$dir/lib/*" org.apache.cassandra.service.CassandraDaemon >>"$(logfile "$name")" 2>&1 </dev/null {START_LOCK}>&- &
   echo $! >"$(pidfile "$name")"
   wait_ready "$name" "$HOST:$port" "$!"
 }
@@ -220,7 +241,7 @@ start_cassandra_as() {
 # Redis for Ray's GCS fault tolerance: append-only, so what Ray wrote survives a Redis restart.
 start_redis() {
   local pid data
-  if pid=$(running_pid redis); then log "redis already running (pid $pid)"; return; fi
+  if already_up redis "$HOST:$REDIS_PORT"; then return; fi
   command -v redis-server >/dev/null || die "redis-server is needed: scripts/system-deps.sh (apt-get install redis-server)"
   port_free "$REDIS_PORT" || die "port $REDIS_PORT is taken by a process this script did not start"
   data=$SVC/data/redis
@@ -229,7 +250,7 @@ start_redis() {
   # The marker argument lets running_pid recognise the process, as -Dfilopy.service does for Java.
   nohup redis-server --bind "$HOST" --port "$REDIS_PORT" --dir "$data" --appendonly yes \
     --save '' --protected-mode no --daemonize no --proc-title-template "{title} filopy.service=redis" \
-    >>"$(logfile redis)" 2>&1 </dev/null &
+    >>"$(logfile redis)" 2>&1 </dev/null {START_LOCK}>&- &
   echo $! >"$(pidfile redis)"
   wait_ready redis "$HOST:$REDIS_PORT" "$!"
 }
@@ -260,7 +281,8 @@ for s in "$@"; do case $s in kafka|cassandra|redis|kafka-secure|cassandra-secure
 case $cmd in
   up)
     [ $# -eq 1 ] && [ "$1" = redis ] || check_java
-    for s in $(services "$@"); do "start_$s"; done ;;
+    # Each start in a subshell, so its lock is let go once the service serves.
+    for s in $(services "$@"); do ( "start_$s" ); done ;;
   down)  # with no name: every service this script started, Redis and the secured ones too
     for s in $(if [ $# -eq 0 ]; then echo "$ALL"; else echo "$@"; fi); do stop "$s"; done ;;
   status) status ;;
