@@ -84,15 +84,18 @@ def test_ingestion_counters_per_shard(rest, kafka_bootstrap: str) -> None:
     assert all(expected.values()), expected  # both shards got samples
 
     def ingested() -> dict | None:
+        # Every message read, the bad one too: an ingester counts a message's bad records before
+        # the message itself (a scrape can fall between the two), so the wait is on both.
         m = metrics(rest)
         got = {
             int(s.labels["shard"]): s.value
             for s in m["filopy_ingested_samples"]
             if s.labels["dataset"] == name
         }
-        return m if got == expected else None
+        read = sum(s.value for s in m["filopy_ingested_messages"] if s.labels["dataset"] == name)
+        return m if got == expected and read == 21 else None
 
-    m = rest.wait_for("every sample counted", ingested)
+    m = rest.wait_for("every sample and message counted", ingested)
     owners = {
         s["shard"]: s["node"]  # metrics name nodes by their readable names
         for s in rest.http.get(f"/api/v1/cluster/{name}/status").json()["data"]
