@@ -412,7 +412,11 @@ class NodeCoordinator:
             for (ref, _), ing in list(self._ingesters.items())
             if ref.name == dataset and isinstance(ing, KafkaShardIngester) and ing.tenure
         ]
-        return [*tenure.finished(dataset), *running]
+        # Read after `running`: an ingester that ended meanwhile (or has ended but is not yet
+        # removed) is in both, and once only, as it ended.
+        finished = tenure.finished(dataset)
+        ended = {(t.shard, t.epoch, t.claimed_at) for t in finished}
+        return [*finished, *(t for t in running if (t.shard, t.epoch, t.claimed_at) not in ended)]
 
     async def series_samples(self, ref: DatasetRef) -> dict[str, Any]:
         """Per series of this node's shards: its timestamps in store + memory (exactness checks)."""

@@ -277,7 +277,14 @@ def test_a_node_killed_after_flushing_counts_what_it_had_read_since(
     rows = _moved_rows(c, ds, moved, a.node_id, spare.node_id)
     tenures = _tenures(c, ds)
     new = {s: next(t for t in tenures[s] if t.node == spare.node_id) for s in moved}
-    # The new owner resumed from the checkpoints, not from the partition's start.
+    # The new owner resumed from the checkpoints the dead node left, not from the partition's
+    # start: read now, as a group may have flushed between the look above and the kill.
+    meta, columns = open_stores(c.settings)
+    try:
+        cps = checkpoints()
+    finally:
+        meta.close()
+        columns.close()
     assert all(new[s].first_offset == min(cps[s].values()) + 1 for s in moved), (cps, new)
     replayed = _check(rows, old, new, lambda o, n: (o.next_offset or 0) - n.first_offset)
     assert all(n > 0 for n in replayed.values()), replayed
