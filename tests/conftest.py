@@ -29,8 +29,8 @@ NETBED = "tests/netbed"
 # The property tests (hypothesis) run the library's 100 examples each and no per-example deadline:
 # on a loaded two-core machine a slow example is the machine, not a bug. Tests that need more
 # examples to reach a rare case say so in their own @settings. After changing a fast path or a
-# codec, `pytest --hypothesis-profile=thorough` runs ten times as many. Under CI, hypothesis'
-# own "ci" profile (derandomised: a CI run is reproducible) is the base.
+# codec, `PYTEST_ADDOPTS=--hypothesis-profile=thorough make unit` runs ten times as many. Under
+# CI, hypothesis' own "ci" profile (derandomised: a CI run is reproducible) is the base.
 settings.register_profile(
     "filopy", settings.default, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )

@@ -16,7 +16,7 @@ _text = st.text(st.characters(exclude_characters="\x00", codec="utf-8"), min_siz
 _labels = st.dictionaries(_text, _text, max_size=4).map(lambda d: {"_metric_": "m", **d})
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=80)
 @given(first=st.lists(_labels, min_size=1, max_size=6), second=st.lists(_labels, max_size=6))
 def test_keys_are_equal_exactly_when_labels_are(first: list, second: list) -> None:
     decoded = []

@@ -107,7 +107,7 @@ def _reference(
     return hashes, words
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(
     st.lists(st.one_of(st.binary(max_size=600), _texts), min_size=1, max_size=20),
     st.binary(max_size=9),

@@ -459,7 +459,7 @@ _hosts = [f"h{i}" for i in range(40)]
 _batch_stamps = st.integers(-(2**63), 2**63 - 1) | st.integers(T0, T0 + 2**33)
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200)
 @given(
     st.lists(st.tuples(st.sampled_from(_hosts), _batch_stamps, _floats), min_size=1, max_size=60),
     st.booleans(),
@@ -523,7 +523,7 @@ _series_pool = [{"_metric_": "up", "host": h} for h in _hosts] + [{"host": "no-m
 _keys_of = {i: new_series_key() for i in range(len(_series_pool))}  # a key per label set
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150)
 @given(
     st.lists(
         st.lists(

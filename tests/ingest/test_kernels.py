@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from numba.core.caching import CacheImpl
 
@@ -205,7 +205,7 @@ def _groups(draw: st.DrawFn) -> tuple[list[bytes], list[int], list[int], list[fl
     return blobs, idx, stamps, vals
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200)
 @given(st.lists(_groups(), min_size=1, max_size=5), st.sampled_from([0, 1]))
 def test_compiled_bodies_are_encode_checked(groups: list, level: int) -> None:
     """The gateway's messages laid out by the kernels (any blobs, empty ones too, of every

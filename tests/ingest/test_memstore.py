@@ -6,7 +6,7 @@ import itertools
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.dataset import Dataset
@@ -162,7 +162,7 @@ def _reference(messages: list[list[tuple[int, int]]]) -> dict[int, list[tuple[in
     return out
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60)
 @given(
     st.lists(
         st.lists(st.tuples(st.integers(0, 4), st.integers(0, 30)), max_size=25),
@@ -424,7 +424,7 @@ def test_stored_part_keys_skip_flushed_samples_and_keep_start_time() -> None:
     assert PartKeyRecord(encode_part_key(a), 50, 301) in sealed.part_keys
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60)
 @given(
     series=st.integers(1, 6),
     rounds=st.lists(st.tuples(st.integers(1, 9), st.booleans(), st.booleans()), max_size=6),
@@ -480,7 +480,7 @@ def test_keyed_batches_find_their_series_by_key_as_by_labels() -> None:
     assert m.num_series == 3
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(
     steps=st.lists(st.lists(st.integers(1, 700), min_size=1, max_size=60), min_size=1, max_size=6),
     span=st.sampled_from([1_000, 2_000, 3_600_000]),

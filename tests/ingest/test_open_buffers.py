@@ -60,7 +60,7 @@ def open_buffers(draw: st.DrawFn) -> OpenBuffers:
     )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150)
 @given(ob=open_buffers())
 def test_open_buffers_round_trip_bit_exactly(ob: OpenBuffers) -> None:
     back = decode_open_buffers(encode_open_buffers(ob))

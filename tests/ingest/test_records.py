@@ -385,7 +385,7 @@ def test_influx_fast_path_agrees_with_the_parser(batch_lines: list[str]) -> None
     assert (fast.first_bad is None) == (slow.first_bad is None)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(st.binary(max_size=200))
 def test_influx_arbitrary_bytes_never_raise(data: bytes) -> None:
     got = decode_influx(data, T0)

@@ -32,7 +32,7 @@ def _same(a: SampleBatch, b: SampleBatch) -> None:
     assert a.bad_records == b.bad_records
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(
     tables=st.lists(st.lists(_maybe_bad, min_size=1, max_size=5), min_size=1, max_size=4),
     order=st.lists(st.integers(0, 3), min_size=1, max_size=12),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.staleness import STALE_NAN
@@ -77,7 +77,7 @@ GAUGE_FUNCS = sorted(
 )  # counters' functions on floats: exact arithmetic is only promised up to rounding
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150)
 @given(st.lists(series(counters=True), max_size=4), st.sampled_from([1, 2, 5, 15]))
 def test_counters_answer_exactly_as_raw(many, periods_per_range) -> None:
     """Integer-valued counters (every sum exact in floating point): bit for bit the raw answer,
@@ -89,7 +89,7 @@ def test_counters_answer_exactly_as_raw(many, periods_per_range) -> None:
         assert_same(func, batch, periods, times, range_ms, exact=True)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150)
 @given(st.lists(series(counters=False), max_size=4), st.sampled_from([1, 3, 60]))
 def test_gauges_answer_as_raw_up_to_rounding(many, periods_per_range) -> None:
     batch = batch_of(many)
@@ -129,7 +129,6 @@ def test_refuses_what_it_cannot_answer_exactly() -> None:
     assert not aligned(RES, np.array([120_000]), RES, 30_000)
 
 
-@settings(max_examples=100, deadline=None)
 @given(series(counters=True), st.sampled_from([1, 60_000, 300_000, 3_600_000]))
 def test_a_series_periods_round_trip_through_bytes_bit_for_bit(one, resolution_ms) -> None:
     ts, vals = one

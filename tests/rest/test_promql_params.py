@@ -87,7 +87,7 @@ def test_the_fast_value_format_is_the_positional_shortest_form(v: float) -> None
     assert format_value(v) == _format_slow(v)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(
     cells=st.lists(
         st.lists(

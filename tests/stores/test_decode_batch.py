@@ -47,7 +47,7 @@ def _kernel_flags(blobs: list[bytes]) -> list[int]:
     return encoding_fast._decode_all(buf, starts)[3].tolist()
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150)
 @given(batches())
 def test_batches_decode_bit_exactly_as_the_reference(
     chunks: list[tuple[np.ndarray, np.ndarray]],
@@ -199,7 +199,7 @@ def _mutants(rng: np.random.Generator, blob: bytes) -> list[bytes]:
     return out
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=120)
 @given(batches(max_chunks=6), st.integers(0, 2**32 - 1))
 def test_corrupt_chunks_decode_as_the_reference_or_raise_its_error(
     chunks: list[tuple[np.ndarray, np.ndarray]], seed: int

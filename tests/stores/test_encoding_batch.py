@@ -120,7 +120,7 @@ def _check(chunks: list[tuple[np.ndarray, np.ndarray]]) -> list[bytes]:
     return blobs
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150)
 @given(batches())
 def test_batches_round_trip_bit_exactly_and_equal_encode_chunk(
     chunks: list[tuple[np.ndarray, np.ndarray]],

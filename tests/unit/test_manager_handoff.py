@@ -290,7 +290,7 @@ def test_what_if_plans_apply_nothing() -> None:
     assert isinstance(mgr.plan(ref("nope")), DatasetUnknown)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(
     n_nodes=st.integers(1, 3),
     joins=st.integers(0, 4),
@@ -460,7 +460,7 @@ def test_load_aware_rounds_move_cold_shards_off_a_node_with_a_hot_one() -> None:
     assert calm.rebalance(loads={R: near}).reply == MovesStarted((), ((R, "balanced"),))
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(
     finish=st.lists(st.floats(min_value=0.02, max_value=1.0), min_size=1, max_size=5),
     schedule=st.randoms(use_true_random=False),

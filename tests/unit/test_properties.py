@@ -65,7 +65,6 @@ def test_ingestion_shard_is_always_among_query_shards(k: int, p: int, n: int, da
 LABEL_TEXT = st.text(min_size=1, max_size=8)
 
 
-@settings(max_examples=100, deadline=None)
 @given(
     ws=LABEL_TEXT,
     ns=LABEL_TEXT,
@@ -94,7 +93,7 @@ STATUSES = st.one_of(
 )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(data=st.data(), n=st.integers(0, 10), many_nodes=st.booleans())
 def test_shard_map_state_pickles_to_an_equal_state(data, n: int, many_nodes: bool) -> None:
     num_shards = 1 << n
@@ -158,7 +157,7 @@ def check_mapper(m: ShardMapper) -> None:
     assert ShardMapper.from_state(m.snapshot()) == m
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(ops=st.lists(OPS, max_size=40))
 def test_mapper_stays_consistent_and_minimal_events_round_trip(ops) -> None:
     m = ShardMapper(8)

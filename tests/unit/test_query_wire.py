@@ -13,7 +13,7 @@ from typing import Any
 import msgpack
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from core.dataset import DatasetRef
@@ -259,7 +259,6 @@ def test_every_request_kind_round_trips_on_the_channel_and_through_ray(query: No
     assert same_query(query, pickle.loads(pickle.dumps(query)))  # the Ray path
 
 
-@settings(max_examples=100, deadline=None)
 @given(
     st.lists(
         st.lists(st.tuples(names, st.sampled_from(["=", "!="]), values), max_size=3), max_size=3

@@ -24,7 +24,7 @@ def canonical(labels: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in labels.items() if v != ""}
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150)
 @given(st.lists(label_sets, max_size=30), st.lists(matchers, min_size=1, max_size=3))
 def test_ids_and_matches_are_brute_forces(sets: list[dict[str, str]], ms: list) -> None:
     sets = [s for s in sets if canonical(s)]
