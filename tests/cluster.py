@@ -95,17 +95,18 @@ def ray_pool(nodes: int, node_resource: str) -> tuple[LocalRayCluster, list[str]
     `node_resource`, and their ids: started when there is none, nodes added or removed to fit
     (a node a test killed is dropped, one offering another resource removed)."""
     global _pool_resource
-    import ray
 
     pool = _warm_pool()
     if node_resource != _pool_resource:
         _remove_pool_nodes()
         _pool_resource = node_resource
-    alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
-    _pool_nodes[:] = [n for n in _pool_nodes if n.node_id in alive]
+    # A node a test removed (killed) is gone from the pool's nodes at once.
+    kept = {n.node_id for n in pool.worker_nodes}
+    _pool_nodes[:] = [n for n in _pool_nodes if n.node_id in kept]
     if len(_pool_nodes) > nodes:
         _remove_nodes(_pool_nodes[nodes:])
         del _pool_nodes[nodes:]
+    _settle()
     while len(_pool_nodes) < nodes:
         _pool_nodes.append(pool.add_node(resources={node_resource: 1}))
     return pool, [n.node_id for n in _pool_nodes]
@@ -153,20 +154,26 @@ def _remove_pool_nodes() -> None:
 
 
 def _remove_nodes(nodes: list[Any]) -> None:
-    """Stop `nodes` and wait until Ray's control store no longer lists them alive, as the next
-    test counts the cluster's live nodes (a CI run saw 5 where a bare head plus 2 were started).
-    Graceful: a stopped raylet tells the control store at once (measured 0.05 s, an actor on it
-    or not), where a killed one is declared dead after missed health checks (2.5 s)."""
+    """Stop `nodes`, gracefully: a stopped raylet tells Ray's control store at once (measured
+    0.05 s, an actor on it or not), where a killed one is declared dead after missed health
+    checks (2.5 s)."""
+    for node in nodes if _pool else []:
+        _pool.remove_node(node, graceful=True)
+    _settle()
+
+
+def _settle() -> None:
+    """Wait until Ray's control store lists alive exactly the head and the nodes still running,
+    as the next test counts live nodes (a CI run saw 5 where a bare head plus 2 were started:
+    nodes removed by the test before, killed, still listed)."""
     import ray
 
-    if _pool is None or not nodes:
+    if _pool is None:
         return
-    ids = {node.node_id for node in nodes}
-    for node in nodes:
-        _pool.remove_node(node, graceful=True)
+    running = {_pool.head.node_id} | {n.node_id for n in _pool.worker_nodes}
     wait_for(
-        "removed Ray nodes declared dead",
-        lambda: not ids & {n["NodeID"] for n in ray.nodes() if n["Alive"]},
+        "Ray's live nodes to be the ones running",
+        lambda: {n["NodeID"] for n in ray.nodes() if n["Alive"]} == running,
         interval_s=0.2,
     )
 
