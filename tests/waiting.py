@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 DEADLINE_S = 120.0
+SLOWEST_S = 0.25  # the longest pause between two checks of a wait
 
 
 def wait_for(
@@ -24,9 +25,13 @@ def wait_for(
     interval_s: float = 0.05,
     retry_on: tuple[type[BaseException], ...] = (),
 ) -> T:
-    """Call `check` every `interval_s` until it returns something truthy, and return that.
-    Exceptions of the `retry_on` types count as "not yet" (a service still starting)."""
+    """Call `check` until it returns something truthy, and return that. The first pause is
+    `interval_s`, each next one half again as long, up to `SLOWEST_S`: a check may be a REST
+    call or a metrics scrape that costs the cluster CPU, so a wait of seconds asks a few times a
+    second while a short one still ends soon after its condition. Exceptions of the `retry_on`
+    types count as "not yet" (a service still starting)."""
     deadline = time.monotonic() + timeout_s
+    pause = interval_s
     last: Any = None
     while True:
         try:
@@ -38,7 +43,8 @@ def wait_for(
                 return last
         if time.monotonic() >= deadline:
             raise AssertionError(f"{what}: not within {timeout_s:g} s (last: {last!r})")
-        time.sleep(interval_s)
+        time.sleep(pause)
+        pause = max(interval_s, min(pause * 1.5, SLOWEST_S))
 
 
 def eventually(get: Callable[[], Any], want: Any, timeout_s: float = DEADLINE_S) -> None:
