@@ -25,6 +25,11 @@ CASSANDRA_PORT = int(os.environ.get("FILOPY_CASSANDRA_PORT", "9042"))
 
 _started: dict[str, str] = {}
 NETBED = "tests/netbed"
+# The many-hosts bed's modules, in two units of work of about equal time (each ~10 minutes of real
+# fault timings, mostly waiting): each unit's worker makes a bed of its own (tests/netbed/
+# conftest.py), so the two run side by side.
+NETBED_UNITS = {"test_faults.py": f"{NETBED}[faults]", "test_bed.py": f"{NETBED}[faults]"}
+NETBED_OTHERS = f"{NETBED}[others]"  # test_cassandra, test_security, the deployment page, compose
 
 # The property tests (hypothesis) run the library's 100 examples each and no per-example deadline:
 # on a loaded two-core machine a slow example is the machine, not a bug. Tests that need more
@@ -92,20 +97,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     """Under `pytest -n`, each worker takes whole test modules (a module's tests share its
-    fixtures, a cluster per module), and every test of the many-hosts bed goes to one worker:
-    the bed is one per session and its hosts' names are fixed; that unit goes first."""
+    fixtures, a cluster per module), and the many-hosts bed's tests go in two units
+    (`NETBED_UNITS`), each to a worker with a bed of its own; those units go first."""
     from xdist.scheduler import LoadScopeScheduling
 
     class ByModule(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0]
-            return NETBED if module.startswith(f"{NETBED}/") else module
+            if not module.startswith(f"{NETBED}/"):
+                return module
+            return NETBED_UNITS.get(module.rsplit("/", 1)[1], NETBED_OTHERS)
 
         def _assign_work_unit(self, node: Any) -> None:
-            # The bed's tests first: the longest unit of work (~14 minutes of real fault timings)
-            # must not start late, or the other worker idles at the end.
-            if NETBED in self.workqueue:
-                self.workqueue.move_to_end(NETBED, last=False)
+            # The bed's units first: the longest ones (~10 minutes of real fault timings each)
+            # must not start late, or the other workers idle at the end.
+            for unit in self.workqueue:
+                if unit.startswith(NETBED):
+                    self.workqueue.move_to_end(unit, last=False)
+                    break
             super()._assign_work_unit(node)
 
     return ByModule(config, log)

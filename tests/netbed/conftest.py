@@ -3,7 +3,8 @@
 The bed needs root and iproute2 + iptables (scripts/system-deps.sh installs them); without them
 the tests fail, never skip. One bed serves a whole test session: it is made before the first
 test that asks for it and removed after the last, and `Bed.create` first removes whatever an
-earlier, killed run left behind.
+earlier, killed run left behind. Under pytest-xdist each worker that runs the bed's tests has a
+bed of its own (`bed_prefix`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.netbed.bed import Bed
+from tests.netbed.bed import PREFIX, Bed
 from tests.netbed.cluster import NetCluster
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,6 +42,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         report.sections.append(("the hosts' logs", cluster.logs(40)))
 
 
+def bed_prefix() -> str:
+    """The bed's prefix: one of its own per pytest-xdist worker (`fpb0-`, `fpb1-`, ...), as the
+    bed's tests run in two units on two workers at once (tests/conftest.py); `fpb-` (or
+    FILOPY_NETBED_PREFIX) without workers."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return f"fpb{worker.removeprefix('gw')}-" if worker else PREFIX
+
+
 @pytest.fixture(scope="session")
 def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
     missing = [t for t in ("ip", "iptables", "tc") if shutil.which(t) is None]
@@ -58,7 +67,7 @@ def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
     )  # fmt: skip
     if fetch.returncode != 0:
         pytest.fail(f"scripts/services.sh fetch failed:\n{fetch.stderr}", pytrace=False)
-    the_bed = Bed(tmp_path_factory.mktemp("netbed")).create()
+    the_bed = Bed(tmp_path_factory.mktemp("netbed"), prefix=bed_prefix()).create()
     try:
         yield the_bed
     finally:

@@ -7,7 +7,7 @@ import signal
 import time
 from pathlib import Path
 
-from tests.netbed.bed import PREFIX, Bed, run, stale_namespaces
+from tests.netbed.bed import Bed, run, stale_namespaces
 from tests.netbed.cluster import wait_for
 
 PORT = 7777
@@ -111,7 +111,7 @@ def test_kill_and_pause_reach_every_process_of_a_host(bed: Bed) -> None:
     assert bed.pids("redis") == []
 
 
-def test_remove_leaves_nothing_and_a_stale_bed_is_cleaned_first(tmp_path: Path) -> None:
+def test_remove_leaves_nothing_and_a_stale_bed_is_cleaned_first(bed: Bed, tmp_path: Path) -> None:
     """A second bed with a prefix of its own, so the session's bed is left alone."""
     prefix = "fpt-"
     other = Bed(tmp_path, hosts={"client": "10.231.0.30", "kafka": "10.231.0.2"}, prefix=prefix)
@@ -130,4 +130,4 @@ def test_remove_leaves_nothing_and_a_stale_bed_is_cleaned_first(tmp_path: Path) 
     assert stale_namespaces(prefix) == []
     assert prefix not in run(["ip", "-o", "link", "show"])
     assert not list(Path("/etc/netns").glob(prefix + "*"))
-    assert stale_namespaces(PREFIX), "the session's bed was not touched"
+    assert stale_namespaces(bed.prefix), "the session's bed was not touched"
