@@ -29,6 +29,14 @@ def _state(pid: int) -> str:
         return ""
 
 
+def _comm(pid: int) -> str:
+    """A process's command name, "" if gone."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 def _running(pid: int) -> bool:
     return _state(pid) not in ("", "Z")
 
@@ -100,7 +108,10 @@ def test_slow_link_holds_its_rate(bed: Bed) -> None:
 
 def test_kill_and_pause_reach_every_process_of_a_host(bed: Bed) -> None:
     procs = [bed.spawn("redis", ["sleep", "600"], log="sleepers.log") for _ in range(3)]
-    wait_for("3 processes on redis", lambda: len(bed.pids("redis")) >= 3)
+    # The three sleeps themselves, not yet the shells that start them: a shell paused between
+    # forking a helper (mkdir, mount) and its exec leaves that helper unreaped (Z), never stopped
+    # (CI saw it, with two beds busy at once).
+    wait_for("3 sleeps on redis", lambda: sorted(map(_comm, bed.pids("redis"))) == ["sleep"] * 3)
     assert bed.pause("redis") >= 3
     for pid in bed.pids("redis"):
         # A process in uninterruptible sleep (D: paging in, on a busy machine) stops on waking.
