@@ -8,7 +8,6 @@ Ray clusters are real multi-node local clusters, bound to 127.0.0.1, torn down a
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -31,7 +30,6 @@ NETBED = "tests/netbed"
 # conftest.py), so the two run side by side.
 NETBED_UNITS = {"test_faults.py": f"{NETBED}[faults]", "test_bed.py": f"{NETBED}[faults]"}
 NETBED_OTHERS = f"{NETBED}[others]"  # test_cassandra, test_security, the deployment page, compose
-UNKNOWN_S = 10.0  # a module tests/durations.json does not list yet (a new one)
 
 # The property tests (hypothesis) run the library's 100 examples each and no per-example deadline:
 # on a loaded two-core machine a slow example is the machine, not a bug. Tests that need more
@@ -100,19 +98,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     """Under `pytest -n`, each worker takes whole test modules (a module's tests share its
     fixtures, a cluster per module), and the many-hosts bed's tests go in two units
-    (`NETBED_UNITS`), each to a worker with a bed of its own. The bed's units go first, then
-    the other modules longest first, by tests/durations.json (scripts/test_durations.py writes
-    it from a run's JUnit XML): a long module started last would leave the other workers idle."""
+    (`NETBED_UNITS`), each to a worker with a bed of its own; those units go first."""
     from xdist.scheduler import LoadScopeScheduling
 
-    seconds = json.loads((ROOT / "tests" / "durations.json").read_text())
-
-    def weight(unit: str) -> float:
-        return float("inf") if unit.startswith(NETBED) else seconds.get(unit, UNKNOWN_S)
-
     class ByModule(LoadScopeScheduling):
-        ordered = False
-
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0]
             if not module.startswith(f"{NETBED}/"):
@@ -120,10 +109,12 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
             return NETBED_UNITS.get(module.rsplit("/", 1)[1], NETBED_OTHERS)
 
         def _assign_work_unit(self, node: Any) -> None:
-            if not self.ordered:  # the queue is complete by the first assignment
-                for unit in sorted(self.workqueue, key=weight):
+            # The bed's units first: the longest ones (~10 minutes of real fault timings each)
+            # must not start late, or the other workers idle at the end.
+            for unit in self.workqueue:
+                if unit.startswith(NETBED):
                     self.workqueue.move_to_end(unit, last=False)
-                self.ordered = True
+                    break
             super()._assign_work_unit(node)
 
     return ByModule(config, log)
