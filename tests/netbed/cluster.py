@@ -144,11 +144,24 @@ class NetCluster:
         )
 
     def start_head(self) -> float:
-        """Start the head (Ray's control state in Redis); seconds until its REST API answered."""
+        """Start the head (Ray's control state in Redis); seconds until its REST API answered.
+        A head whose `filopy head` exited is started again on a clean host, as its service
+        manager would (as `_members_restarting_exited` does for nodes): on a loaded machine Ray
+        may give up on the head's start ("The current node timed out during startup", seen in
+        a CI with two beds starting at once)."""
         started = time.monotonic()
         argv = [self.filopy_bin, "head", "--bind", "head", "--redis", "redis:6380"]
-        self.bed.spawn("head", argv, env=self.env)
-        wait_for("the REST API answering on head", lambda: self.rest("/__liveness"), 180)
+        head = self.bed.spawn("head", argv, env=self.env)
+
+        def answering() -> Any:
+            nonlocal head
+            if head.poll() is not None:
+                self.bed.kill("head")
+                head = self.bed.spawn("head", argv, env=self.env)
+                return None
+            return self.rest("/__liveness")
+
+        wait_for("the REST API answering on head", answering, 300)
         return time.monotonic() - started
 
     def start_gateway(self) -> None:
