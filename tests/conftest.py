@@ -25,7 +25,7 @@ CASSANDRA_PORT = int(os.environ.get("FILOPY_CASSANDRA_PORT", "9042"))
 
 _started: dict[str, str] = {}
 NETBED = "tests/netbed"
-# The many-hosts bed's modules, in two units of work of about equal time (each ~10 minutes of real
+# The many-hosts bed's modules, in two units of work of about equal time (each ~8 minutes of real
 # fault timings, mostly waiting): each unit's worker makes a bed of its own (tests/netbed/
 # conftest.py), so the two run side by side.
 NETBED_UNITS = {"test_faults.py": f"{NETBED}[faults]", "test_bed.py": f"{NETBED}[faults]"}
@@ -109,7 +109,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
             return NETBED_UNITS.get(module.rsplit("/", 1)[1], NETBED_OTHERS)
 
         def _assign_work_unit(self, node: Any) -> None:
-            # The bed's units first: the longest ones (~10 minutes of real fault timings each)
+            # The bed's units first: the longest ones (~8 minutes of real fault timings each)
             # must not start late, or the other workers idle at the end.
             for unit in self.workqueue:
                 if unit.startswith(NETBED):

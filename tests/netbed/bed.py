@@ -32,8 +32,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# FILOPY_NETBED_PREFIX (at most 6 bytes: interface names are short) makes an independent bed, so
-# two sessions on one machine do not remove each other's.
+# FILOPY_NETBED_PREFIX (at most 6 bytes, 5 under pytest-xdist, which adds the worker's number:
+# interface names are short) makes an independent bed, so two sessions on one machine do not
+# remove each other's.
 PREFIX = os.environ.get("FILOPY_NETBED_PREFIX", "fpb-")
 BRIDGE = PREFIX + "br0"
 SUBNET = "10.231.0"

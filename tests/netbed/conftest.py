@@ -43,11 +43,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 def bed_prefix() -> str:
-    """The bed's prefix: one of its own per pytest-xdist worker (`fpb0-`, `fpb1-`, ...), as the
-    bed's tests run in two units on two workers at once (tests/conftest.py); `fpb-` (or
-    FILOPY_NETBED_PREFIX) without workers."""
+    """The bed's prefix (`fpb-`, or FILOPY_NETBED_PREFIX) with the pytest-xdist worker's number in
+    it (`fpb0-`, `fpb1-`, ...): the bed's tests run in two units on two workers at once
+    (tests/conftest.py), each on a bed of its own."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    return f"fpb{worker.removeprefix('gw')}-" if worker else PREFIX
+    return f"{PREFIX.rstrip('-')}{worker.removeprefix('gw')}-" if worker else PREFIX
 
 
 @pytest.fixture(scope="session")
