@@ -415,8 +415,8 @@ class NodeCoordinator:
         # Read after `running`: an ingester that ended meanwhile (or has ended but is not yet
         # removed) is in both, and once only, as it ended.
         finished = tenure.finished(dataset)
-        ended = {(t.shard, t.epoch, t.claimed_at) for t in finished}
-        return [*finished, *(t for t in running if (t.shard, t.epoch, t.claimed_at) not in ended)]
+        ended = {t.hold for t in finished}
+        return [*finished, *(t for t in running if t.hold not in ended)]
 
     async def series_samples(self, ref: DatasetRef) -> dict[str, Any]:
         """Per series of this node's shards: its timestamps in store + memory (exactness checks)."""

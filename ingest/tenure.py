@@ -55,6 +55,11 @@ class Tenure:
     # before it can have read past it (they had all let go, or been fenced, by its claim).
     end_offset: int | None = None
 
+    @property
+    def hold(self) -> tuple[int, int, float]:
+        """Which hold this is: a running tenure and its finished record share it."""
+        return (self.shard, self.epoch, self.claimed_at)
+
     def released(self, next_offset: int | None) -> Tenure:
         return replace(self, released_at=time.time(), next_offset=next_offset)
 

@@ -269,18 +269,15 @@ def test_a_node_killed_after_flushing_counts_what_it_had_read_since(
             if all(max(cps[s].values()) + 1 < (old[s].next_offset or 0) for s in moved):
                 break
             assert k < 1000, (cps, old)
-    finally:
-        meta.close()
-        columns.close()
-    c.ray.remove_node(a)  # SIGKILL: the old owner's log dies with it; `old` was read just before
-    c.wait_for("the node gone", lambda: a.node_id not in c.client.members(), 60)
-    rows = _moved_rows(c, ds, moved, a.node_id, spare.node_id)
-    tenures = _tenures(c, ds)
-    new = {s: next(t for t in tenures[s] if t.node == spare.node_id) for s in moved}
-    # The new owner resumed from the checkpoints the dead node left, not from the partition's
-    # start: read now, as a group may have flushed between the look above and the kill.
-    meta, columns = open_stores(c.settings)
-    try:
+        # SIGKILL: the old owner's log dies with it; `old` was read just before.
+        c.ray.remove_node(a)
+        c.wait_for("the node gone", lambda: a.node_id not in c.client.members(), 60)
+        rows = _moved_rows(c, ds, moved, a.node_id, spare.node_id)
+        tenures = _tenures(c, ds)
+        new = {s: next(t for t in tenures[s] if t.node == spare.node_id) for s in moved}
+        # The new owner resumed from the checkpoints the dead node left, not from the
+        # partition's start: read now, as a group may have flushed between the look above and
+        # the kill.
         cps = checkpoints()
     finally:
         meta.close()
