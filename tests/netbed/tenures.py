@@ -13,24 +13,42 @@ import argparse
 import dataclasses
 import itertools
 import json
+import time
 from collections.abc import Iterable
 from typing import Any
 
 
-def collect(dataset: str, address: str) -> list[dict[str, Any]]:
+def collect(dataset: str, address: str, timeout_s: float = 120.0) -> list[dict[str, Any]]:
+    """Every member's tenures of `dataset`, as one consistent picture: the nodes are asked one
+    after another, so a shard moving meanwhile can show its old owner still holding (asked
+    before it let go) beside its new owner's claim (asked after). The nodes are asked again until
+    two rounds agree (the tests ask once writing stopped: only a move changes the logs then)."""
     import ray
 
     from coordinator.client import connect
     from coordinator.names import node_actor_name
 
     client = connect(address)
-    names = client.node_names()
-    out = []
-    for node in client.members():
-        actor = ray.get_actor(node_actor_name(node), namespace=client._settings.ray.namespace)
-        for t in ray.get(actor.tenures.remote(dataset), timeout=60):
-            out.append({**dataclasses.asdict(t), "node": names.get(node, node)})
-    return out
+
+    def one_round() -> list[dict[str, Any]]:
+        names = client.node_names()
+        out = []
+        for node in client.members():
+            actor = ray.get_actor(node_actor_name(node), namespace=client._settings.ray.namespace)
+            for t in ray.get(actor.tenures.remote(dataset), timeout=60):
+                out.append({**dataclasses.asdict(t), "node": names.get(node, node)})
+        return sorted(out, key=lambda t: (t["shard"], t["epoch"], t["node"]))
+
+    deadline = time.monotonic() + timeout_s
+    last = one_round()
+    while True:
+        time.sleep(0.5)
+        now = one_round()
+        if now == last:
+            return now
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the tenures of {dataset} kept changing for {timeout_s:.0f} s")
+        last = now
 
 
 def check(tenures: Iterable[dict[str, Any]], fenced: str | None = None) -> dict[int, int]:
