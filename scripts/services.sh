@@ -18,7 +18,8 @@
 # default $FILOPY_SERVICES_DIR/cache), FILOPY_SERVICES_HOST (127.0.0.1), FILOPY_PYTHON (default
 # <repo>/.venv/bin/python, used for the readiness checks), FILOPY_KAFKA_PORT (9092),
 # FILOPY_CASSANDRA_PORT (9042), FILOPY_REDIS_PORT (6380), FILOPY_KAFKA_HEAP (512m), FILOPY_CASSANDRA_HEAP (1G),
-# FILOPY_SERVICE_TIMEOUT (seconds to wait for each service, 240).
+# FILOPY_SERVICE_TIMEOUT (seconds to wait for each service, 240), FILOPY_SERVICES_JVM_OPTS (more
+# options for each JVM it starts, split on spaces; `make test` gives -XX:TieredStopAtLevel=1).
 #
 # Secured instances, beside the plain ones (own ports, data and pid files; only by name):
 # `kafka-secure` (FILOPY_KAFKA_SECURE_PORT, 9094: a SASL_SSL listener, SCRAM-SHA-256/512 user
@@ -201,7 +202,8 @@ start_kafka_as() {
       || die "formatting Kafka storage failed; see $(logfile "$name")"
   fi
   log "starting $name on $HOST:$port (log: $(logfile "$name"))"
-  nohup java -Dfilopy.service="$name" -Xms"${FILOPY_KAFKA_HEAP:-512m}" -Xmx"${FILOPY_KAFKA_HEAP:-512m}" \
+  # shellcheck disable=SC2086  # several options, split on spaces
+  nohup java -Dfilopy.service="$name" ${FILOPY_SERVICES_JVM_OPTS:-} -Xms"${FILOPY_KAFKA_HEAP:-512m}" -Xmx"${FILOPY_KAFKA_HEAP:-512m}" \
     -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -Djava.awt.headless=true \
     -Dlog4j2.configurationFile="$CONF/kafka-log4j2.xml" \
     -cp "$dir/lib/*" kafka.Kafka "$props" >>"$(logfile "$name")" 2>&1 </dev/null {START_LOCK}>&- &
@@ -228,7 +230,8 @@ start_cassandra_as() {
   (umask 077 && render "$port" "$storage" "$data" "$CONF/cassandra.yaml" ${fragment:+"$fragment"} >"$data/cassandra.yaml")
   mapfile -t opts < <(grep -vE '^\s*(#|$)' "$CONF/cassandra-jvm17.options")
   log "starting $name on $HOST:$port (log: $(logfile "$name"))"
-  nohup java -Dfilopy.service="$name" "${opts[@]}" \
+  # shellcheck disable=SC2086
+  nohup java -Dfilopy.service="$name" "${opts[@]}" ${FILOPY_SERVICES_JVM_OPTS:-} \
     -Xms"${FILOPY_CASSANDRA_HEAP:-1G}" -Xmx"${FILOPY_CASSANDRA_HEAP:-1G}" \
     -Dcassandra.config="file://$data/cassandra.yaml" -Dcassandra.storagedir="$data" \
     -Dcassandra.logdir="$SVC/logs" -Dlogback.configurationFile="$CONF/cassandra-logback.xml" \
