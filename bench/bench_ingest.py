@@ -173,7 +173,7 @@ def main() -> None:
     sweeps = [
         ("defaults from config/filopy.toml", {}),
         ("queued.min.messages=1000", {"queued_min_messages": 1000}),
-        ("fetch.wait.max.ms=500", {"fetch_wait_max_ms": 500}),
+        ("fetch.wait.max.ms=100", {"fetch_wait_max_ms": 100}),
         ("fetch.queue.backoff.ms=1000", {"fetch_queue_backoff_ms": 1000}),
         ("consume_batch=100", {"consume_batch": 100}),
     ]
