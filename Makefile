@@ -52,12 +52,15 @@ format: venv
 # Three pytest-xdist workers, also on two cores: the many-hosts tests (two workers' at first, each
 # with a bed of its own, ~7 minutes) mostly wait out real fault timings, which leaves CPU for a
 # third. Bytecode caching on, whatever the environment says: the suite starts hundreds of Python
-# processes (Ray workers, the CLI), and without it each compiles the project's modules anew.
+# processes (Ray workers, the CLI), and without it each compiles the project's modules anew; the
+# numba kernels' cache is filled first for the same reason (scripts/warm_kernels.py).
 # The JVMs a test run starts (Kafka, Cassandra: here, on the beds, the secured ones) live minutes
-# and do little, so C2's compilations never pay back: C1 alone halves their CPU (bench/results/jvm_jit.txt).
-# Long-lived services (`make services-up`) and the benchmarks keep the JVM's default.
+# and do little, so C2's compilations never pay back: C1 alone halves their CPU
+# (bench/results/jvm_jit.txt). Long-lived services (`make services-up`) and the benchmarks keep
+# the JVM's default.
 test: export FILOPY_SERVICES_JVM_OPTS ?= -XX:TieredStopAtLevel=1
 test: lint system-deps go-tools services-up
+	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python scripts/warm_kernels.py
 	env -u PYTHONDONTWRITEBYTECODE $(BIN)/pytest -n 3 --durations=15
 
 # Outside clients built from the Go module proxy, pinned and cached under .services/cache/: the
