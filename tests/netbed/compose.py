@@ -10,13 +10,16 @@ and runs there:
   the compose file sets that matters here (the address Kafka advertises, Cassandra's heap).
 Services start in `depends_on` order; a dependency with `condition: service_healthy` is waited
 for by running its own `healthcheck.test` on its host (for the two images, whose checks call
-their images' tools, by services.sh's readiness check, which asks the same question).
+their images' tools, by services.sh's readiness check, which asks the same question). A service
+whose `restart` policy asks for it is started again on a clean host when its command exited with
+an error (`restart_exited`, while the test waits for the cluster to form).
 """
 
 from __future__ import annotations
 
 import re
 import shlex
+import subprocess
 from graphlib import TopologicalSorter
 from pathlib import Path
 from typing import Any
@@ -60,6 +63,7 @@ class ComposeRun:
         self.bed, self.root = bed, root
         self.services = load(compose)
         self.image_env = dockerfile_env(root / "Dockerfile")
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.tmp = Path("/tmp") / bed.prefix.rstrip(
             "-"
         )  # each service's own /tmp, as in a container
@@ -84,7 +88,20 @@ class ComposeRun:
             **{k: str(v) for k, v in (svc.get("environment") or {}).items()},
         }
         argv = command_argv(svc["command"])
-        self.bed.spawn(name, argv, env=env, log=f"compose-{name}.log", cwd=self.root)
+        self.procs[name] = self.bed.spawn(
+            name, argv, env=env, log=f"compose-{name}.log", cwd=self.root
+        )
+
+    def restart_exited(self) -> None:
+        """Start again, on a clean host, each built service whose command exited with an error
+        and whose `restart` policy says so, as compose would."""
+        for name, proc in list(self.procs.items()):
+            policy = self.services[name].get("restart", "no")
+            code = proc.poll()
+            if code is None or policy == "no" or (policy == "on-failure" and code == 0):
+                continue
+            self.bed.kill(name)
+            self.start_service(name)
 
     def exec(self, name: str, argv: list[str]) -> str:
         """`docker compose exec NAME ARGV`: a command on a built service's host, in its
@@ -130,7 +147,11 @@ class ComposeRun:
         return True
 
     def wait_healthy(self, name: str, timeout_s: float = 300.0) -> None:
-        wait_for(f"compose service {name} healthy", lambda: self.healthy(name), timeout_s)
+        def healthy() -> bool:
+            self.restart_exited()
+            return self.healthy(name)
+
+        wait_for(f"compose service {name} healthy", healthy, timeout_s)
 
     def logs(self, lines: int = 20) -> str:
         out = []

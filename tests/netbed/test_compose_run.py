@@ -40,6 +40,9 @@ def _curl(bed: Bed, token: str, *args: str) -> str:
     return bed.sh("client", argv).stdout
 
 
+# Its own waits (services, head, workers, failover) add up past the suite's 300 s: they, not the
+# suite's timeout, must end a run that goes wrong, so the failure comes with the services' logs.
+@pytest.mark.timeout(1200)
 def test_the_compose_file_runs_ingests_answers_and_survives_a_worker(compose: ComposeRun) -> None:
     bed = compose.bed
     try:
@@ -53,7 +56,11 @@ def test_the_compose_file_runs_ingests_answers_and_survives_a_worker(compose: Co
             data = json.loads(_curl(bed, token, "http://head:8080/api/v1/nodes"))["data"]
             return {m["name"] for m in data["members"]}
 
-        wait_for("both workers members", lambda: members() == {"worker1", "worker2"}, 300)
+        def joined() -> bool:
+            compose.restart_exited()
+            return members() == {"worker1", "worker2"}
+
+        wait_for("both workers members", joined, 300)
         body = {"name": "compose", "num_shards": 4, "min_num_nodes": 1}
         _curl(bed, token, "-H", "content-type: application/json", "--data", json.dumps(body),
               "http://head:8080/api/v1/datasets")  # fmt: skip
