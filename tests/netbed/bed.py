@@ -22,13 +22,14 @@ command line over the same functions (`up`, `down`, `status`, `exec HOST -- CMD`
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shlex
 import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -146,6 +147,10 @@ class Bed:
     # independent bed (the bed's own tests use one to check removal without touching this one).
     prefix: str = PREFIX
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    # Per host, its last long-running process and how to start that again (`restart_exited`).
+    _last: dict[str, tuple[subprocess.Popen[bytes], Callable[[], object]]] = field(
+        default_factory=dict
+    )
 
     # ----- making and removing ------------------------------------------------------------------
 
@@ -195,6 +200,7 @@ class Bed:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=5)
         self.procs.clear()
+        self._last.clear()
 
     def __enter__(self) -> Bed:
         return self.create()
@@ -250,7 +256,23 @@ class Bed:
         )
         out.close()
         self.procs.append(proc)
+        again = functools.partial(self.spawn, host, list(argv), env=env, log=log, cwd=cwd)
+        self._last[host] = (proc, again)
         return proc
+
+    def restart_exited(self, host: str, *, failed_only: bool = False) -> bool:
+        """Start the host's last long-running command again on a clean host (its processes
+        killed) if it exited (`failed_only`: with an error), as a service manager (systemd's
+        Restart=, compose's `restart:`) would. Whether it did (not if none was started there)."""
+        if host not in self._last:
+            return False
+        proc, again = self._last[host]
+        code = proc.poll()
+        if code is None or (failed_only and code == 0):
+            return False
+        self.kill(host)
+        again()
+        return True
 
     def sh(
         self,

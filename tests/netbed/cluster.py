@@ -77,7 +77,6 @@ class NetCluster:
             **(env or {}),
         }
         self.node_names = tuple(nodes)
-        self.nodes: dict[str, subprocess.Popen[bytes]] = {}
         # Ray's token authentication, as production runs it (docs/deployment.md): one random
         # token in a 0600 file, in the environment of the head, every node and every driver.
         self.ray_token: Path | None = None
@@ -106,10 +105,8 @@ class NetCluster:
         again on a clean host, as its service manager would (docs/deployment.md: systemd's
         Restart=always). On a loaded machine Ray may give up on a node's start (its raylet not
         registered within Ray's 30 s): the command then exits with that error."""
-        for node, proc in self.nodes.items():
-            if proc.poll() is not None:
-                self.bed.kill(node)
-                self.join(node)
+        for node in self.node_names:
+            self.bed.restart_exited(node)
         return self.members() == set(self.node_names) or None
 
     def logs(self, lines: int = 15) -> str:
@@ -151,15 +148,10 @@ class NetCluster:
         a CI with two beds starting at once)."""
         started = time.monotonic()
         argv = [self.filopy_bin, "head", "--bind", "head", "--redis", "redis:6380"]
-        head = self.bed.spawn("head", argv, env=self.env)
+        self.bed.spawn("head", argv, env=self.env)
 
         def answering() -> Any:
-            nonlocal head
-            if head.poll() is not None:
-                self.bed.kill("head")
-                head = self.bed.spawn("head", argv, env=self.env)
-                return None
-            return self.rest("/__liveness")
+            return None if self.bed.restart_exited("head") else self.rest("/__liveness")
 
         wait_for("the REST API answering on head", answering, 300)
         return time.monotonic() - started
@@ -182,8 +174,7 @@ class NetCluster:
 
     def join(self, node: str) -> subprocess.Popen[bytes]:
         argv = [self.filopy_bin, "node", "join", "--address", HEAD_ADDRESS, "--name", node]
-        self.nodes[node] = self.bed.spawn(node, argv, env=self.env)
-        return self.nodes[node]
+        return self.bed.spawn(node, argv, env=self.env)
 
     def stop(self) -> None:
         for host in ("client", "gateway", "head", *NODES, "kafka", "redis", "cassandra"):

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import re
 import shlex
-import subprocess
 from graphlib import TopologicalSorter
 from pathlib import Path
 from typing import Any
@@ -63,7 +62,6 @@ class ComposeRun:
         self.bed, self.root = bed, root
         self.services = load(compose)
         self.image_env = dockerfile_env(root / "Dockerfile")
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.tmp = Path("/tmp") / bed.prefix.rstrip(
             "-"
         )  # each service's own /tmp, as in a container
@@ -88,20 +86,15 @@ class ComposeRun:
             **{k: str(v) for k, v in (svc.get("environment") or {}).items()},
         }
         argv = command_argv(svc["command"])
-        self.procs[name] = self.bed.spawn(
-            name, argv, env=env, log=f"compose-{name}.log", cwd=self.root
-        )
+        self.bed.spawn(name, argv, env=env, log=f"compose-{name}.log", cwd=self.root)
 
     def restart_exited(self) -> None:
-        """Start again, on a clean host, each built service whose command exited with an error
-        and whose `restart` policy says so, as compose would."""
-        for name, proc in list(self.procs.items()):
-            policy = self.services[name].get("restart", "no")
-            code = proc.poll()
-            if code is None or policy == "no" or (policy == "on-failure" and code == 0):
-                continue
-            self.bed.kill(name)
-            self.start_service(name)
+        """Start again, on a clean host, each built service whose command exited and whose
+        `restart` policy says so (`on-failure`: after an error), as compose would."""
+        for name, svc in self.services.items():
+            policy = svc.get("restart", "no")
+            if "build" in svc and policy != "no":
+                self.bed.restart_exited(name, failed_only=policy == "on-failure")
 
     def exec(self, name: str, argv: list[str]) -> str:
         """`docker compose exec NAME ARGV`: a command on a built service's host, in its
