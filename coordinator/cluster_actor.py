@@ -20,7 +20,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 from ray.actor import ActorHandle
@@ -48,7 +48,6 @@ from coordinator.names import (
     node_actor_name,
     sink_of,
 )
-from coordinator.node_coordinator import NodeCoordinator, NodeInfo
 from coordinator.rebalance import Plan
 from core.backoff import Backoff, poll_until
 from core.config import Settings
@@ -58,6 +57,9 @@ from core.shard_status import ShardEvent, ShardMapState
 from ingest.topics import ensure_topic
 from store import ColumnStore, MetaStore, OwnershipChange, StoreUnavailable, open_stores
 from store.api import LabelMatcher
+
+if TYPE_CHECKING:
+    from coordinator.node_coordinator import NodeInfo
 
 log = logging.getLogger(__name__)
 
@@ -602,6 +604,11 @@ class NodeClusterActor:
 
     def _coordinator(self, node: str) -> ActorHandle:
         """The node's coordinator actor: the existing one, or a new one pinned to the node."""
+        # Imported here, not with this module: every driver that looks the singleton up by name
+        # (`ray.get_actor`) imports this module, and the node's module brings all of ingestion
+        # and query execution (numba, Kafka, the stores' drivers) into each CLI call.
+        from coordinator.node_coordinator import NodeCoordinator
+
         return (
             ray.remote(NodeCoordinator)
             .options(
