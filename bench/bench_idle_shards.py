@@ -28,17 +28,13 @@ sys.path.insert(0, str(ROOT))
 
 from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+from procstat import cpu_seconds  # noqa: E402
 
 from core.dataset import Dataset  # noqa: E402
 from tests.cluster import cluster_settings, start_cluster  # noqa: E402
 
 BOOTSTRAP = f"127.0.0.1:{os.environ.get('FILOPY_KAFKA_PORT', '9092')}"
 WAITS_MS = (100, 500)
-
-
-def cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def node_pid() -> int:
@@ -70,9 +66,10 @@ def idle_cpu(wait_ms: int, shards: int, seconds: float) -> tuple[float, float]:
             c.wait_for("shards active", lambda: c.client.shard_map(name).is_healthy())
             time.sleep(5)
             pid = node_pid()
-            n0, b0 = cpu_s(pid), cpu_s(broker)
+            n0, b0 = cpu_seconds(pid), cpu_seconds(broker)
             time.sleep(seconds)
-            return 100 * (cpu_s(pid) - n0) / seconds, 100 * (cpu_s(broker) - b0) / seconds
+            node, broker_s = cpu_seconds(pid) - n0, cpu_seconds(broker) - b0
+            return 100 * node / seconds, 100 * broker_s / seconds
     finally:
         ray_cluster.shutdown()
 

@@ -52,6 +52,8 @@ import cramjam
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from procstat import cpu_seconds  # noqa: E402
+
 from core.config import load_settings  # noqa: E402
 from core.dataset import Dataset, LabelLimits, SourceSettings  # noqa: E402
 from filopy.auth import TokenBook  # noqa: E402
@@ -68,7 +70,6 @@ SHARDS = 8
 SAMPLES_PER_REQUEST = 2_000
 SCRAPE_INTERVAL_MS = 15_000
 RW1, RW2, LP = "remote write 1.0", "remote write 2.0", "line protocol"
-_TICK = os.sysconf("SC_CLK_TCK")
 
 
 # ----- the samples ---------------------------------------------------------------------------
@@ -185,15 +186,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of one process (all its threads), from /proc."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return float("nan")
-    return (int(fields[11]) + int(fields[12])) / _TICK
 
 
 def kafka_pid() -> int | None:

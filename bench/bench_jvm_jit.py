@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from procstat import cpu_seconds
+
 ROOT = Path(__file__).resolve().parent.parent
 OPTIONS = {"default JIT": "", "C1 only": "-XX:TieredStopAtLevel=1"}
 # The service, its ports, and test modules of the suite that use it.
@@ -43,12 +45,6 @@ WORKLOADS = {
 }
 
 
-def jvm_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a live process (/proc/PID/stat)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def one_round(service: str, options: str) -> tuple[float, float]:
     """(the JVM's CPU seconds from its start to the workload's end, the workload's wall seconds)."""
     ports, tests = WORKLOADS[service]
@@ -67,7 +63,7 @@ def one_round(service: str, options: str) -> tuple[float, float]:
             t0 = time.monotonic()
             pytest = [str(ROOT / ".venv" / "bin" / "pytest"), "-q", "-p", "no:cacheprovider"]
             subprocess.run([*pytest, *tests], env=env, cwd=ROOT, check=True, capture_output=True)
-            return jvm_cpu_s(pid), time.monotonic() - t0
+            return cpu_seconds(pid), time.monotonic() - t0
         finally:
             subprocess.run(["bash", script, "down", service], env=env, capture_output=True)
 

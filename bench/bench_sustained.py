@@ -91,12 +91,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))  # bench_ingest_http's series
 
+from procstat import cpu_seconds  # noqa: E402
+
 BOOTSTRAP = f"127.0.0.1:{os.environ.get('FILOPY_KAFKA_PORT', '9092')}"
 VICTORIA = shutil.which("victoria-metrics") or "/usr/bin/victoria-metrics"
 RESULTS = ROOT / "bench" / "results"
 SCRAPE_MS = 15_000
 PAGE = os.sysconf("SC_PAGE_SIZE")
-TICK = os.sysconf("SC_CLK_TCK")
 FIELDS = [
     "server",
     "phase",
@@ -169,14 +170,6 @@ def rss_mib(pid: int | str = "self") -> float:
         return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE / 2**20
     except OSError:
         return float("nan")
-
-
-def cpu_seconds(pid: int | str = "self") -> float:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return float("nan")
-    return (int(fields[11]) + int(fields[12])) / TICK
 
 
 def host_cpu() -> tuple[int, int]:
