@@ -87,4 +87,4 @@ bench: venv
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 clean: services-down
-	rm -rf .services/data .services/logs .services/run .pytest_cache .hypothesis
+	rm -rf .services/data .services/logs .services/run .pytest_cache .pytest-cpu .hypothesis

@@ -24,6 +24,9 @@ KAFKA_PORT = int(os.environ.get("FILOPY_KAFKA_PORT", "9092"))
 CASSANDRA_PORT = int(os.environ.get("FILOPY_CASSANDRA_PORT", "9042"))
 
 _started: dict[str, str] = {}
+# `FILOPY_CPU_BY_TEST=1 make test`: where the suite's CPU goes, each test's processes counted.
+if os.environ.get("FILOPY_CPU_BY_TEST") == "1":
+    pytest_plugins = ["tests.cpu_by_test"]
 NETBED = "tests/netbed"
 # The many-hosts bed's modules, in two units of work of about equal time (each ~8 minutes of real
 # fault timings, mostly waiting): each unit's worker makes a bed of its own (tests/netbed/
