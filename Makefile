@@ -49,9 +49,10 @@ format: venv
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-# Three pytest-xdist workers, also on two cores: the many-hosts tests (two workers' at first, each
-# with a bed of its own, ~7 minutes) mostly wait out real fault timings, which leaves CPU for a
-# third. Bytecode caching on, whatever the environment says: the suite starts hundreds of Python
+# Four pytest-xdist workers, also on two cores: the many-hosts tests (two workers' at first, each
+# with a bed of its own, ~8 minutes) mostly wait out real fault timings. With three workers the
+# cores were 85-90 % busy, with four 94-95 % (FILOPY_CPU_BY_TEST=1, tests/cpu_by_test.py): the
+# suite is CPU-bound, ~1900 CPU seconds. Bytecode caching on, whatever the environment says: the suite starts hundreds of Python
 # processes (Ray workers, the CLI), and without it each compiles the project's modules anew; the
 # numba kernels' cache is filled first for the same reason (scripts/warm_kernels.py).
 # The JVMs a test run starts (Kafka, Cassandra: here, on the beds, the secured ones) live minutes
@@ -61,7 +62,7 @@ format: venv
 test: export FILOPY_SERVICES_JVM_OPTS ?= -XX:TieredStopAtLevel=1
 test: lint system-deps go-tools services-up
 	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python scripts/warm_kernels.py
-	env -u PYTHONDONTWRITEBYTECODE $(BIN)/pytest -n 3 --durations=15
+	env -u PYTHONDONTWRITEBYTECODE $(BIN)/pytest -n 4 --durations=15
 
 # Outside clients built from the Go module proxy, pinned and cached under .services/cache/: the
 # remote-write receiver compliance suite and Prometheus 3 (a remote write 2.0 sender).
