@@ -4,7 +4,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: help demo venv system-deps go-tools services-up services-down services-status lint format test unit bench compliance clean
+.PHONY: help demo venv system-deps go-tools services-up services-down services-status lint format test warm-kernels unit bench compliance clean
 
 help:
 	@echo "make demo            the main job: a local cluster ingesting, losing a node, recovering"
@@ -52,17 +52,22 @@ format: venv
 # Four pytest-xdist workers, also on two cores: the many-hosts tests (two workers' at first, each
 # with a bed of its own, ~8 minutes) mostly wait out real fault timings. With three workers the
 # cores were 85-90 % busy, with four 94-95 % (FILOPY_CPU_BY_TEST=1, tests/cpu_by_test.py): the
-# suite is CPU-bound, ~1900 CPU seconds. Bytecode caching on, whatever the environment says: the suite starts hundreds of Python
-# processes (Ray workers, the CLI), and without it each compiles the project's modules anew; the
-# numba kernels' cache is filled first for the same reason (scripts/warm_kernels.py).
+# suite is CPU-bound, ~1900 CPU seconds. Bytecode caching on, whatever the environment says: the
+# suite starts hundreds of Python processes (Ray workers, the CLI), and without it each compiles
+# the project's modules anew; the numba kernels' cache is filled first for the same reason
+# (scripts/warm_kernels.py), while the services start: one waits on the JVMs, the other uses a
+# core (46 -> 35 s on a fresh clone).
 # The JVMs a test run starts (Kafka, Cassandra: here, on the beds, the secured ones) live minutes
 # and do little, so C2's compilations never pay back: C1 alone halves their CPU
 # (bench/results/jvm_jit.txt). Long-lived services (`make services-up`) and the benchmarks keep
 # the JVM's default.
 test: export FILOPY_SERVICES_JVM_OPTS ?= -XX:TieredStopAtLevel=1
-test: lint system-deps go-tools services-up
-	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python scripts/warm_kernels.py
+test: lint system-deps go-tools
+	$(MAKE) --no-print-directory --output-sync=target -j2 services-up warm-kernels
 	env -u PYTHONDONTWRITEBYTECODE $(BIN)/pytest -n 4 --durations=15
+
+warm-kernels: venv
+	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python scripts/warm_kernels.py
 
 # Outside clients built from the Go module proxy, pinned and cached under .services/cache/: the
 # remote-write receiver compliance suite and Prometheus 3 (a remote write 2.0 sender).
