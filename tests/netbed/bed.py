@@ -260,18 +260,20 @@ class Bed:
         self._last[host] = (proc, again)
         return proc
 
+    def exited(self, host: str) -> int | None:
+        """The exit code of the host's last long-running command; None while it runs, or if
+        none was started there."""
+        return self._last[host][0].poll() if host in self._last else None
+
     def restart_exited(self, host: str, *, failed_only: bool = False) -> bool:
         """Start the host's last long-running command again on a clean host (its processes
         killed) if it exited (`failed_only`: with an error), as a service manager (systemd's
         Restart=, compose's `restart:`) would. Whether it did (not if none was started there)."""
-        if host not in self._last:
-            return False
-        proc, again = self._last[host]
-        code = proc.poll()
+        code = self.exited(host)
         if code is None or (failed_only and code == 0):
             return False
         self.kill(host)
-        again()
+        self._last[host][1]()
         return True
 
     def sh(
