@@ -26,6 +26,7 @@ import ray
 from ray.actor import ActorHandle
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from coordinator.cluster_actor import cluster_actor
 from coordinator.inbox import Delivery, OrderedInbox
 from coordinator.messages import (
     DatasetExists,
@@ -39,12 +40,7 @@ from coordinator.messages import (
     ShardsStopped,
     SubscriberMessage,
 )
-from coordinator.names import (
-    CLUSTER_ACTOR_NAME,
-    new_sink_name,
-    new_subscription_id,
-    node_actor_name,
-)
+from coordinator.names import new_sink_name, new_subscription_id, node_actor_name
 from coordinator.rebalance import Plan
 from core.config import Settings, load_settings
 from core.dataset import Dataset, DatasetRef
@@ -124,9 +120,7 @@ def connect(
             logging_level="WARNING",
         )
     try:
-        # By name, not through coordinator.cluster_actor: importing the singleton's module would
-        # bring every node's ingest and query code into each driver and subscription sink.
-        handle = ray.get_actor(CLUSTER_ACTOR_NAME, namespace=settings.ray.namespace)
+        handle = cluster_actor(settings)
     except ValueError:
         raise FiloPyError(
             f"no FiloPy cluster singleton in Ray namespace {settings.ray.namespace!r}"

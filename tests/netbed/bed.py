@@ -272,9 +272,13 @@ class Bed:
         code = self.exited(host)
         if code is None or (failed_only and code == 0):
             return False
+        self.restart(host)
+        return True
+
+    def restart(self, host: str) -> None:
+        """Start the host's last long-running command again, on a clean host."""
         self.kill(host)
         self._last[host][1]()
-        return True
 
     def sh(
         self,

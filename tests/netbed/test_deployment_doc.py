@@ -108,20 +108,21 @@ def _ready(bed: Bed, host: str, log: Path) -> Callable[[], bool]:
     """When a server block serves: the head and nodes say so in their output, the gateway's port
     answers from the client's machine. A block that exited is started again (`RESTARTS` times at
     most); its output from then on is what counts."""
-    seen = {"from": 0, "restarts": 0}
+    start, restarts = 0, 0  # where the running start's output begins in the log
 
     def check() -> bool:
+        nonlocal start, restarts
         if bed.exited(host) is not None:
             bed.kill(host)  # and whatever it started: nothing writes to its log any more
             whole = log.read_text(errors="replace")
-            last, seen["from"] = whole[seen["from"] :], len(whole)
-            seen["restarts"] += 1
-            if seen["restarts"] > RESTARTS:
-                raise AssertionError(f"{host}'s block exited {RESTARTS + 1} times:\n{last[-2000:]}")
+            last, start = whole[start:], len(whole)
+            restarts += 1
+            if restarts > RESTARTS:
+                raise AssertionError(f"{host}'s block exited {restarts} times:\n{last[-2000:]}")
             print(f"{host}'s block exited; started again:\n{last[-1000:]}")
-            bed.restart_exited(host)
+            bed.restart(host)
             return False
-        text = log.read_text(errors="replace")[seen["from"] :] if log.exists() else ""
+        text = log.read_text(errors="replace")[start:] if log.exists() else ""
         if host == "head":
             return "FiloPy singleton ready" in text
         if host.startswith("node-"):
