@@ -29,6 +29,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from coordinator.cluster_actor import cluster_actor
 from coordinator.inbox import Delivery, OrderedInbox
 from coordinator.messages import (
+    ClusterNodes,
     DatasetExists,
     DatasetRemoved,
     DatasetUnknown,
@@ -220,6 +221,11 @@ class FiloPyClient:
         likely cut off itself), or None."""
         result = self._call("suspect_self")
         return None if result is None else str(result)
+
+    def nodes(self) -> ClusterNodes:
+        """Members (id, name, version; oldest first) and refused nodes, read at one instant."""
+        found: ClusterNodes = self._call("nodes")
+        return found
 
     def refused_nodes(self) -> dict[str, str]:
         """Nodes the cluster keeps out, with why (their name is a member's)."""

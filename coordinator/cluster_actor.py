@@ -31,9 +31,11 @@ from coordinator.inbox import Sequencer, Stream
 from coordinator.manager import ShardManager
 from coordinator.membership import Change, Membership, NodeState
 from coordinator.messages import (
+    ClusterNodes,
     DatasetUnknown,
     EventIgnored,
     EventsApplied,
+    Member,
     NodeShardMap,
     Reply,
     Result,
@@ -196,6 +198,16 @@ class NodeClusterActor:
     async def suspect_self(self) -> str | None:
         """Why failover is held back (more members silent than answering), or None."""
         return self._membership.suspect_self
+
+    async def nodes(self) -> ClusterNodes:
+        """Members with their names and versions, and the refused nodes, as one reading (the
+        separate calls can straddle a leave: a member listed, its name already forgotten)."""
+        await self._ready()
+        versions = self._mgr.versions()
+        members = tuple(
+            Member(n, self._names.get(n, n), versions.get(n, "")) for n in self._mgr.members
+        )
+        return ClusterNodes(members, tuple(self._refused.items()))
 
     async def refused_nodes(self) -> dict[str, str]:
         """Nodes kept out of the cluster, with why (a name a member already has)."""

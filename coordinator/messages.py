@@ -173,6 +173,24 @@ class NodeUnknown:
 
 
 @dataclass(frozen=True, slots=True)
+class Member:
+    """A member node: its id (Ray's), its readable name and the version it advertises."""
+
+    node: str
+    name: str
+    version: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterNodes:
+    """Reply to ``nodes``: the members (oldest first) and the nodes refused (id -> why), read
+    at one instant, so a node leaving meanwhile is in both or in neither."""
+
+    members: tuple[Member, ...]
+    refused: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True, slots=True)
 class MovesForced:
     """Reply to ``expire_handoffs``: handoffs whose drain did not finish in time, forced."""
 

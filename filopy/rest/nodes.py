@@ -18,14 +18,9 @@ router = APIRouter()
 async def nodes(cluster: ClusterDep) -> Any:
     """The cluster's nodes: id, name and version of each member, and the nodes refused
     (a name a member already has)."""
-    client = cluster.client
-    members: list[str] = await cluster.call(client.members)
-    names: dict[str, str] = await cluster.call(client.node_names)
-    versions: dict[str, str] = await cluster.call(client.node_versions)
-    refused: dict[str, str] = await cluster.call(client.refused_nodes)
-    listed = [
-        NodeData(address=n, name=names.get(n, n), version=versions.get(n, "")) for n in members
-    ]
+    found = await cluster.call(cluster.client.nodes)
+    listed = [NodeData(address=m.node, name=m.name, version=m.version) for m in found.members]
+    refused = dict(found.refused)
     return Success(data=NodesData(members=listed, refused=refused))
 
 

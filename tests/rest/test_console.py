@@ -153,6 +153,8 @@ PAGE_STATE = """() => ({
   plan: document.querySelector('#plan')?.textContent,
   events: [...document.querySelectorAll('#events li')].slice(0, 12).map(li => li.textContent),
   shard0: window.shard0,
+  history: [...document.querySelectorAll('#history tbody tr')]
+    .map(r => [...r.cells].map(c => c.textContent).join(' | ')),
 })"""
 
 
@@ -310,7 +312,11 @@ def test_the_console_follows_the_cluster_live_and_runs_a_query(console, tmp_path
             f"rows.some(r => r[1] === '{s}' && r[2] === '{victim}' && r[3] === 'ingest-c')"
             for s in lost
         )
-        _wait(page, f"(() => {{ const rows = {HISTORY}; return {took_over}; }})()")
+        try:
+            _wait(page, f"(() => {{ const rows = {HISTORY}; return {took_over}; }})()")
+        except AssertionError as e:
+            recorded = "\n".join(map(str, cluster.client.history(ds, limit=30)))
+            raise AssertionError(f"{e}\nthe coordinator's history:\n{recorded}") from None
         rows = page.evaluate(HISTORY)
         for s in lost:
             of_shard = [r for r in rows if r[1] == str(s)]

@@ -39,6 +39,10 @@ def test_nodes_go_by_unique_readable_names(filopy_cluster: FiloPyCluster) -> Non
     why = c.wait_for("the twin refused", lambda: c.client.refused_nodes().get(twin.node_id), 30)
     assert "'alpha'" in why and alpha.node_id in why, why
     assert twin.node_id not in c.client.members()
+    # The members with their names and the refused nodes, as one reading (REST /api/v1/nodes).
+    found = c.client.nodes()
+    assert {m.node: m.name for m in found.members} == names, found
+    assert dict(found.refused) == {twin.node_id: why}, found
     assert c.client.setup_dataset(Dataset(name="named", num_shards=4, min_num_nodes=2))
     c.wait_for("all shards active", lambda: c.client.shard_map("named").is_healthy(), 60)
     assert c.client.shard_map("named").shards_for_node(twin.node_id) == []
