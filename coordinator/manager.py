@@ -163,6 +163,9 @@ class ShardManager:
         self._why = ""
         self._open_changes: dict[tuple[DatasetRef, int], OwnershipChange] = {}
         self._history: list[OwnershipChange] = []
+        # A shard's changes get strictly increasing times (ms): a leave and the takeover in the
+        # same millisecond still read back newest first (the stores order by time only).
+        self._last_change_ms: dict[tuple[DatasetRef, int], int] = {}
 
     # ----- read-only views ------------------------------------------------------------------
 
@@ -336,6 +339,7 @@ class ShardManager:
         ]
         self._retired_versions[ref] = mapper.version + 1
         del self._datasets[ref], self._mappers[ref]
+        self._last_change_ms = {k: v for k, v in self._last_change_ms.items() if k[0] != ref}
         had_subscribers = bool(self._subs.subscribers(ref))
         self._subs = self._subs.without_dataset(ref)
         self._error_stats.pop(ref, None)
@@ -855,9 +859,9 @@ class ShardManager:
             why = self._moves.reason(ref, shard, self._why)
         else:
             why = self._why
-        change = OwnershipChange(
-            ref.name, shard, int(self._clock() * 1000), before, after, why or "unknown"
-        )
+        at_ms = max(int(self._clock() * 1000), self._last_change_ms.get(key, -1) + 1)
+        self._last_change_ms[key] = at_ms
+        change = OwnershipChange(ref.name, shard, at_ms, before, after, why or "unknown")
         if after is None:
             self._history.append(change)
         elif started is not None:

@@ -441,6 +441,27 @@ def test_every_ownership_change_goes_to_the_history_with_its_reason_and_epoch() 
     }
 
 
+def test_a_failover_in_one_millisecond_still_reads_back_newest_first() -> None:
+    # The clock stands still: the leave (a -> none) and the takeover (none -> b) of each shard
+    # get increasing times, so a store ordering by time alone lists the takeover first.
+    mgr = active_cluster(["a", "b"], shards=4)
+    mgr.add_member("c", "1.0")  # a spare
+    lost = mapper(mgr).shards_for_node("a")
+    gone = mgr.remove_member("a", reason="left (its node died)")
+    changes = list(gone.history)
+    for shard in lost:
+        changes += mgr.update_from_external_shard_event(
+            "c", IngestionStarted(R, shard, "c", epoch=2)
+        ).history
+    assert len(changes) == 2 * len(lost) > 0, changes
+    for shard in lost:
+        left, took = (
+            next(c for c in changes if c.shard == shard and c.to_node == to) for to in (None, "c")
+        )
+        assert (left.from_node, took.from_node) == ("a", None)
+        assert took.at_ms > left.at_ms, (left, took)
+
+
 def test_load_aware_rounds_move_cold_shards_off_a_node_with_a_hot_one() -> None:
     mgr = active_cluster(["a", "b"], shards=8)
     m = mapper(mgr)
