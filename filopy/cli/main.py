@@ -374,7 +374,8 @@ def status(
     else:
         client = _client(address)
         mapper = client.shard_map(dataset)
-        names, refused = client.node_names(), client.refused_nodes()
+        found = client.nodes()  # names and refusals at one instant
+        names, refused = {m.node: m.name for m in found.members}, dict(found.refused)
     if as_json:
         shards = [
             {
