@@ -43,12 +43,13 @@ async def events(ds: DatasetName, cluster: ClusterDep) -> EventSourceResponse:
 async def _names(
     client: FiloPyClient, known: dict[str, str], node: str | None = None
 ) -> dict[str, str]:
-    """Node names for the stream: fetched for a snapshot or a node not named yet; the last
-    known ones while the cluster does not answer (the stream goes on with ids)."""
+    """Node names for the stream: fetched for a snapshot or a node not named yet, added to
+    those known (a node that left keeps its name in later events about it, as its id keeps
+    naming only it); the known ones while the cluster does not answer."""
     if node is not None and (not node or node in known):
         return known
     try:
-        return await anyio.to_thread.run_sync(client.node_names)
+        return known | await anyio.to_thread.run_sync(client.node_names)
     except Exception:
         return known
 
