@@ -424,13 +424,14 @@ def watch(
                 continue
             except StopIteration:  # the dataset was removed
                 break
+            # Names learnt are kept: events about a node that left still name it.
             if isinstance(update, CurrentShardSnapshot):
-                names = client.node_names()
+                names |= client.node_names()
                 console.print(shard_grid(ShardMapper.from_state(update.state), dataset, names))
                 continue
             node = update.node or ""
             if node and node not in names:  # a node that joined since
-                names = client.node_names()
+                names |= client.node_names()
             console.print(
                 f"shard {update.shard:>4}  {type(update).__name__}  {names.get(node, node)}"
             )
