@@ -212,10 +212,6 @@ class FiloPyClient:
         name and id prefix), by node id."""
         return dict(self._call("node_names"))
 
-    def node_versions(self) -> dict[str, str]:
-        """Each member's advertised version (see docs/operations.md, rolling updates)."""
-        return dict(self._call("node_versions"))
-
     def suspect_self(self) -> str | None:
         """Why the singleton holds failover back (it hears fewer members than are silent:
         likely cut off itself), or None."""
@@ -223,13 +219,11 @@ class FiloPyClient:
         return None if result is None else str(result)
 
     def nodes(self) -> ClusterNodes:
-        """Members (id, name, version; oldest first) and refused nodes, read at one instant."""
+        """Members (id, name, advertised version: docs/operations.md, rolling updates; oldest
+        first) and the nodes the cluster keeps out with why (their name is a member's), read at
+        one instant."""
         found: ClusterNodes = self._call("nodes")
         return found
-
-    def refused_nodes(self) -> dict[str, str]:
-        """Nodes the cluster keeps out, with why (their name is a member's)."""
-        return dict(self._call("refused_nodes"))
 
     def node(self, name: str) -> str:
         """The member a node name, id or unique id prefix names; `NodeUnknownError` if none."""

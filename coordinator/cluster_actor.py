@@ -190,11 +190,6 @@ class NodeClusterActor:
         await self._ready()
         return {n: self._names.get(n, n) for n in self._mgr.members}
 
-    async def node_versions(self) -> dict[str, str]:
-        """Each member's advertised version, by node id."""
-        await self._ready()
-        return self._mgr.versions()
-
     async def suspect_self(self) -> str | None:
         """Why failover is held back (more members silent than answering), or None."""
         return self._membership.suspect_self
@@ -208,11 +203,6 @@ class NodeClusterActor:
             Member(n, self._names.get(n, n), versions.get(n, "")) for n in self._mgr.members
         )
         return ClusterNodes(members, tuple(self._refused.items()))
-
-    async def refused_nodes(self) -> dict[str, str]:
-        """Nodes kept out of the cluster, with why (a name a member already has)."""
-        await self._ready()
-        return dict(self._refused)
 
     async def set_retention(self, ref: DatasetRef, retention_ms: int | None) -> bool:
         """Set a live dataset's retention (None: the cluster default); False if no such dataset.
@@ -678,7 +668,7 @@ class NodeClusterActor:
 
     def _name_taken(self, node: str, name: str) -> bool:
         """Whether another member goes by `name`: then `node` is refused (said once in the log,
-        and by `refused_nodes` to `filopy status` and REST) until that member leaves."""
+        and by `nodes` to `filopy status` and REST) until that member leaves."""
         other = next(
             (m for m in self._membership.members if m != node and self._names.get(m) == name),
             None,

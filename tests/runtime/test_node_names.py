@@ -36,7 +36,11 @@ def test_nodes_go_by_unique_readable_names(filopy_cluster: FiloPyCluster) -> Non
 
     # A second "alpha" is refused, with why, and gets no shards.
     twin = c.add_node(labels={NAME_LABEL: "alpha"})
-    why = c.wait_for("the twin refused", lambda: c.client.refused_nodes().get(twin.node_id), 30)
+
+    def refusal() -> str | None:
+        return dict(c.client.nodes().refused).get(twin.node_id)
+
+    why = c.wait_for("the twin refused", refusal, 30)
     assert "'alpha'" in why and alpha.node_id in why, why
     assert twin.node_id not in c.client.members()
     # The members with their names and the refused nodes, as one reading (REST /api/v1/nodes).
@@ -62,4 +66,4 @@ def test_nodes_go_by_unique_readable_names(filopy_cluster: FiloPyCluster) -> Non
     c.ray.remove_node(alpha)
     c.wait_for("the twin to join", lambda: twin.node_id in c.client.members(), 60)
     assert c.client.node_names()[twin.node_id] == "alpha"
-    assert c.client.refused_nodes() == {}
+    assert c.client.nodes().refused == ()
