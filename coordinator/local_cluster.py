@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from coordinator import ray_env
+from coordinator.ray_start import started
 
 # isort: split
 import ray
@@ -42,15 +43,18 @@ class LocalRayCluster:
         last log lines, state dumps) in the log files under `logs_dir` instead of this
         process' terminal."""
         ray_env.bind_loopback()
-        self._cluster = Cluster(
-            initialize_head=True,
-            head_node_args={
-                "node_ip_address": LOOPBACK,
-                "num_cpus": head_cpus,
-                "resources": head_resources or {},
-                "include_dashboard": False,
-                "_system_config": {**FAST_FAILURE_DETECTION, **(system_config or {})},
-            },
+        self._cluster = started(
+            lambda: Cluster(
+                initialize_head=True,
+                head_node_args={
+                    "node_ip_address": LOOPBACK,
+                    "num_cpus": head_cpus,
+                    "resources": head_resources or {},
+                    "include_dashboard": False,
+                    "_system_config": {**FAST_FAILURE_DETECTION, **(system_config or {})},
+                },
+            ),
+            "the Ray head",
         )
         self.head = self._cluster.head_node
         ray.init(
@@ -84,11 +88,14 @@ class LocalRayCluster:
     ) -> Any:
         """Start another Ray node and wait until the cluster sees it. Returns Ray's node handle.
         `labels` are the node's Ray labels (as `ray start --labels`), e.g. `filopy.io/version`."""
-        return self._cluster.add_node(
-            node_ip_address=LOOPBACK,
-            num_cpus=num_cpus,
-            resources=resources or {},
-            labels=labels or {},
+        return started(
+            lambda: self._cluster.add_node(
+                node_ip_address=LOOPBACK,
+                num_cpus=num_cpus,
+                resources=resources or {},
+                labels=labels or {},
+            ),
+            "a Ray node",
         )
 
     def remove_node(self, node: Any, *, graceful: bool = False) -> None:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coordinator import ray_env
+from coordinator.ray_start import started
 from core.errors import Invalid, Unavailable
 
 log = logging.getLogger("filopy.node")
@@ -126,11 +127,14 @@ def start(spec: NodeSpec) -> Any:
     else:
         params["gcs_address"] = spec.head_address
     try:
-        return ray._private.node.Node(
-            RayParams(**params),
-            head=spec.head_address is None,
-            shutdown_at_exit=True,
-            spawn_reaper=True,
+        return started(
+            lambda: ray._private.node.Node(
+                RayParams(**params),  # fresh per attempt: the node fills it in
+                head=spec.head_address is None,
+                shutdown_at_exit=True,
+                spawn_reaper=True,
+            ),
+            "the head" if spec.head_address is None else "this node",
         )
     except Exception as e:  # Ray raises bare exceptions with long messages
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
