@@ -75,9 +75,10 @@ def up(nodes: int, port: int, timeout_s: float = 180.0) -> LocalCluster:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
+            # One line (the CLI prints an error's first line): what the log ended with.
             raise LocalClusterError(
-                f"the local cluster failed to start (exit {proc.returncode}); "
-                f"last log lines of {log_path}:\n{_tail(log_path)}"
+                f"the local cluster failed to start (exit {proc.returncode}): "
+                f"{_last_line(log_path)} (the whole log: {log_path})"
             )
         cluster = running(directory)
         if cluster is not None and _port_open(port):
@@ -239,11 +240,13 @@ def _port_open(port: int) -> bool:
     return True
 
 
-def _tail(path: Path, lines: int = 15) -> str:
+def _last_line(path: Path) -> str:
+    """The log's last non-blank line: after a failed start, the error that ended it."""
     try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        lines = [line.strip() for line in path.read_text(errors="replace").splitlines()]
     except OSError:
         return "(no log)"
+    return next((line for line in reversed(lines) if line), "(the log is empty)")
 
 
 if __name__ == "__main__":
