@@ -104,7 +104,8 @@ class NetCluster:
         """Whether every node is a member; a node whose `filopy node join` exited is started
         again on a clean host, as its service manager would (docs/deployment.md: systemd's
         Restart=always). On a loaded machine Ray may give up on a node's start (its raylet not
-        registered within Ray's 30 s): the command then exits with that error."""
+        registered within Ray's 30 s): the command starts it again itself, three times
+        (coordinator/ray_start.py), then exits with that error."""
         for node in self.node_names:
             self.bed.restart_exited(node)
         return self.members() == set(self.node_names) or None
@@ -145,7 +146,7 @@ class NetCluster:
         A head whose `filopy head` exited is started again on a clean host, as its service
         manager would (as `_members_restarting_exited` does for nodes): on a loaded machine Ray
         may give up on the head's start ("The current node timed out during startup", seen in
-        a CI with two beds starting at once)."""
+        a CI with two beds starting at once) more often than the command starts it again."""
         started = time.monotonic()
         argv = [self.filopy_bin, "head", "--bind", "head", "--redis", "redis:6380"]
         self.bed.spawn("head", argv, env=self.env)
