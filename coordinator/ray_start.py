@@ -39,7 +39,7 @@ def started(start: Callable[[], T], what: str, attempts: int = START_ATTEMPTS) -
                 what,
                 attempt,
                 attempts,
-                "its processes killed" if killed else "no processes found to kill",
+                "its processes killed" if killed else "its processes not killed",
             )
     raise AssertionError("unreachable")
 
@@ -47,7 +47,8 @@ def started(start: Callable[[], T], what: str, attempts: int = START_ATTEMPTS) -
 def _kill_half_started(exc: BaseException) -> bool:
     """Kill the processes of the node whose constructor raised `exc`: the innermost `__init__`
     frame of the traceback whose `self` can kill its processes (Ray's `Node`). A raylet that
-    registers late then dies at once instead of joining beside the next attempt's."""
+    registers late then dies at once instead of joining beside the next attempt's. Whether it
+    was killed."""
     node = None
     tb = exc.__traceback__
     while tb is not None:
@@ -62,4 +63,5 @@ def _kill_half_started(exc: BaseException) -> bool:
         node.kill_all_processes(check_alive=False, allow_graceful=False, wait=True)
     except Exception:
         log.exception("killing the processes of a node Ray gave up on")
+        return False
     return True

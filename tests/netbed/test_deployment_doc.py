@@ -4,11 +4,10 @@ A block's first line says where it runs: `# on HOST`, or `# on HOST, keeps runni
 that stays in the foreground (the test starts it in the background on that host and waits until
 it serves; one that exits is started again, as the page's service manager would: Ray may give up
 on a node's start on a loaded machine more often than the command retries it, "The current node
-timed out during startup"). Blocks run
-in the page's order with `bash -e -c`, from the repository root, with the
-project's virtual environment on PATH (the page's "FiloPy installed") and nothing else of this
-test process: no Ray loopback switch, no Ray address. Kafka's and Cassandra's data live in the
-bed's work directory (FILOPY_SERVICES_DIR), the jars come from the suite's cache.
+timed out during startup"). Blocks run in the page's order with `bash -e -c`, from the repository
+root, with the project's virtual environment on PATH (the page's "FiloPy installed") and nothing
+else of this test process: no Ray loopback switch, no Ray address. Kafka's and Cassandra's data
+live in the bed's work directory (FILOPY_SERVICES_DIR), the jars come from the suite's cache.
 
 A new block is run too; one whose first line names no host of the bed fails the test.
 """
