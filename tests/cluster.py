@@ -38,11 +38,16 @@ class FiloPyCluster:
         return wait_for(what, check, timeout_s)
 
 
+# The failure timeout the product runs with (config/filopy.toml), for tests of silence.
+PRODUCT_FAILURE_TIMEOUT_S = load_settings().cluster.failure_timeout_s
+
+
 def cluster_settings(
     tmp_path: Path,
     source: str = "none",
     rebalance: bool = False,
     kafka_bootstrap: str | None = None,
+    failure_timeout_s: float = 60.0,
     **ingest: Any,
 ) -> Settings:
     """Settings for one test cluster: its own SQLite file and Ray namespace.
@@ -52,6 +57,13 @@ def cluster_settings(
     (the fixture's). Rebalancing is off unless asked for: the
     tests of failures, starts and stops pin where shards are (FiloDB's placement, where a node
     that joins gets nothing); tests/runtime/test_rebalance.py turns it on.
+
+    A node is taken for failed after `failure_timeout_s` of silence: 60 s here, not the product's
+    4 s, because on a loaded CI machine a healthy node can miss pings for over 4 s (a CI run saw
+    4.3 s), and a node taken for dead moves its shards for a reason the test did not make (one
+    extra move in a test counting moves). A killed node is seen at once all the same (its
+    process' death or Ray's node list); the tests of silence itself (a hung node, a busy machine)
+    pass `PRODUCT_FAILURE_TIMEOUT_S`.
     """
     base = load_settings()
     return base.model_copy(
@@ -60,6 +72,7 @@ def cluster_settings(
             "ray": base.ray.model_copy(update={"namespace": f"filopy-{uuid.uuid4().hex[:8]}"}),
             "ingest": base.ingest.model_copy(update={"source": source, **ingest}),
             "rebalance": base.rebalance.model_copy(update={"enabled": rebalance}),
+            "cluster": base.cluster.model_copy(update={"failure_timeout_s": failure_timeout_s}),
             "auth": base.auth.model_copy(update={"enabled": False}),
             "kafka": base.kafka.model_copy(
                 update={"bootstrap_servers": kafka_bootstrap or base.kafka.bootstrap_servers}

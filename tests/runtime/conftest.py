@@ -10,7 +10,12 @@ import pytest
 
 from coordinator.local_cluster import LocalRayCluster
 from core.config import Settings
-from tests.cluster import FiloPyCluster, cluster_settings, start_cluster
+from tests.cluster import (
+    PRODUCT_FAILURE_TIMEOUT_S,
+    FiloPyCluster,
+    cluster_settings,
+    start_cluster,
+)
 
 
 def on_backend(settings: Settings, request: pytest.FixtureRequest, kafka: str) -> Settings:
@@ -34,3 +39,11 @@ def on_backend(settings: Settings, request: pytest.FixtureRequest, kafka: str) -
 @pytest.fixture
 def filopy_cluster(ray_cluster: LocalRayCluster, tmp_path: Path) -> Iterator[FiloPyCluster]:
     yield start_cluster(ray_cluster, cluster_settings(tmp_path))
+
+
+@pytest.fixture
+def quick_to_fail_cluster(ray_cluster: LocalRayCluster, tmp_path: Path) -> Iterator[FiloPyCluster]:
+    """With the product's failure timeout (4 s, where other test clusters wait 60 s): for the
+    tests of silence itself, a hung node and a busy machine."""
+    settings = cluster_settings(tmp_path, failure_timeout_s=PRODUCT_FAILURE_TIMEOUT_S)
+    yield start_cluster(ray_cluster, settings)

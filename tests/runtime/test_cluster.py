@@ -74,12 +74,12 @@ def test_three_nodes_then_a_spare_takes_over_a_killed_node(filopy_cluster) -> No
     sub.unsubscribe()
 
 
-def test_async_subscription_and_no_false_moves_on_a_busy_machine(filopy_cluster) -> None:
+def test_async_subscription_and_no_false_moves_on_a_busy_machine(quick_to_fail_cluster) -> None:
     import asyncio
     import subprocess
     import sys
 
-    c = filopy_cluster
+    c = quick_to_fail_cluster
     nodes = [c.add_node() for _ in range(2)]
     c.wait_for("2 members", lambda: len(c.client.members()) == 2)
     c.client.setup_dataset(Dataset(name="metrics", num_shards=4, min_num_nodes=2))

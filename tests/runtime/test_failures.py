@@ -115,8 +115,8 @@ def test_subscriber_process_that_exits_is_dropped(filopy_cluster) -> None:
     )
 
 
-def test_hung_node_loses_its_shards_and_cannot_commit(filopy_cluster) -> None:
-    c = filopy_cluster
+def test_hung_node_loses_its_shards_and_cannot_commit(quick_to_fail_cluster) -> None:
+    c = quick_to_fail_cluster
     nodes, before = _setup(c, 3)
     spare = c.add_node()
     c.wait_for("the spare joined", lambda: spare.node_id in c.client.members())

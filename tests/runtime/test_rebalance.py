@@ -60,14 +60,11 @@ def rebalancing_cluster(
     settings = cluster_settings(
         tmp_path, "kafka", rebalance=True, flush_interval_s=1.0, groups_per_shard=4
     )
-    # No node fails here: a node slow to answer pings on a loaded machine (default failure
-    # timeout 4 s) must not be taken for dead, which would move its shards for another reason.
     settings = settings.model_copy(
         update={
             "rebalance": settings.rebalance.model_copy(
                 update={"interval_s": 1.0, "max_concurrent_moves": 2, "drain_timeout_s": 60.0}
             ),
-            "cluster": settings.cluster.model_copy(update={"failure_timeout_s": 60.0}),
         }
     )
     yield start_cluster(ray_cluster, on_backend(settings, request, kafka_bootstrap))
