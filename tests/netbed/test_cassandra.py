@@ -16,7 +16,11 @@ from tests.netbed.scenarios import head_dies_and_returns, node_cut_off_from_the_
 from tests.netbed.tenures import check as check_tenures
 
 LIMIT = 500  # ingest.max_unflushed_samples: the writer (~100 samples/s) reaches it in seconds
+# A node is declared failed after 10 s of silence (default 4 s), as in test_faults.py: a node cut
+# off from the store alone must keep its shards ("nothing moved"), and on a loaded machine a
+# healthy node has been silent for over 4 s (tests/cluster.py).
 CLUSTER_ENV = {
+    "FILOPY_CLUSTER__FAILURE_TIMEOUT_S": "10",
     "FILOPY_STORE__BACKEND": "cassandra",
     "FILOPY_CASSANDRA__CONTACT_POINTS": '["cassandra"]',
     "FILOPY_INGEST__FLUSH_INTERVAL_S": "2",
