@@ -13,6 +13,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -26,6 +27,13 @@ _started: dict[str, str] = {}
 # `FILOPY_CPU_BY_TEST=1 make test`: where the suite's CPU goes, each test's processes counted.
 if os.environ.get("FILOPY_CPU_BY_TEST") == "1":
     pytest_plugins = ["tests.cpu_by_test"]
+NETBED = "tests/netbed"
+# The many-hosts bed's modules, in two units of work of about equal time (each ~8 minutes of real
+# fault timings, mostly waiting): each unit's worker makes a bed of its own (tests/netbed/
+# conftest.py), so the two run side by side.
+NETBED_UNITS = {"test_faults.py": f"{NETBED}[faults]", "test_bed.py": f"{NETBED}[faults]"}
+NETBED_OTHERS = f"{NETBED}[others]"  # test_cassandra, test_security, the deployment page, compose
+
 # The property tests (hypothesis) run the library's 100 examples each and no per-example deadline:
 # on a loaded two-core machine a slow example is the machine, not a bug. Tests that need more
 # examples to reach a rare case say so in their own @settings. After changing a fast path or a
@@ -91,10 +99,28 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """Under `pytest -n`, workers take whole modules, the longest first (tests/schedule.py)."""
-    from tests.schedule import make_scheduler
+    """Under `pytest -n`, each worker takes whole test modules (a module's tests share its
+    fixtures, a cluster per module), and the many-hosts bed's tests go in two units
+    (`NETBED_UNITS`), each to a worker with a bed of its own; those units go first."""
+    from xdist.scheduler import LoadScopeScheduling
 
-    return make_scheduler(config, log)
+    class ByModule(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            if not module.startswith(f"{NETBED}/"):
+                return module
+            return NETBED_UNITS.get(module.rsplit("/", 1)[1], NETBED_OTHERS)
+
+        def _assign_work_unit(self, node: Any) -> None:
+            # The bed's units first: the longest ones (~8 minutes of real fault timings each)
+            # must not start late, or the other workers idle at the end.
+            for unit in self.workqueue:
+                if unit.startswith(NETBED):
+                    self.workqueue.move_to_end(unit, last=False)
+                    break
+            super()._assign_work_unit(node)
+
+    return ByModule(config, log)
 
 
 @pytest.fixture(scope="session", autouse=True)
