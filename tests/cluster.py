@@ -38,16 +38,12 @@ class FiloPyCluster:
         return wait_for(what, check, timeout_s)
 
 
-# The failure timeout the product runs with (config/filopy.toml), for tests of silence.
-PRODUCT_FAILURE_TIMEOUT_S = load_settings().cluster.failure_timeout_s
-
-
 def cluster_settings(
     tmp_path: Path,
     source: str = "none",
     rebalance: bool = False,
     kafka_bootstrap: str | None = None,
-    failure_timeout_s: float = 60.0,
+    failure_timeout_s: float | None = 60.0,
     **ingest: Any,
 ) -> Settings:
     """Settings for one test cluster: its own SQLite file and Ray namespace.
@@ -63,7 +59,7 @@ def cluster_settings(
     4.3 s), and a node taken for dead moves its shards for a reason the test did not make (one
     extra move in a test counting moves). A killed node is seen at once all the same (its
     process' death or Ray's node list); the tests of silence itself (a hung node, a busy machine)
-    pass `PRODUCT_FAILURE_TIMEOUT_S`.
+    pass None: the product's own timeout (config/filopy.toml).
     """
     base = load_settings()
     return base.model_copy(
@@ -72,7 +68,9 @@ def cluster_settings(
             "ray": base.ray.model_copy(update={"namespace": f"filopy-{uuid.uuid4().hex[:8]}"}),
             "ingest": base.ingest.model_copy(update={"source": source, **ingest}),
             "rebalance": base.rebalance.model_copy(update={"enabled": rebalance}),
-            "cluster": base.cluster.model_copy(update={"failure_timeout_s": failure_timeout_s}),
+            "cluster": base.cluster.model_copy(
+                update={"failure_timeout_s": failure_timeout_s or base.cluster.failure_timeout_s}
+            ),
             "auth": base.auth.model_copy(update={"enabled": False}),
             "kafka": base.kafka.model_copy(
                 update={"bootstrap_servers": kafka_bootstrap or base.kafka.bootstrap_servers}

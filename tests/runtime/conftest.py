@@ -10,12 +10,7 @@ import pytest
 
 from coordinator.local_cluster import LocalRayCluster
 from core.config import Settings
-from tests.cluster import (
-    PRODUCT_FAILURE_TIMEOUT_S,
-    FiloPyCluster,
-    cluster_settings,
-    start_cluster,
-)
+from tests.cluster import FiloPyCluster, cluster_settings, start_cluster
 
 
 def on_backend(settings: Settings, request: pytest.FixtureRequest, kafka: str) -> Settings:
@@ -45,5 +40,5 @@ def filopy_cluster(ray_cluster: LocalRayCluster, tmp_path: Path) -> Iterator[Fil
 def quick_to_fail_cluster(ray_cluster: LocalRayCluster, tmp_path: Path) -> Iterator[FiloPyCluster]:
     """With the product's failure timeout (4 s, where other test clusters wait 60 s): for the
     tests of silence itself, a hung node and a busy machine."""
-    settings = cluster_settings(tmp_path, failure_timeout_s=PRODUCT_FAILURE_TIMEOUT_S)
+    settings = cluster_settings(tmp_path, failure_timeout_s=None)
     yield start_cluster(ray_cluster, settings)
